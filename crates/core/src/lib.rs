@@ -1,0 +1,1 @@
+//! branchbox core (being written).

@@ -1,0 +1,1 @@
+//! branchbox gvisor (being written).

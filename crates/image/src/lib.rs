@@ -1,0 +1,1 @@
+//! branchbox image (being written).

@@ -1,0 +1,1 @@
+//! branchbox protocol (being written).

@@ -1,0 +1,1 @@
+//! branchbox store (being written).

@@ -1,0 +1,1 @@
+//! branchbox's KVM virtual machine monitor (work in progress).
