@@ -1,1 +1,269 @@
-fn main() {}
+//! branchbox-agent: the init process and protocol executor inside every sandbox.
+//!
+//! It reads request frames from its standard input and writes responses to its standard
+//! output (under gVisor those are pipes held by the host's shim, and they survive
+//! checkpoint/restore). Each request that can block runs on a thread of its own; client
+//! streams (stdin, file data) are routed to it by request id. See `docs/agent-protocol.md`.
+
+mod exec;
+mod files;
+mod hook;
+mod outbox;
+mod procs;
+mod reaper;
+
+use branchbox_protocol::frame::{decode, read_raw, FrameError};
+use branchbox_protocol::{AgentInfo, ErrorCode, Frame, Request, Response, PROTOCOL_VERSION};
+use outbox::Outbox;
+use procs::Procs;
+use reaper::Reaper;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Client-stream chunks buffered per request before the reader waits.
+const STREAM_DEPTH: usize = 8;
+
+/// A failed request: the error class and a message that says what to do.
+#[derive(Debug)]
+pub struct Failure {
+    code: ErrorCode,
+    message: String,
+}
+
+impl Failure {
+    /// A failure of class `code`.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Failure { code, message: message.into() }
+    }
+
+    /// An operating-system error.
+    pub fn io(e: std::io::Error) -> Self {
+        Failure::new(code_of(&e), e.to_string())
+    }
+
+    /// An operating-system error on `path`.
+    pub fn io_at(e: std::io::Error, path: &Path) -> Self {
+        Failure::new(code_of(&e), format!("{}: {e}", path.display()))
+    }
+
+    fn response(self) -> Response {
+        Response::Error { code: self.code, message: self.message }
+    }
+}
+
+fn code_of(e: &std::io::Error) -> ErrorCode {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => ErrorCode::NotFound,
+        std::io::ErrorKind::AlreadyExists => ErrorCode::AlreadyExists,
+        std::io::ErrorKind::PermissionDenied => ErrorCode::PermissionDenied,
+        _ => ErrorCode::Io,
+    }
+}
+
+struct Agent {
+    out: Outbox,
+    reaper: Arc<Reaper>,
+    procs: Arc<Procs>,
+    started: Instant,
+    sandbox_id: Mutex<String>,
+    streams: Mutex<HashMap<u64, SyncSender<Option<Vec<u8>>>>>,
+}
+
+impl Agent {
+    fn reply(&self, id: u64, r: Result<Response, Failure>) {
+        let msg = r.unwrap_or_else(Failure::response);
+        self.out.send(id, &msg, &[]);
+    }
+
+    fn open_stream(&self, id: u64) -> std::sync::mpsc::Receiver<Option<Vec<u8>>> {
+        let (tx, rx) = sync_channel(STREAM_DEPTH);
+        self.streams.lock().unwrap_or_else(|e| e.into_inner()).insert(id, tx);
+        rx
+    }
+
+    fn route(&self, id: u64, chunk: Option<Vec<u8>>) {
+        let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        let end = chunk.is_none();
+        let tx = if end { streams.remove(&id) } else { streams.get(&id).cloned() };
+        drop(streams);
+        if let Some(tx) = tx {
+            let _ = tx.send(chunk);
+        }
+    }
+
+    fn info(&self) -> AgentInfo {
+        // SAFETY: uname fills a plain struct.
+        let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+        // SAFETY: valid pointer.
+        unsafe { libc::uname(&mut u) };
+        let field = |f: &[libc::c_char]| {
+            let bytes: Vec<u8> = f.iter().take_while(|c| **c != 0).map(|c| *c as u8).collect();
+            String::from_utf8_lossy(&bytes).into_owned()
+        };
+        AgentInfo {
+            sandbox_id: self.sandbox_id.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            hostname: field(&u.nodename),
+            pid: std::process::id() as i32,
+            agent_version: env!("CARGO_PKG_VERSION").to_string(),
+            protocol_version: PROTOCOL_VERSION,
+            kernel: format!("{} {}", field(&u.sysname), field(&u.release)),
+        }
+    }
+
+    /// Handles one request; blocking work moves to a thread.
+    fn handle(self: &Arc<Self>, f: Frame<Request>) {
+        let id = f.id;
+        match f.msg {
+            Request::Hello { version } => {
+                let r = if version == PROTOCOL_VERSION {
+                    Ok(Response::Hello {
+                        version: PROTOCOL_VERSION,
+                        agent_version: env!("CARGO_PKG_VERSION").to_string(),
+                    })
+                } else {
+                    Err(Failure::new(
+                        ErrorCode::UnsupportedVersion,
+                        format!(
+                            "host speaks protocol {version}, this agent speaks {PROTOCOL_VERSION}: rebuild the image"
+                        ),
+                    ))
+                };
+                self.reply(id, r);
+            }
+            Request::Ping => {
+                self.reply(id, Ok(Response::Pong { uptime_ms: self.started.elapsed().as_millis() as u64 }))
+            }
+            Request::Info => self.reply(id, Ok(Response::Info(self.info()))),
+            Request::Freeze => self.out.freeze(id),
+            Request::Thaw { after_fork } => {
+                let hook = after_fork.map(|a| {
+                    *self.sandbox_id.lock().unwrap_or_else(|e| e.into_inner()) = a.sandbox_id.clone();
+                    hook::apply(&a, &f.body)
+                });
+                self.out.thaw(id, &Response::Thawed { hook });
+            }
+            Request::Data => self.route(id, Some(f.body)),
+            Request::Eof => self.route(id, None),
+            other => {
+                let stream = match &other {
+                    Request::WriteFile { .. } => Some(self.open_stream(id)),
+                    Request::Exec(spec) if spec.stdin => Some(self.open_stream(id)),
+                    _ => None,
+                };
+                let me = Arc::clone(self);
+                std::thread::spawn(move || me.work(id, other, stream));
+            }
+        }
+    }
+
+    fn work(&self, id: u64, req: Request, stream: Option<std::sync::mpsc::Receiver<Option<Vec<u8>>>>) {
+        let r = match req {
+            Request::Exec(spec) => self.exec(id, spec, stream),
+            Request::Spawn(spec) => self.procs.spawn(&self.reaper, spec).map(|pid| Response::Spawned { pid }),
+            Request::ListProcs => Ok(Response::Procs { procs: self.procs.list() }),
+            Request::Signal { pid, signal, group } => {
+                self.procs.signal(pid, signal, group).map(|()| Response::Ok)
+            }
+            Request::Wait { pid, timeout_ms } => {
+                self.procs.wait(pid, timeout_ms.map(Duration::from_millis)).map(|done| match done {
+                    Some((status, stdout, stderr)) => {
+                        self.send_chunks(id, &Response::Stdout, &stdout);
+                        self.send_chunks(id, &Response::Stderr, &stderr);
+                        Response::Exited(status)
+                    }
+                    None => Response::StillRunning,
+                })
+            }
+            Request::ReadFile { path } => files::read(&path, &mut |c| self.out.send(id, &Response::Data, c))
+                .map(|size| Response::FileEnd { size }),
+            Request::WriteFile { path, mode, append, parents } => match stream {
+                Some(rx) => {
+                    files::write(&path, mode, append, parents, &rx).map(|size| Response::Written { size })
+                }
+                None => Err(Failure::new(ErrorCode::BadRequest, "write_file needs a data stream")),
+            },
+            Request::ListDir { path } => {
+                files::list(&path).map(|(entries, truncated)| Response::Entries { entries, truncated })
+            }
+            Request::Stat { path } => files::stat(&path).map(Response::Stat),
+            Request::Remove { path, recursive } => files::remove(&path, recursive).map(|()| Response::Ok),
+            Request::Rename { from, to } => files::rename(&from, &to).map(|()| Response::Ok),
+            Request::Mkdir { path, parents } => files::mkdir(&path, parents).map(|()| Response::Ok),
+            _ => Err(Failure::new(ErrorCode::BadRequest, "this operation is handled elsewhere")),
+        };
+        self.reply(id, r);
+    }
+
+    fn send_chunks(&self, id: u64, kind: &Response, data: &[u8]) {
+        for c in data.chunks(branchbox_protocol::CHUNK) {
+            self.out.send(id, kind, c);
+        }
+    }
+
+    fn exec(
+        &self,
+        id: u64,
+        spec: branchbox_protocol::ExecSpec,
+        stream: Option<std::sync::mpsc::Receiver<Option<Vec<u8>>>>,
+    ) -> Result<Response, Failure> {
+        let cap = spec.output_cap.unwrap_or(exec::DEFAULT_OUTPUT_CAP);
+        let timeout = spec.timeout_ms.map(Duration::from_millis);
+        let started = match exec::start(&self.reaper, &spec) {
+            Ok(s) => s,
+            Err(e) => {
+                if let Some(rx) = stream {
+                    while let Ok(Some(_)) = rx.recv() {}
+                }
+                return Err(e);
+            }
+        };
+        let mut started = started;
+        if let Some(rx) = stream {
+            exec::feed_stdin(&mut started.child, rx);
+        }
+        let status = exec::pump(started, timeout, cap, &mut |which, chunk| {
+            let kind = match which {
+                exec::Stream::Stdout => Response::Stdout,
+                exec::Stream::Stderr => Response::Stderr,
+            };
+            self.out.send(id, &kind, chunk);
+        });
+        Ok(Response::Exited(status))
+    }
+}
+
+fn main() {
+    let agent = Arc::new(Agent {
+        out: Outbox::new(Box::new(std::io::stdout())),
+        reaper: Reaper::start(),
+        procs: Arc::new(Procs::default()),
+        started: Instant::now(),
+        sandbox_id: Mutex::new(String::new()),
+        streams: Mutex::new(HashMap::new()),
+    });
+    let mut input = std::io::stdin().lock();
+    loop {
+        match read_raw(&mut input) {
+            Ok(Some(raw)) => match decode::<Request>(raw) {
+                Ok(frame) => agent.handle(frame),
+                Err(FrameError::BadHeader { id, source }) => {
+                    let msg = Response::Error {
+                        code: ErrorCode::BadRequest,
+                        message: format!("malformed request: {source}"),
+                    };
+                    agent.out.send(id.unwrap_or(0), &msg, &[]);
+                }
+                Err(e) => eprintln!("branchbox-agent: {e}"),
+            },
+            Ok(None) => break,
+            Err(e) => {
+                // A broken frame means the stream lost sync; nothing after it can be trusted.
+                eprintln!("branchbox-agent: {e}; stopping");
+                break;
+            }
+        }
+    }
+}

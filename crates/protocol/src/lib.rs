@@ -1,1 +1,23 @@
-//! branchbox protocol (being written).
+//! The branchbox agent protocol, shared by the host and the in-sandbox agent.
+//!
+//! A connection carries frames (see [`frame`]); each frame holds a typed JSON header and an
+//! optional binary body. Requests ([`Request`]) and responses ([`Response`]) are correlated by
+//! a request id; every request ends with exactly one terminal response. The full specification
+//! is `docs/agent-protocol.md`.
+//!
+//! This crate does no process or file work of its own: the agent executes requests, the host
+//! builds and reads them.
+
+pub mod client;
+pub mod frame;
+pub mod message;
+
+pub use client::{AgentClient, ClientError, ExecOutput};
+pub use frame::{read_frame, write_frame, Frame, FrameError, MAX_BODY, MAX_HEADER};
+pub use message::*;
+
+/// Protocol version spoken by this build; peers with another version are refused.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Largest body a sender puts in one frame of a stream (file data, command output).
+pub const CHUNK: usize = 256 * 1024;

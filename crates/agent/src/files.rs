@@ -1,0 +1,202 @@
+//! File operations. Paths must be absolute, at most 4096 bytes, without NUL; writes replace a
+//! file atomically (temporary file in the same directory, then rename).
+
+use crate::Failure;
+use branchbox_protocol::{ErrorCode, FileKind, FileStat, CHUNK};
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::Receiver;
+
+/// Longest path accepted.
+const MAX_PATH: usize = 4096;
+/// Most entries a listing returns.
+pub const MAX_ENTRIES: usize = 100_000;
+
+/// Checks a path from the host.
+pub fn check_path(p: &str) -> Result<PathBuf, Failure> {
+    if p.len() > MAX_PATH || p.contains('\0') || !p.starts_with('/') {
+        return Err(Failure::new(
+            ErrorCode::BadRequest,
+            format!(
+                "invalid path {:?}: give an absolute path without NUL, at most {MAX_PATH} bytes",
+                truncate(p)
+            ),
+        ));
+    }
+    Ok(PathBuf::from(p))
+}
+
+fn truncate(p: &str) -> String {
+    p.chars().take(200).collect()
+}
+
+fn stat_of(name: String, md: &fs::Metadata) -> FileStat {
+    let ft = md.file_type();
+    let kind = if ft.is_symlink() {
+        FileKind::Symlink
+    } else if ft.is_dir() {
+        FileKind::Dir
+    } else if ft.is_file() {
+        FileKind::File
+    } else {
+        FileKind::Other
+    };
+    FileStat {
+        name,
+        kind,
+        size: md.len(),
+        mode: md.mode() & 0o7777,
+        mtime_ns: md.mtime().saturating_mul(1_000_000_000).saturating_add(md.mtime_nsec()),
+    }
+}
+
+fn ctx(path: &Path) -> impl Fn(std::io::Error) -> Failure + '_ {
+    move |e| Failure::io_at(e, path)
+}
+
+/// Streams a file in chunks to `emit`; returns its size.
+pub fn read(path: &str, emit: &mut dyn FnMut(&[u8])) -> Result<u64, Failure> {
+    let p = check_path(path)?;
+    let mut f = fs::File::open(&p).map_err(ctx(&p))?;
+    if f.metadata().map_err(ctx(&p))?.is_dir() {
+        return Err(Failure::new(ErrorCode::BadRequest, format!("{path} is a directory; use ls")));
+    }
+    let mut buf = vec![0u8; CHUNK];
+    let mut total = 0u64;
+    loop {
+        let n = f.read(&mut buf).map_err(ctx(&p))?;
+        if n == 0 {
+            return Ok(total);
+        }
+        emit(&buf[..n]);
+        total += n as u64;
+    }
+}
+
+/// Writes the chunks arriving on `chunks` (ended by `None`) to `path`.
+pub fn write(
+    path: &str,
+    mode: Option<u32>,
+    append: bool,
+    parents: bool,
+    chunks: &Receiver<Option<Vec<u8>>>,
+) -> Result<u64, Failure> {
+    let result = write_inner(path, mode, append, parents, chunks);
+    if result.is_err() {
+        // Drain the rest of the stream so the connection stays in step.
+        while let Ok(Some(_)) = chunks.recv() {}
+    }
+    result
+}
+
+fn write_inner(
+    path: &str,
+    mode: Option<u32>,
+    append: bool,
+    parents: bool,
+    chunks: &Receiver<Option<Vec<u8>>>,
+) -> Result<u64, Failure> {
+    let p = check_path(path)?;
+    let mode = mode.unwrap_or(0o644) & 0o7777;
+    let dir = p.parent().ok_or_else(|| Failure::new(ErrorCode::BadRequest, "cannot write to /"))?;
+    if parents {
+        fs::create_dir_all(dir).map_err(ctx(dir))?;
+    }
+    let target = if append {
+        p.clone()
+    } else {
+        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        dir.join(format!(".{name}.branchbox-{}", std::process::id() ^ rand_suffix()))
+    };
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .append(append)
+        .truncate(!append)
+        .mode(mode)
+        .open(&target)
+        .map_err(ctx(&target))?;
+    let mut total = 0u64;
+    let outcome = (|| {
+        while let Ok(Some(chunk)) = chunks.recv() {
+            f.write_all(&chunk).map_err(ctx(&p))?;
+            total += chunk.len() as u64;
+        }
+        f.flush().map_err(ctx(&p))?;
+        if !append {
+            fs::set_permissions(&target, fs::Permissions::from_mode(mode)).map_err(ctx(&p))?;
+            fs::rename(&target, &p).map_err(ctx(&p))?;
+        }
+        Ok(total)
+    })();
+    if outcome.is_err() && !append {
+        let _ = fs::remove_file(&target);
+    }
+    outcome
+}
+
+fn rand_suffix() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: getrandom into a local buffer.
+    unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    u32::from_ne_bytes(b)
+}
+
+/// Lists a directory, sorted by name, at most [`MAX_ENTRIES`] entries.
+pub fn list(path: &str) -> Result<(Vec<FileStat>, bool), Failure> {
+    let p = check_path(path)?;
+    let mut out = Vec::new();
+    let mut truncated = false;
+    for entry in fs::read_dir(&p).map_err(ctx(&p))? {
+        let entry = entry.map_err(ctx(&p))?;
+        if out.len() >= MAX_ENTRIES {
+            truncated = true;
+            break;
+        }
+        if let Ok(md) = entry.path().symlink_metadata() {
+            out.push(stat_of(entry.file_name().to_string_lossy().into_owned(), &md));
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok((out, truncated))
+}
+
+/// Stats a path without following a final symlink.
+pub fn stat(path: &str) -> Result<FileStat, Failure> {
+    let p = check_path(path)?;
+    let md = p.symlink_metadata().map_err(ctx(&p))?;
+    Ok(stat_of(path.to_string(), &md))
+}
+
+/// Removes a file or directory.
+pub fn remove(path: &str, recursive: bool) -> Result<(), Failure> {
+    let p = check_path(path)?;
+    if p == Path::new("/") {
+        return Err(Failure::new(ErrorCode::BadRequest, "refusing to remove /"));
+    }
+    let md = p.symlink_metadata().map_err(ctx(&p))?;
+    let r = if md.is_dir() {
+        if recursive {
+            fs::remove_dir_all(&p)
+        } else {
+            fs::remove_dir(&p)
+        }
+    } else {
+        fs::remove_file(&p)
+    };
+    r.map_err(ctx(&p))
+}
+
+/// Renames a path.
+pub fn rename(from: &str, to: &str) -> Result<(), Failure> {
+    let (f, t) = (check_path(from)?, check_path(to)?);
+    fs::rename(&f, &t).map_err(ctx(&f))
+}
+
+/// Creates a directory.
+pub fn mkdir(path: &str, parents: bool) -> Result<(), Failure> {
+    let p = check_path(path)?;
+    if parents { fs::create_dir_all(&p) } else { fs::create_dir(&p) }.map_err(ctx(&p))
+}

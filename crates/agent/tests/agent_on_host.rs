@@ -1,0 +1,198 @@
+//! The agent driven over its stdio pipes, as the gVisor shim drives it, but run directly on the
+//! host so the protocol is checked in milliseconds. (The after-fork hook is not exercised here:
+//! it would change the host's hostname and clock; the gVisor end-to-end tests cover it.)
+
+use branchbox_protocol::frame::{read_frame, write_raw};
+use branchbox_protocol::{AgentClient, ClientError, Command, ErrorCode, ExecSpec, Response};
+use std::io::{Read, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
+
+struct Pipes {
+    input: ChildStdin,
+    output: ChildStdout,
+}
+
+impl Read for Pipes {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.output.read(buf)
+    }
+}
+
+impl Write for Pipes {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.input.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.input.flush()
+    }
+}
+
+struct Agent {
+    child: Child,
+    client: AgentClient<Pipes>,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn agent() -> Agent {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_branchbox-agent"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start agent");
+    let pipes = Pipes { input: child.stdin.take().unwrap(), output: child.stdout.take().unwrap() };
+    let mut client = AgentClient::new(pipes);
+    client.hello().expect("hello");
+    Agent { child, client }
+}
+
+fn sh(line: &str) -> ExecSpec {
+    ExecSpec::new(Command::Shell(line.to_string()))
+}
+
+#[test]
+fn exec_reports_output_and_exit_code() {
+    let mut a = agent();
+    let out = a.client.exec(sh("echo out; echo err >&2; exit 3"), None).unwrap();
+    assert_eq!(out.stdout, b"out\n");
+    assert_eq!(out.stderr, b"err\n");
+    assert_eq!(out.status.code, Some(3));
+    assert!(!out.status.timed_out && !out.status.truncated);
+    let mut spec = ExecSpec::new(Command::Argv(vec!["printenv".into(), "GREETING".into()]));
+    spec.env.insert("GREETING".into(), "hi there".into());
+    spec.cwd = Some("/tmp".into());
+    assert_eq!(a.client.exec(spec, None).unwrap().stdout, b"hi there\n");
+}
+
+#[test]
+fn exec_feeds_stdin() {
+    let mut a = agent();
+    let input: Vec<u8> = (0..700_000u32).map(|i| (i % 251) as u8).collect();
+    let out = a.client.exec(ExecSpec::new(Command::Argv(vec!["cat".into()])), Some(&input)).unwrap();
+    assert_eq!(out.stdout.len(), input.len());
+    assert!(out.stdout == input);
+}
+
+#[test]
+fn missing_program_is_a_spawn_error_and_the_agent_keeps_serving() {
+    let mut a = agent();
+    let err = a.client.exec(ExecSpec::new(Command::Argv(vec!["/no/such/program".into()])), None).unwrap_err();
+    assert!(matches!(err, ClientError::Agent { code: ErrorCode::SpawnFailed, .. }), "{err}");
+    let err = a.client.exec(ExecSpec::new(Command::Argv(vec![])), None).unwrap_err();
+    assert!(matches!(err, ClientError::Agent { code: ErrorCode::BadRequest, .. }), "{err}");
+    a.client.ping().unwrap();
+}
+
+fn process_is_gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(s) => s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
+}
+
+#[test]
+fn timeout_kills_the_whole_process_group() {
+    let mut a = agent();
+    let mut spec = sh("sleep 30 & echo $!; sleep 30");
+    spec.timeout_ms = Some(300);
+    let out = a.client.exec(spec, None).unwrap();
+    assert!(out.status.timed_out);
+    assert_eq!(out.status.signal, Some(libc_sigkill()));
+    let pid: i32 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("background pid");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !process_is_gone(pid) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(process_is_gone(pid), "grandchild {pid} survived the timeout");
+}
+
+fn libc_sigkill() -> i32 {
+    9
+}
+
+#[test]
+fn output_above_the_cap_is_cut_and_flagged() {
+    let mut a = agent();
+    let mut spec = sh("head -c 200000 /dev/zero");
+    spec.output_cap = Some(1000);
+    let out = a.client.exec(spec, None).unwrap();
+    assert_eq!(out.stdout.len(), 1000);
+    assert!(out.status.truncated);
+    assert_eq!(out.status.code, Some(0));
+}
+
+#[test]
+fn binary_file_round_trips_byte_exact() {
+    let mut a = agent();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("blob.bin");
+    let p = path.to_str().unwrap();
+    let data: Vec<u8> = (0..1024 * 1024u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let n = a.client.write_file(p, &mut data.as_slice(), Some(0o600), false, false).unwrap();
+    assert_eq!(n, data.len() as u64);
+    assert!(a.client.read_file_bytes(p).unwrap() == data);
+    let st = a.client.stat(p).unwrap();
+    assert_eq!((st.size, st.mode), (data.len() as u64, 0o600));
+}
+
+#[test]
+fn file_operations_work_and_fail_clearly() {
+    let mut a = agent();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap().to_string();
+    a.client.mkdir(&format!("{d}/x/y"), true).unwrap();
+    a.client.write_file(&format!("{d}/x/y/f"), &mut &b"abc"[..], None, false, false).unwrap();
+    a.client.write_file(&format!("{d}/x/y/f"), &mut &b"def"[..], None, true, false).unwrap();
+    a.client.write_file(&format!("{d}/new/deep/g"), &mut &b"g"[..], None, false, true).unwrap();
+    assert_eq!(a.client.read_file_bytes(&format!("{d}/x/y/f")).unwrap(), b"abcdef");
+    a.client.rename(&format!("{d}/x/y/f"), &format!("{d}/x/f2")).unwrap();
+    let names: Vec<String> =
+        a.client.list_dir(&format!("{d}/x")).unwrap().into_iter().map(|e| e.name).collect();
+    assert_eq!(names, vec!["f2".to_string(), "y".to_string()]);
+    let err = a.client.remove(&format!("{d}/x"), false).unwrap_err();
+    assert!(matches!(err, ClientError::Agent { code: ErrorCode::Io, .. }), "{err}");
+    a.client.remove(&format!("{d}/x"), true).unwrap();
+    let err = a.client.stat(&format!("{d}/x")).unwrap_err();
+    assert!(matches!(err, ClientError::Agent { code: ErrorCode::NotFound, .. }), "{err}");
+    let err = a.client.read_file_bytes("relative/path").unwrap_err();
+    assert!(matches!(err, ClientError::Agent { code: ErrorCode::BadRequest, .. }), "{err}");
+    let err = a.client.write_file("/no/such/dir/file", &mut &b"x"[..], None, false, false).unwrap_err();
+    assert!(matches!(err, ClientError::Agent { code: ErrorCode::NotFound, .. }), "{err}");
+    a.client.ping().unwrap();
+}
+
+#[test]
+fn background_processes_can_be_listed_signalled_and_waited_for() {
+    let mut a = agent();
+    let pid = a.client.spawn(sh("echo started; exec sleep 30")).unwrap();
+    let quick = a.client.spawn(sh("echo quick")).unwrap();
+    let procs = a.client.list_procs().unwrap();
+    assert!(procs.iter().any(|p| p.pid == pid));
+    assert!(a.client.wait(pid, Some(50)).unwrap().is_none(), "sleep 30 finished early");
+    let q = a.client.wait(quick, None).unwrap().unwrap();
+    assert_eq!((q.stdout.as_slice(), q.status.code), (&b"quick\n"[..], Some(0)));
+    a.client.signal(pid, 15, false).unwrap();
+    let done = a.client.wait(pid, Some(5000)).unwrap().expect("exited after SIGTERM");
+    assert_eq!(done.status.signal, Some(15));
+    assert_eq!(done.stdout, b"started\n");
+    let err = a.client.wait(pid, None).unwrap_err();
+    assert!(matches!(err, ClientError::Agent { code: ErrorCode::NotFound, .. }), "{err}");
+}
+
+#[test]
+fn malformed_and_foreign_version_requests_get_errors_not_silence() {
+    let mut a = agent();
+    write_raw(a.client.stream_mut(), br#"{"id":9,"op":"launch_missiles"}"#, b"").unwrap();
+    let f = read_frame::<Response, _>(a.client.stream_mut()).unwrap().unwrap();
+    assert_eq!(f.id, 9);
+    assert!(matches!(f.msg, Response::Error { code: ErrorCode::BadRequest, .. }));
+    let r = a.client.call(branchbox_protocol::Request::Hello { version: 999 }, Vec::new()).unwrap_err();
+    assert!(matches!(r, ClientError::Agent { code: ErrorCode::UnsupportedVersion, .. }), "{r}");
+    assert!(a.client.info().unwrap().pid > 0);
+}

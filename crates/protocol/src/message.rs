@@ -1,0 +1,366 @@
+//! Typed messages. Requests flow host -> agent, responses agent -> host; both are JSON headers
+//! tagged by `op` / `kind`, with bulk bytes in the frame body.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// What to run: an argument vector (no shell) or a shell line (`/bin/sh -c`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Command {
+    /// Executed directly; `argv[0]` is looked up in `PATH`.
+    Argv(Vec<String>),
+    /// Run by `/bin/sh -c`.
+    Shell(String),
+}
+
+/// A command to run in the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecSpec {
+    /// The command.
+    pub cmd: Command,
+    /// Extra environment variables, added to the agent's base environment.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory (absolute); `/` when absent.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// When true the client streams stdin as `data` frames ended by `eof`; otherwise stdin is
+    /// empty.
+    #[serde(default)]
+    pub stdin: bool,
+    /// Wall-clock limit; at expiry the command's whole process group is killed.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// Most output bytes (stdout and stderr together) sent back; the rest is discarded and the
+    /// result says `truncated`.
+    #[serde(default)]
+    pub output_cap: Option<u64>,
+}
+
+impl ExecSpec {
+    /// A spec running `cmd` with defaults for everything else.
+    pub fn new(cmd: Command) -> Self {
+        ExecSpec { cmd, env: BTreeMap::new(), cwd: None, stdin: false, timeout_ms: None, output_cap: None }
+    }
+}
+
+/// The host's contribution after a fork or restore, so that no two sandboxes share identity
+/// or randomness. The frame body carries fresh entropy bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AfterFork {
+    /// The sandbox's new id.
+    pub sandbox_id: String,
+    /// New hostname.
+    pub hostname: String,
+    /// New machine-id (32 lowercase hex digits).
+    pub machine_id: String,
+    /// Host wall clock, nanoseconds since the Unix epoch.
+    pub wall_clock_ns: u64,
+}
+
+/// Host -> agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Version handshake.
+    Hello {
+        /// The host's protocol version.
+        version: u32,
+    },
+    /// Liveness check.
+    Ping,
+    /// Agent and sandbox facts.
+    Info,
+    /// Run a command to completion, streaming its output.
+    Exec(ExecSpec),
+    /// Start a background process.
+    Spawn(ExecSpec),
+    /// List background processes.
+    ListProcs,
+    /// Send a signal to a background process (or its whole process group).
+    Signal {
+        /// Process id returned by `spawn`.
+        pid: i32,
+        /// Signal number.
+        signal: i32,
+        /// Signal the process group instead of the process.
+        #[serde(default)]
+        group: bool,
+    },
+    /// Wait for a background process to exit; its captured output comes back as
+    /// `stdout`/`stderr` frames before the result.
+    Wait {
+        /// Process id returned by `spawn`.
+        pid: i32,
+        /// Give up after this long (`timed_out` in the result); forever when absent.
+        #[serde(default)]
+        timeout_ms: Option<u64>,
+    },
+    /// Read a file; data arrives as `data` frames, then `file_end`.
+    ReadFile {
+        /// Absolute path.
+        path: String,
+    },
+    /// Write a file from the `data` frames that follow, ended by `eof`. Replaces the file
+    /// atomically unless `append`.
+    WriteFile {
+        /// Absolute path.
+        path: String,
+        /// Permission bits; 0o644 when absent.
+        #[serde(default)]
+        mode: Option<u32>,
+        /// Append instead of replacing.
+        #[serde(default)]
+        append: bool,
+        /// Create missing parent directories.
+        #[serde(default)]
+        parents: bool,
+    },
+    /// List a directory.
+    ListDir {
+        /// Absolute path.
+        path: String,
+    },
+    /// Stat a path (without following a final symlink).
+    Stat {
+        /// Absolute path.
+        path: String,
+    },
+    /// Remove a file, or a directory (`recursive` for a non-empty one).
+    Remove {
+        /// Absolute path.
+        path: String,
+        /// Remove a directory tree.
+        #[serde(default)]
+        recursive: bool,
+    },
+    /// Rename a path.
+    Rename {
+        /// Absolute source path.
+        from: String,
+        /// Absolute destination path.
+        to: String,
+    },
+    /// Create a directory.
+    Mkdir {
+        /// Absolute path.
+        path: String,
+        /// Create missing parents; no error if it exists.
+        #[serde(default)]
+        parents: bool,
+    },
+    /// Stop every outgoing frame at a frame boundary (before a checkpoint).
+    Freeze,
+    /// Let outgoing frames flow again, after applying the after-fork hook when given.
+    Thaw {
+        /// Identity for a forked or restored copy.
+        #[serde(default)]
+        after_fork: Option<AfterFork>,
+    },
+    /// A chunk of a client stream (stdin, file data) for request `id`.
+    Data,
+    /// End of a client stream for request `id`.
+    Eof,
+}
+
+/// Machine-readable error class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The request was malformed or violated a limit.
+    BadRequest,
+    /// The peer speaks another protocol version.
+    UnsupportedVersion,
+    /// No such file, directory or process.
+    NotFound,
+    /// The path exists already.
+    AlreadyExists,
+    /// Permission denied.
+    PermissionDenied,
+    /// The command could not be started.
+    SpawnFailed,
+    /// Any other operating-system failure.
+    Io,
+}
+
+/// File type in a [`FileStat`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileKind {
+    /// Regular file.
+    File,
+    /// Directory.
+    Dir,
+    /// Symbolic link.
+    Symlink,
+    /// Anything else (device, socket, fifo).
+    Other,
+}
+
+/// Metadata of one path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileStat {
+    /// Final path component (for listings) or the full path (for `stat`).
+    pub name: String,
+    /// File type.
+    pub kind: FileKind,
+    /// Size in bytes.
+    pub size: u64,
+    /// Permission bits.
+    pub mode: u32,
+    /// Modification time, nanoseconds since the Unix epoch.
+    pub mtime_ns: i64,
+}
+
+/// How a command ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitStatus {
+    /// Exit code, when it exited normally.
+    pub code: Option<i32>,
+    /// Terminating signal, when killed.
+    pub signal: Option<i32>,
+    /// Killed because its timeout expired.
+    pub timed_out: bool,
+    /// Output beyond the cap was discarded.
+    pub truncated: bool,
+    /// Wall-clock run time.
+    pub duration_ms: u64,
+}
+
+/// One background process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcInfo {
+    /// Process id.
+    pub pid: i32,
+    /// What was started.
+    pub cmd: Command,
+    /// Exit status, once it has exited.
+    pub exit: Option<ExitStatus>,
+}
+
+/// Outcome of one step of the after-fork hook.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "status", content = "detail")]
+pub enum StepOutcome {
+    /// Done.
+    Applied,
+    /// The sandbox kernel does not offer this; the reason says why that is safe or not.
+    Unsupported(String),
+    /// Tried and failed.
+    Failed(String),
+}
+
+/// What the after-fork hook did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HookReport {
+    /// Entropy added to the kernel pool and the CRNG reseeded.
+    pub entropy: StepOutcome,
+    /// Wall clock set.
+    pub clock: StepOutcome,
+    /// Hostname set.
+    pub hostname: StepOutcome,
+    /// `/etc/machine-id` written.
+    pub machine_id: StepOutcome,
+    /// Time the hook took, microseconds.
+    pub duration_us: u64,
+}
+
+/// Facts the agent reports about itself and its sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentInfo {
+    /// Sandbox id as last set by the host (empty before the first after-fork hook).
+    pub sandbox_id: String,
+    /// Current hostname.
+    pub hostname: String,
+    /// The agent's own pid.
+    pub pid: i32,
+    /// The agent's build version.
+    pub agent_version: String,
+    /// Protocol version.
+    pub protocol_version: u32,
+    /// Kernel name and release as the sandbox sees them.
+    pub kernel: String,
+}
+
+/// Agent -> host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum Response {
+    /// Handshake accepted.
+    Hello {
+        /// The agent's protocol version.
+        version: u32,
+        /// The agent's build version.
+        agent_version: String,
+    },
+    /// Answer to `ping`.
+    Pong {
+        /// Milliseconds since the agent started (continues across restores).
+        uptime_ms: u64,
+    },
+    /// Answer to `info`.
+    Info(AgentInfo),
+    /// A chunk of a command's standard output (body).
+    Stdout,
+    /// A chunk of a command's standard error (body).
+    Stderr,
+    /// A chunk of file data (body).
+    Data,
+    /// A command or background process ended.
+    Exited(ExitStatus),
+    /// A background process started.
+    Spawned {
+        /// Its process id.
+        pid: i32,
+    },
+    /// Background processes.
+    Procs {
+        /// One entry per process started with `spawn`.
+        procs: Vec<ProcInfo>,
+    },
+    /// A `wait` gave up before the process exited.
+    StillRunning,
+    /// End of a file read.
+    FileEnd {
+        /// Bytes sent.
+        size: u64,
+    },
+    /// A file write completed.
+    Written {
+        /// Bytes written.
+        size: u64,
+    },
+    /// Directory listing.
+    Entries {
+        /// Entries, sorted by name.
+        entries: Vec<FileStat>,
+        /// True when the listing was cut at the entry limit.
+        truncated: bool,
+    },
+    /// Metadata of one path.
+    Stat(FileStat),
+    /// The request succeeded with nothing to report.
+    Ok,
+    /// Outgoing frames are now held (answer to `freeze`).
+    Frozen,
+    /// Outgoing frames flow again (answer to `thaw`).
+    Thawed {
+        /// What the after-fork hook did, when one was given.
+        hook: Option<HookReport>,
+    },
+    /// The request failed.
+    Error {
+        /// Error class.
+        code: ErrorCode,
+        /// Human-readable message.
+        message: String,
+    },
+}
+
+impl Response {
+    /// True when this response ends its request (no more frames follow for that id).
+    pub fn is_terminal(&self) -> bool {
+        !matches!(self, Response::Stdout | Response::Stderr | Response::Data)
+    }
+}

@@ -1,0 +1,228 @@
+//! Guest RAM as a copy-on-write mapping over an immutable memory layer file.
+//!
+//! A VM's RAM is one host mapping. A fresh VM starts on anonymous memory; a snapshot writes
+//! the RAM into a layer file and every VM restored or forked from it maps that file
+//! `MAP_PRIVATE`: clean pages stay shared through the page cache, a guest write copies one
+//! page into the writer's private memory, and the file never changes. The mapping is made
+//! with raw `mmap` rather than `vm-memory` because the fast fork path re-maps a live range in
+//! place (`MAP_FIXED`) under an already registered KVM slot, which `vm-memory`'s regions do
+//! not model.
+//!
+//! Layer files are written once (temp file, fsync, rename) and never modified afterwards.
+
+use crate::error::{mem, Error, Result};
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+
+/// Host page size assumed for accounting and sparse writes.
+pub const PAGE_SIZE: usize = 4096;
+
+/// `MADV_POPULATE_READ` (Linux 5.14): faults pages in for reading without breaking sharing.
+const MADV_POPULATE_READ: libc::c_int = 22;
+
+/// One contiguous range of guest RAM starting at guest-physical address 0.
+pub struct GuestRam {
+    addr: *mut u8,
+    size: usize,
+}
+
+// SAFETY: the mapping is owned by this value and only reached through it; guest accesses
+// from KVM are not Rust references.
+unsafe impl Send for GuestRam {}
+
+impl GuestRam {
+    /// Maps `size` bytes of fresh, zeroed, lazily allocated anonymous RAM.
+    pub fn anonymous(size: usize) -> Result<GuestRam> {
+        if size == 0 || size % PAGE_SIZE != 0 {
+            return Err(Error::Config(format!(
+                "guest RAM size {size} must be a non-zero multiple of {PAGE_SIZE}"
+            )));
+        }
+        // SAFETY: a new mapping at an address the kernel chooses; no existing memory changes.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return Err(mem("mmap anonymous RAM")(std::io::Error::last_os_error()));
+        }
+        Ok(GuestRam {
+            addr: addr.cast(),
+            size,
+        })
+    }
+
+    /// Replaces the whole RAM range, in place, with a private copy-on-write view of `layer`.
+    ///
+    /// The host address stays the same, so a KVM memory slot registered over it stays valid;
+    /// KVM's MMU notifier drops whatever it had mapped from the old pages.
+    pub fn map_layer(&mut self, layer: &File) -> Result<()> {
+        // SAFETY: MAP_FIXED over exactly the range this value owns; nothing else aliases it.
+        let addr = unsafe {
+            libc::mmap(
+                self.addr.cast(),
+                self.size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_NORESERVE,
+                layer.as_raw_fd(),
+                0,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return Err(mem("mmap memory layer MAP_PRIVATE")(
+                std::io::Error::last_os_error(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Faults every page in for reading: shared page-cache pages, no private copies.
+    pub fn populate_read(&self) -> Result<()> {
+        // SAFETY: advice over the owned range only.
+        let rc = unsafe { libc::madvise(self.addr.cast(), self.size, MADV_POPULATE_READ) };
+        if rc != 0 {
+            return Err(mem("madvise(MADV_POPULATE_READ)")(
+                std::io::Error::last_os_error(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Host address of guest-physical address 0 (what the KVM slot is registered with).
+    pub fn host_addr(&self) -> u64 {
+        self.addr as u64
+    }
+
+    /// Size of the RAM in bytes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    fn check(&self, gpa: u64, len: usize) -> Result<usize> {
+        let start = usize::try_from(gpa).map_err(|_| out_of_range(gpa, len, self.size))?;
+        match start.checked_add(len) {
+            Some(end) if end <= self.size => Ok(start),
+            _ => Err(out_of_range(gpa, len, self.size)),
+        }
+    }
+
+    /// Copies `data` into guest RAM at `gpa`.
+    pub fn write(&self, gpa: u64, data: &[u8]) -> Result<()> {
+        let start = self.check(gpa, data.len())?;
+        // SAFETY: bounds checked above; the guest is not running while the host writes
+        // (vCPUs run only inside `Vm::run`, which borrows the VM mutably).
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.addr.add(start), data.len()) };
+        Ok(())
+    }
+
+    /// Copies guest RAM at `gpa` into `out`.
+    pub fn read(&self, gpa: u64, out: &mut [u8]) -> Result<()> {
+        let start = self.check(gpa, out.len())?;
+        // SAFETY: bounds checked above.
+        unsafe { std::ptr::copy_nonoverlapping(self.addr.add(start), out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    /// Writes a little-endian u64 at `gpa`.
+    pub fn write_u64(&self, gpa: u64, value: u64) -> Result<()> {
+        self.write(gpa, &value.to_le_bytes())
+    }
+
+    /// Reads a little-endian u64 at `gpa`.
+    pub fn read_u64(&self, gpa: u64) -> Result<u64> {
+        let mut b = [0u8; 8];
+        self.read(gpa, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    /// Writes the whole RAM into a new layer file `dir/name`, atomically.
+    ///
+    /// All-zero 64 KiB runs are left as holes, so a mostly empty guest gives a sparse file.
+    pub fn write_layer(&self, dir: &Path, name: &str) -> Result<()> {
+        let final_path = dir.join(name);
+        let tmp_path = dir.join(format!(".{name}.tmp"));
+        let file = File::create(&tmp_path).map_err(mem("create memory layer temp file"))?;
+        file.set_len(self.size as u64)
+            .map_err(mem("size memory layer temp file"))?;
+        // SAFETY: the whole owned range, read while no vCPU runs.
+        let ram = unsafe { std::slice::from_raw_parts(self.addr, self.size) };
+        for (i, page) in ram.chunks(PAGE_SIZE * 16).enumerate() {
+            if page.iter().all(|&b| b == 0) {
+                continue;
+            }
+            file.write_all_at(page, (i * PAGE_SIZE * 16) as u64)
+                .map_err(mem("write memory layer"))?;
+        }
+        file.sync_all().map_err(mem("fsync memory layer"))?;
+        drop(file);
+        std::fs::rename(&tmp_path, &final_path).map_err(mem("rename memory layer"))?;
+        sync_dir(dir)
+    }
+
+    /// Host memory this RAM holds privately (copied-on-write or anonymous pages), in bytes,
+    /// from `/proc/self/smaps` of the mappings inside its range.
+    pub fn private_bytes(&self) -> Result<u64> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").map_err(mem("read smaps"))?;
+        let (lo, hi) = (self.addr as u64, self.addr as u64 + self.size as u64);
+        let mut inside = false;
+        let mut kib = 0u64;
+        for line in smaps.lines() {
+            if let Some((range, _)) = line.split_once(' ') {
+                if let Some((a, b)) = range.split_once('-') {
+                    if let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16))
+                    {
+                        inside = a >= lo && b <= hi;
+                        continue;
+                    }
+                }
+            }
+            if inside {
+                if let Some(v) = line.strip_prefix("Anonymous:") {
+                    kib += v.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap_or(0);
+                }
+            }
+        }
+        Ok(kib * 1024)
+    }
+}
+
+impl Drop for GuestRam {
+    fn drop(&mut self) {
+        // SAFETY: unmapping the range this value owns; KVM slots over it die with their VM,
+        // which `Vm` drops first.
+        unsafe { libc::munmap(self.addr.cast(), self.size) };
+    }
+}
+
+fn out_of_range(gpa: u64, len: usize, size: usize) -> Error {
+    Error::Config(format!(
+        "guest access {gpa:#x}+{len} is outside guest RAM of {size} bytes"
+    ))
+}
+
+/// Makes a rename inside `dir` durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(mem("fsync snapshot directory"))
+}
+
+/// Writes `bytes` to `dir/name` atomically: temp file, fsync, rename, fsync of the directory.
+pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let mut f = File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, dir.join(name))?;
+    File::open(dir)?.sync_all()
+}
