@@ -22,21 +22,21 @@ pub struct Hypervisor {
 impl Hypervisor {
     /// Opens `/dev/kvm` and probes CPUID, the readable MSRs and the XSAVE size.
     pub fn open() -> Result<Arc<Hypervisor>> {
-        let kvm = Kvm::new().map_err(Error::KvmUnavailable)?;
-        let cpuid = kvm
+        let sys = Kvm::new().map_err(Error::KvmUnavailable)?;
+        let cpuid = sys
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(kvm("KVM_GET_SUPPORTED_CPUID"))?;
-        let listed = kvm
+        let listed = sys
             .get_msr_index_list()
             .map_err(kvm("KVM_GET_MSR_INDEX_LIST"))?
             .as_slice()
             .to_vec();
-        let msrs = readable_msrs(&kvm, &cpuid, &listed)?;
+        let msrs = readable_msrs(&sys, &cpuid, &listed)?;
         // Below 4 KiB (or without the capability) the legacy KVM_GET_XSAVE buffer is exact.
-        let xsave2 = usize::try_from(kvm.check_extension_raw(CAP_XSAVE2)).unwrap_or(0);
+        let xsave2 = usize::try_from(sys.check_extension_raw(CAP_XSAVE2)).unwrap_or(0);
         let xsave_bytes = xsave2.max(std::mem::size_of::<kvm_bindings::kvm_xsave>());
         Ok(Arc::new(Hypervisor {
-            kvm,
+            kvm: sys,
             cpuid,
             msrs,
             xsave_bytes,

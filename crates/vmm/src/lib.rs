@@ -1,1 +1,27 @@
-//! branchbox's KVM virtual machine monitor (work in progress).
+//! branchbox's KVM virtual machine monitor: x86_64 VMs whose RAM is a copy-on-write view of
+//! immutable memory layers, complete vCPU/VM state snapshots, and fork of one snapshot into
+//! many independent VMs.
+//!
+//! What it is for: the microVM backend's engine (build, run, pause, snapshot, restore, fork)
+//! and the synthetic guest that tests and benchmarks it on hosts without hardware
+//! virtualization. What it is not for: booting Linux (no boot loader, virtio devices or ACPI
+//! yet), or scheduling sandboxes (that is `branchbox-core`).
+//!
+//! The design and the snapshot format are specified in `docs/microvm.md`.
+
+
+pub mod devices;
+mod error;
+pub mod fork;
+pub mod hypervisor;
+pub mod memory;
+pub mod snapshot;
+pub mod testguest;
+pub mod vm;
+pub mod vstate;
+
+pub use error::{Error, Result};
+pub use fork::{fork, fork_paused, ShellPool};
+pub use hypervisor::Hypervisor;
+pub use snapshot::{Snapshot, Snapshottable};
+pub use vm::{Vm, VmConfig};

@@ -226,3 +226,51 @@ pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Res
     std::fs::rename(&tmp, dir.join(name))?;
     File::open(dir)?.sync_all()
 }
+
+/// Saved state of guest RAM: the layer file that holds it, by name relative to the snapshot.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct MemoryState {
+    /// File name of the memory layer inside the snapshot directory.
+    pub layer: String,
+    /// RAM size in bytes (the layer's size).
+    pub size: u64,
+}
+
+/// A fresh layer name: unique per process and moment, never a path.
+fn new_layer_name() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    format!("mem-{nanos:x}-{:x}-{seq}.layer", std::process::id())
+}
+
+impl crate::snapshot::Snapshottable for GuestRam {
+    type State = MemoryState;
+
+    /// Freezes RAM into a new layer and re-maps this VM's own RAM onto it, so the source and
+    /// its children share every clean page from now on.
+    fn save(&mut self, ctx: &mut crate::snapshot::SaveContext) -> Result<MemoryState> {
+        let layer = new_layer_name();
+        self.write_layer(ctx.dir(), &layer)?;
+        let file = File::open(ctx.dir().join(&layer)).map_err(mem("open new memory layer"))?;
+        self.map_layer(&file)?;
+        Ok(MemoryState {
+            layer,
+            size: self.size as u64,
+        })
+    }
+
+    fn restore(&mut self, state: &MemoryState, ctx: &crate::snapshot::RestoreContext) -> Result<()> {
+        if state.size != self.size as u64 {
+            return Err(Error::Config(format!(
+                "snapshot RAM is {} bytes, this VM has {}",
+                state.size, self.size
+            )));
+        }
+        self.map_layer(ctx.layer())
+    }
+}

@@ -8,6 +8,11 @@ use crate::error::Result;
 use crate::snapshot::{RestoreContext, SaveContext, Snapshottable};
 use serde::{Deserialize, Serialize};
 
+/// Guest-physical address of the doorbell page, above any RAM this VMM gives a guest.
+pub const DOORBELL_BASE: u64 = 0xD000_0000;
+/// Size of the doorbell's MMIO range.
+pub const DOORBELL_LEN: u64 = 0x1000;
+
 /// Saved state of a [`Doorbell`].
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct DoorbellState {

@@ -77,6 +77,8 @@ pub struct MachineState {
     pub memory: MemoryState,
     /// Devices on the MMIO bus.
     pub mmio: BusState,
+    /// Devices on the port I/O bus.
+    pub pio: BusState,
 }
 
 /// A snapshot opened for restoring: its state parsed and checked, its memory layer opened.

@@ -1,0 +1,90 @@
+//! Fork: many independent VMs from one snapshot, each a new KVM VM over the shared layer.
+//!
+//! A KVM VM belongs to the process that created it, so a fork is never `fork(2)`: each child
+//! is a new VM whose RAM maps the snapshot's layer `MAP_PRIVATE` and whose vCPU/VM/device
+//! state is restored from the parsed snapshot. Building the VM (KVM_CREATE_VM, slot, vCPUs)
+//! is most of a child's cost, so a [`ShellPool`] builds shells ahead of time, off the fork
+//! path; a fork then only re-maps the layer over a shell's RAM and restores state.
+
+use crate::error::Result;
+use crate::hypervisor::Hypervisor;
+use crate::snapshot::Snapshot;
+use crate::vm::{Vm, VmConfig};
+use std::path::Path;
+use std::sync::Arc;
+
+/// Pre-built VM shells of one shape, ready to receive a snapshot.
+pub struct ShellPool {
+    hv: Arc<Hypervisor>,
+    config: VmConfig,
+    shells: Vec<Vm>,
+}
+
+impl ShellPool {
+    /// An empty pool of shells shaped `config`.
+    pub fn new(hv: &Arc<Hypervisor>, config: VmConfig) -> ShellPool {
+        ShellPool {
+            hv: Arc::clone(hv),
+            config,
+            shells: Vec::new(),
+        }
+    }
+
+    /// Builds shells until the pool holds `n`.
+    pub fn fill(&mut self, n: usize) -> Result<()> {
+        while self.shells.len() < n {
+            self.shells.push(Vm::shell(&self.hv, self.config)?);
+        }
+        Ok(())
+    }
+
+    /// Shells ready now.
+    pub fn len(&self) -> usize {
+        self.shells.len()
+    }
+
+    /// Whether no shell is ready.
+    pub fn is_empty(&self) -> bool {
+        self.shells.is_empty()
+    }
+
+    /// The shape of this pool's shells.
+    pub fn config(&self) -> VmConfig {
+        self.config
+    }
+
+    /// A ready shell, or a new one when the pool is empty.
+    pub fn take(&mut self) -> Result<Vm> {
+        match self.shells.pop() {
+            Some(vm) => Ok(vm),
+            None => Vm::shell(&self.hv, self.config),
+        }
+    }
+}
+
+/// Restores `n` independent children of `snapshot`, taking shells from `pool` (which must
+/// have the snapshot's shape). Each child is paused where the snapshot was taken; one
+/// child's failure does not stop the others.
+pub fn fork(snapshot: &Snapshot, n: usize, pool: &mut ShellPool) -> Vec<Result<Vm>> {
+    (0..n)
+        .map(|_| {
+            let shell = pool.take()?;
+            Vm::restore_into(shell, snapshot)
+        })
+        .collect()
+}
+
+/// Forks `n` children from the paused VM `parent`: snapshots it into `dir` (after which the
+/// parent itself runs on the new layer, copy-on-write like its children) and forks from
+/// that snapshot.
+pub fn fork_paused(
+    parent: &mut Vm,
+    dir: &Path,
+    n: usize,
+    pool: &mut ShellPool,
+) -> Result<(Snapshot, Vec<Result<Vm>>)> {
+    parent.snapshot(dir)?;
+    let snapshot = Snapshot::open(dir)?;
+    let children = fork(&snapshot, n, pool);
+    Ok((snapshot, children))
+}

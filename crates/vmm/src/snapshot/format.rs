@@ -1,0 +1,197 @@
+//! The snapshot state file: a fixed header, then a checksummed bincode payload.
+//!
+//! ```text
+//! offset  size  field
+//!      0     8  magic  b"BBXVMST\0"
+//!      8     4  format version, u32 little-endian (FORMAT_VERSION)
+//!     12     4  flags, u32 little-endian, must be 0
+//!     16     8  payload length in bytes, u64 little-endian (at most MAX_PAYLOAD)
+//!     24     4  CRC-32 (IEEE) of the payload, u32 little-endian
+//!     28     4  reserved, must be 0
+//!     32     n  payload: MachineState encoded with bincode 1 (fixed-width little-endian ints)
+//! ```
+//!
+//! The whole file is treated as hostile input: its size is bounded before it is read, the
+//! header is checked field by field, the checksum before any decoding, and the decoder runs
+//! with a byte limit. After decoding, the state is checked for things the decoder cannot know
+//! (a layer name that is a plain relative file name, sane RAM size and vCPU count).
+//! `docs/microvm.md` is the spec page of this format.
+
+use super::MachineState;
+use crate::error::{Error, Result};
+use bincode::Options;
+use std::io::Read;
+use std::path::Path;
+
+/// First bytes of every state file.
+pub const MAGIC: [u8; 8] = *b"BBXVMST\0";
+/// The one format version this build reads and writes.
+pub const FORMAT_VERSION: u32 = 1;
+/// Size of the fixed header.
+pub const HEADER_LEN: usize = 32;
+/// Largest payload accepted (a few vCPUs' state is tens of KiB).
+pub const MAX_PAYLOAD: u64 = 16 << 20;
+/// Most vCPUs a snapshot may describe.
+pub const MAX_VCPUS: usize = 64;
+/// Largest guest RAM a snapshot may describe (the test guest's doorbell sits above it).
+pub const MAX_RAM: u64 = 3 << 30;
+
+fn codec() -> impl Options {
+    bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .with_little_endian()
+        .with_limit(MAX_PAYLOAD)
+        .reject_trailing_bytes()
+}
+
+/// Encodes `state` into the bytes of a state file.
+pub fn encode(state: &MachineState) -> Result<Vec<u8>> {
+    let payload = codec()
+        .serialize(state)
+        .map_err(|e| Error::Config(format!("cannot encode VM state: {e}")))?;
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&payload);
+    Ok(out)
+}
+
+fn le_u32(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    if let Some(s) = b.get(at..at + 4) {
+        a.copy_from_slice(s);
+    }
+    u32::from_le_bytes(a)
+}
+
+fn le_u64(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    if let Some(s) = b.get(at..at + 8) {
+        a.copy_from_slice(s);
+    }
+    u64::from_le_bytes(a)
+}
+
+/// Decodes and checks the bytes of a state file; `path` only names it in errors.
+pub fn decode(path: &Path, bytes: &[u8]) -> Result<MachineState> {
+    let corrupt = |reason: String| Error::SnapshotCorrupt {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if bytes.len() < HEADER_LEN {
+        if bytes.len() >= MAGIC.len() && bytes[..MAGIC.len()] != MAGIC {
+            return Err(corrupt("it does not start with the snapshot magic".into()));
+        }
+        return Err(Error::SnapshotTruncated {
+            path: path.to_path_buf(),
+            found: bytes.len() as u64,
+            expected: HEADER_LEN as u64,
+        });
+    }
+    if bytes[..MAGIC.len()] != MAGIC {
+        return Err(corrupt("it does not start with the snapshot magic".into()));
+    }
+    let version = le_u32(bytes, 8);
+    if version != FORMAT_VERSION {
+        return Err(Error::SnapshotVersion {
+            path: path.to_path_buf(),
+            found: version,
+            supported: FORMAT_VERSION,
+        });
+    }
+    if le_u32(bytes, 12) != 0 || le_u32(bytes, 28) != 0 {
+        return Err(corrupt("unknown header flags".into()));
+    }
+    let len = le_u64(bytes, 16);
+    if len > MAX_PAYLOAD {
+        return Err(corrupt(format!(
+            "payload length {len} exceeds the limit of {MAX_PAYLOAD}"
+        )));
+    }
+    let expected = HEADER_LEN as u64 + len;
+    let found = bytes.len() as u64;
+    if found < expected {
+        return Err(Error::SnapshotTruncated {
+            path: path.to_path_buf(),
+            found,
+            expected,
+        });
+    }
+    if found > expected {
+        return Err(corrupt(format!(
+            "{} bytes follow the declared payload",
+            found - expected
+        )));
+    }
+    let payload = &bytes[HEADER_LEN..];
+    let crc = le_u32(bytes, 24);
+    let actual = crc32fast::hash(payload);
+    if crc != actual {
+        return Err(corrupt(format!(
+            "payload checksum is {actual:#010x}, header says {crc:#010x}"
+        )));
+    }
+    let state: MachineState = codec()
+        .deserialize(payload)
+        .map_err(|e| corrupt(format!("payload does not decode: {e}")))?;
+    validate(&state).map_err(corrupt)?;
+    Ok(state)
+}
+
+/// Checks what the decoder cannot: references and sizes that must make sense.
+fn validate(state: &MachineState) -> std::result::Result<(), String> {
+    let layer = &state.memory.layer;
+    let plain = !layer.is_empty()
+        && layer.len() <= 255
+        && layer != "."
+        && layer != ".."
+        && !layer.contains('/')
+        && !layer.contains('\0');
+    if !plain {
+        return Err(format!(
+            "memory layer name {layer:?} is not a plain file name inside the snapshot directory"
+        ));
+    }
+    let size = state.memory.size;
+    if size == 0 || size > MAX_RAM || size % crate::memory::PAGE_SIZE as u64 != 0 {
+        return Err(format!("guest RAM size {size} is not a valid size"));
+    }
+    if size != state.config.mem_size {
+        return Err(format!(
+            "memory layer size {size} differs from the VM's RAM size {}",
+            state.config.mem_size
+        ));
+    }
+    let n = state.vcpus.len();
+    if n == 0 || n > MAX_VCPUS || n != usize::from(state.config.vcpus) {
+        return Err(format!(
+            "{n} vCPU states for a VM with {} vCPUs",
+            state.config.vcpus
+        ));
+    }
+    if state.vm.irqchip.is_some() != state.config.irqchip {
+        return Err("irqchip state does not match the VM configuration".into());
+    }
+    Ok(())
+}
+
+/// Reads and decodes a state file, refusing files larger than any valid one.
+pub fn read_state_file(path: &Path) -> Result<MachineState> {
+    let io = |op| {
+        move |source| Error::SnapshotIo {
+            path: path.to_path_buf(),
+            op,
+            source,
+        }
+    };
+    let file = std::fs::File::open(path).map_err(io("open"))?;
+    let mut bytes = Vec::new();
+    file.take(HEADER_LEN as u64 + MAX_PAYLOAD + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io("read"))?;
+    decode(path, &bytes)
+}

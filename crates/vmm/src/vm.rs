@@ -1,0 +1,219 @@
+//! A whole VM composed in one place: KVM VM, guest RAM and its slot, vCPUs, device buses.
+//!
+//! The order of construction is fixed by what this host measured (HOST.md): VM, RAM slot,
+//! then the in-kernel irqchip and PIT, then vCPUs.
+
+use crate::devices::doorbell::{Doorbell, DOORBELL_BASE, DOORBELL_LEN};
+use crate::devices::{Bus, DeviceState};
+use crate::error::{kvm, Error, Result};
+use crate::hypervisor::Hypervisor;
+use crate::memory::GuestRam;
+use crate::snapshot::{format, MachineState, RestoreContext, SaveContext, Snapshot, Snapshottable};
+use crate::vstate::{PauseHandle, RunOutcome, Vcpu, VmCore};
+use kvm_bindings::kvm_userspace_memory_region;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use std::sync::Arc;
+
+/// The shape of a VM: what must match between a snapshot and the VM restored from it.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VmConfig {
+    /// Guest RAM in bytes, mapped at guest-physical address 0.
+    pub mem_size: u64,
+    /// Number of vCPUs (the run loop runs vCPU 0; the others are created and saved).
+    pub vcpus: u8,
+    /// Whether the VM has the in-kernel PIC/IOAPIC/LAPIC and PIT (a Linux guest needs them;
+    /// the test guest does not, and creating them costs ~2 ms per VM here).
+    pub irqchip: bool,
+}
+
+/// A KVM virtual machine.
+pub struct Vm {
+    // Field order is drop order: vCPUs and the VM go before the RAM their slot points into.
+    vcpus: Vec<Vcpu>,
+    core: VmCore,
+    ram: GuestRam,
+    mmio: Bus,
+    pio: Bus,
+    config: VmConfig,
+}
+
+impl Vm {
+    /// Builds a VM shell: KVM VM, anonymous RAM registered as slot 0, irqchip/PIT if
+    /// configured, vCPUs without CPUID, and the doorbell on the MMIO bus. A shell is what
+    /// [`boot`](Vm::boot) or a restore fills in.
+    pub fn shell(hv: &Arc<Hypervisor>, config: VmConfig) -> Result<Vm> {
+        let size = usize::try_from(config.mem_size)
+            .map_err(|_| Error::Config("RAM size does not fit this host".into()))?;
+        if config.mem_size > DOORBELL_BASE {
+            return Err(Error::Config(format!(
+                "RAM of {} bytes would overlap the doorbell at {DOORBELL_BASE:#x}",
+                config.mem_size
+            )));
+        }
+        if config.vcpus == 0 || usize::from(config.vcpus) > format::MAX_VCPUS {
+            return Err(Error::Config(format!(
+                "{} vCPUs requested, 1..={} supported",
+                config.vcpus,
+                format::MAX_VCPUS
+            )));
+        }
+        let fd = hv.kvm().create_vm().map_err(kvm("KVM_CREATE_VM"))?;
+        let ram = GuestRam::anonymous(size)?;
+        let region = kvm_userspace_memory_region {
+            slot: 0,
+            flags: 0,
+            guest_phys_addr: 0,
+            memory_size: config.mem_size,
+            userspace_addr: ram.host_addr(),
+        };
+        // SAFETY: the region covers exactly `ram`, which outlives the VM (field drop order).
+        unsafe { fd.set_user_memory_region(region) }
+            .map_err(kvm("KVM_SET_USER_MEMORY_REGION"))?;
+        let core = VmCore::new(fd, config.irqchip)?;
+        let vcpus = (0..config.vcpus)
+            .map(|id| Vcpu::create(hv, core.fd(), id, config.irqchip))
+            .collect::<Result<Vec<_>>>()?;
+        let mut mmio = Bus::default();
+        mmio.insert(DOORBELL_BASE, DOORBELL_LEN, Box::<Doorbell>::default())?;
+        Ok(Vm {
+            vcpus,
+            core,
+            ram,
+            mmio,
+            pio: Bus::default(),
+            config,
+        })
+    }
+
+    /// Builds a fresh VM ready for a guest to be installed: a shell whose vCPUs get the
+    /// host's supported CPUID.
+    pub fn boot(hv: &Arc<Hypervisor>, config: VmConfig) -> Result<Vm> {
+        let vm = Vm::shell(hv, config)?;
+        for vcpu in &vm.vcpus {
+            vcpu.fd()
+                .set_cpuid2(hv.supported_cpuid())
+                .map_err(kvm("KVM_SET_CPUID2"))?;
+        }
+        Ok(vm)
+    }
+
+    /// Restores `snapshot` into `shell` (built with the snapshot's config): RAM becomes a
+    /// private copy-on-write view of the snapshot's layer, nothing is copied.
+    pub fn restore_into(mut shell: Vm, snapshot: &Snapshot) -> Result<Vm> {
+        shell.restore(snapshot.state(), snapshot.context())?;
+        Ok(shell)
+    }
+
+    /// Opens the snapshot in `dir` and restores it into a new VM.
+    pub fn restore_from(hv: &Arc<Hypervisor>, dir: &Path) -> Result<Vm> {
+        let snapshot = Snapshot::open(dir)?;
+        let shell = Vm::shell(hv, snapshot.state().config)?;
+        Vm::restore_into(shell, &snapshot)
+    }
+
+    /// The VM's shape.
+    pub fn config(&self) -> VmConfig {
+        self.config
+    }
+
+    /// Guest RAM.
+    pub fn ram(&self) -> &GuestRam {
+        &self.ram
+    }
+
+    /// The KVM VM and its VM-wide devices.
+    pub fn core(&self) -> &VmCore {
+        &self.core
+    }
+
+    /// vCPU `index`.
+    pub fn vcpu(&mut self, index: usize) -> Result<&mut Vcpu> {
+        self.vcpus
+            .get_mut(index)
+            .ok_or_else(|| Error::Config(format!("the VM has no vCPU {index}")))
+    }
+
+    /// Saved state of the doorbell (times rung, last value).
+    pub fn doorbell(&mut self) -> Result<crate::devices::doorbell::DoorbellState> {
+        let mut ctx = SaveContext::new(Path::new("."));
+        match self.mmio.device_at(DOORBELL_BASE) {
+            Some(dev) => match dev.save(&mut ctx)? {
+                DeviceState::Doorbell(s) => Ok(s),
+            },
+            None => Err(Error::Config("the VM has no doorbell".into())),
+        }
+    }
+
+    /// A handle that pauses this VM's running vCPU from another thread.
+    pub fn pause_handle(&self) -> Result<PauseHandle> {
+        self.vcpus
+            .first()
+            .map(Vcpu::pause_handle)
+            .ok_or_else(|| Error::Config("the VM has no vCPU".into()))
+    }
+
+    /// Runs vCPU 0 until a device stops it or a pause is requested.
+    pub fn run(&mut self) -> Result<RunOutcome> {
+        let vcpu = self
+            .vcpus
+            .first_mut()
+            .ok_or_else(|| Error::Config("the VM has no vCPU".into()))?;
+        vcpu.run(&mut self.mmio, &mut self.pio)
+    }
+
+    /// Takes a snapshot of this paused VM into the existing directory `dir`: a new memory
+    /// layer plus the state file, both written atomically. Afterwards this VM's own RAM is a
+    /// copy-on-write view of the new layer, shared with every child forked from it.
+    pub fn snapshot(&mut self, dir: &Path) -> Result<()> {
+        let mut ctx = SaveContext::new(dir);
+        let state = self.save(&mut ctx)?;
+        let bytes = format::encode(&state)?;
+        let path = dir.join(crate::snapshot::STATE_FILE);
+        crate::memory::write_atomic(dir, crate::snapshot::STATE_FILE, &bytes).map_err(
+            |source| Error::SnapshotIo {
+                path,
+                op: "write",
+                source,
+            },
+        )
+    }
+}
+
+impl Snapshottable for Vm {
+    type State = MachineState;
+
+    fn save(&mut self, ctx: &mut SaveContext) -> Result<MachineState> {
+        // vCPUs first: saving completes any access left pending by the last exit, which may
+        // still change device state.
+        let vcpus = self
+            .vcpus
+            .iter_mut()
+            .map(|v| v.save(ctx))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(MachineState {
+            config: self.config,
+            vm: self.core.save(ctx)?,
+            vcpus,
+            mmio: self.mmio.save(ctx)?,
+            pio: self.pio.save(ctx)?,
+            memory: self.ram.save(ctx)?,
+        })
+    }
+
+    fn restore(&mut self, state: &MachineState, ctx: &RestoreContext) -> Result<()> {
+        if state.config != self.config {
+            return Err(Error::Config(format!(
+                "snapshot is for a VM shaped {:?}, this VM is {:?}",
+                state.config, self.config
+            )));
+        }
+        self.ram.restore(&state.memory, ctx)?;
+        self.core.restore(&state.vm, ctx)?;
+        for (vcpu, s) in self.vcpus.iter_mut().zip(&state.vcpus) {
+            vcpu.restore(s, ctx)?;
+        }
+        self.mmio.restore(&state.mmio, ctx)?;
+        self.pio.restore(&state.pio, ctx)
+    }
+}

@@ -1,0 +1,9 @@
+//! KVM state wrappers: a vCPU with its run loop and saved state, and the VM-wide state.
+
+mod kick;
+mod vcpu;
+mod vm;
+
+pub use kick::PauseHandle;
+pub use vcpu::{RunOutcome, Vcpu, VcpuState};
+pub use vm::{IrqchipState, VmCore, VmState};

@@ -1,0 +1,284 @@
+//! One vCPU: creation, the run loop with exit dispatch, and complete x86_64 state
+//! save/restore.
+
+use super::kick::PauseHandle;
+use crate::devices::{Action, Bus};
+use crate::error::{kvm, Error, Result};
+use crate::hypervisor::Hypervisor;
+use crate::snapshot::{RestoreContext, SaveContext, Snapshottable};
+use kvm_bindings::{
+    kvm_cpuid_entry2, kvm_debugregs, kvm_lapic_state, kvm_mp_state, kvm_msr_entry, kvm_regs,
+    kvm_sregs, kvm_vcpu_events, kvm_xcrs, kvm_xsave, CpuId, Msrs, KVM_MAX_CPUID_ENTRIES,
+    KVM_MAX_MSR_ENTRIES,
+};
+use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// Why [`Vcpu::run`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunOutcome {
+    /// A device asked the run loop to stop (the doorbell rang).
+    Device,
+    /// [`PauseHandle::request_pause`] stopped the vCPU.
+    Paused,
+}
+
+/// Saved state of one x86_64 vCPU: everything KVM keeps for it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VcpuState {
+    /// vCPU id (also its APIC id).
+    pub id: u8,
+    /// CPUID the vCPU was given.
+    pub cpuid: Vec<kvm_cpuid_entry2>,
+    /// Multiprocessing state (runnable, halted, ...).
+    pub mp_state: kvm_mp_state,
+    /// General-purpose registers, RIP, RFLAGS.
+    pub regs: kvm_regs,
+    /// Segment, control and descriptor-table registers, EFER, APIC base.
+    pub sregs: kvm_sregs,
+    /// The legacy 4 KiB XSAVE area (x87, SSE, AVX state), as 32-bit words.
+    pub xsave: Vec<u32>,
+    /// Extended control registers (XCR0).
+    pub xcrs: kvm_xcrs,
+    /// Debug registers.
+    pub debugregs: kvm_debugregs,
+    /// Local APIC registers, when the VM has an in-kernel irqchip.
+    pub lapic: Option<kvm_lapic_state>,
+    /// Every MSR KVM lists and lets us read, with its value.
+    pub msrs: Vec<kvm_msr_entry>,
+    /// Pending exceptions, interrupts, NMIs and interruptibility.
+    pub events: kvm_vcpu_events,
+}
+
+/// A KVM vCPU of one VM.
+pub struct Vcpu {
+    fd: VcpuFd,
+    id: u8,
+    irqchip: bool,
+    hv: Arc<Hypervisor>,
+    pause: PauseHandle,
+}
+
+impl Vcpu {
+    /// Creates vCPU `id` of `vm`; `irqchip` says whether the VM has an in-kernel LAPIC.
+    /// CPUID is left unset: a fresh VM sets the host's, a restore sets the saved one.
+    pub fn create(hv: &Arc<Hypervisor>, vm: &VmFd, id: u8, irqchip: bool) -> Result<Vcpu> {
+        let fd = vm
+            .create_vcpu(u64::from(id))
+            .map_err(kvm("KVM_CREATE_VCPU"))?;
+        Ok(Vcpu {
+            fd,
+            id,
+            irqchip,
+            hv: Arc::clone(hv),
+            pause: PauseHandle::default(),
+        })
+    }
+
+    /// The raw KVM vCPU.
+    pub fn fd(&self) -> &VcpuFd {
+        &self.fd
+    }
+
+    /// A handle that pauses this vCPU from another thread.
+    pub fn pause_handle(&self) -> PauseHandle {
+        self.pause.clone()
+    }
+
+    /// Runs the guest until a device stops it or a pause is requested.
+    pub fn run(&mut self, mmio: &mut Bus, pio: &mut Bus) -> Result<RunOutcome> {
+        let run_ptr: *mut kvm_bindings::kvm_run = self.fd.get_kvm_run();
+        let pause = self.pause.clone();
+        let _armed = pause.arm(run_ptr);
+        loop {
+            if pause.take_request() {
+                return Ok(RunOutcome::Paused);
+            }
+            let action = match self.fd.run() {
+                Ok(VcpuExit::MmioWrite(addr, data)) => mmio.write(addr, data),
+                Ok(VcpuExit::MmioRead(addr, data)) => mmio.read(addr, data),
+                Ok(VcpuExit::IoOut(port, data)) => pio.write(u64::from(port), data),
+                Ok(VcpuExit::IoIn(port, data)) => pio.read(u64::from(port), data),
+                Ok(VcpuExit::Intr) => Action::Continue,
+                Ok(VcpuExit::Hlt) => return Err(Error::Guest("the vCPU halted".into())),
+                Ok(VcpuExit::Shutdown) => {
+                    return Err(Error::Guest(
+                        "shutdown (triple fault: the guest took an exception it cannot handle)"
+                            .into(),
+                    ))
+                }
+                Ok(VcpuExit::InternalError) => {
+                    return Err(Error::Guest(
+                        "KVM internal error (instruction emulation failed)".into(),
+                    ))
+                }
+                Ok(VcpuExit::FailEntry(reason, cpu)) => {
+                    return Err(Error::Guest(format!(
+                        "VM entry failed (hardware reason {reason:#x}, cpu {cpu})"
+                    )))
+                }
+                Ok(other) => return Err(Error::Guest(format!("unhandled exit {other:?}"))),
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                    self.fd.set_kvm_immediate_exit(0);
+                    Action::Continue
+                }
+                Err(e) => return Err(kvm("KVM_RUN")(e)),
+            };
+            if action == Action::Stop {
+                return Ok(RunOutcome::Device);
+            }
+        }
+    }
+
+    /// Lets KVM finish an MMIO or PIO access the last exit left pending, without running
+    /// guest code, so the saved registers are those after the access.
+    fn complete_pending_io(&mut self) -> Result<()> {
+        self.fd.set_kvm_immediate_exit(1);
+        let result = self.fd.run().map(|_| ());
+        self.fd.set_kvm_immediate_exit(0);
+        match result {
+            Err(e) if e.errno() == libc::EINTR => Ok(()),
+            Err(e) => Err(kvm("KVM_RUN (complete pending I/O)")(e)),
+            Ok(()) => Ok(()),
+        }
+    }
+
+    fn get_msrs(&self) -> Result<Vec<kvm_msr_entry>> {
+        let indices = self.hv.msr_indices();
+        let mut out = Vec::with_capacity(indices.len());
+        for chunk in indices.chunks(KVM_MAX_MSR_ENTRIES) {
+            let entries: Vec<kvm_msr_entry> = chunk
+                .iter()
+                .map(|&index| kvm_msr_entry {
+                    index,
+                    ..Default::default()
+                })
+                .collect();
+            let mut msrs = msr_buffer(&entries)?;
+            let read = self.fd.get_msrs(&mut msrs).map_err(kvm("KVM_GET_MSRS"))?;
+            if read != entries.len() {
+                return Err(Error::Guest(format!(
+                    "KVM read only {read} of {} MSRs (stopped at {:#x})",
+                    entries.len(),
+                    entries.get(read).map_or(0, |e| e.index)
+                )));
+            }
+            out.extend_from_slice(msrs.as_slice());
+        }
+        Ok(out)
+    }
+
+    fn set_msrs(&self, saved: &[kvm_msr_entry]) -> Result<()> {
+        for chunk in saved.chunks(KVM_MAX_MSR_ENTRIES) {
+            let msrs = msr_buffer(chunk)?;
+            let set = self.fd.set_msrs(&msrs).map_err(kvm("KVM_SET_MSRS"))?;
+            if set != chunk.len() {
+                return Err(Error::MsrRestore {
+                    set,
+                    total: saved.len(),
+                    first_refused: chunk.get(set).map_or(0, |e| e.index),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+fn msr_buffer(entries: &[kvm_msr_entry]) -> Result<Msrs> {
+    Msrs::from_entries(entries)
+        .map_err(|e| Error::Config(format!("too many MSRs for one KVM call: {e:?}")))
+}
+
+impl Snapshottable for Vcpu {
+    type State = VcpuState;
+
+    fn save(&mut self, _ctx: &mut SaveContext) -> Result<VcpuState> {
+        if self.hv.xsave_bytes() > std::mem::size_of::<kvm_xsave>() {
+            return Err(Error::Config(format!(
+                "this host's XSAVE area is {} bytes; saving areas over 4 KiB (AMX) is not \
+                 supported yet",
+                self.hv.xsave_bytes()
+            )));
+        }
+        self.complete_pending_io()?;
+        let fd = &self.fd;
+        let mp_state = fd.get_mp_state().map_err(kvm("KVM_GET_MP_STATE"))?;
+        let regs = fd.get_regs().map_err(kvm("KVM_GET_REGS"))?;
+        let sregs = fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+        let xsave = fd.get_xsave().map_err(kvm("KVM_GET_XSAVE"))?.region.to_vec();
+        let xcrs = fd.get_xcrs().map_err(kvm("KVM_GET_XCRS"))?;
+        let debugregs = fd.get_debug_regs().map_err(kvm("KVM_GET_DEBUGREGS"))?;
+        let lapic = if self.irqchip {
+            Some(fd.get_lapic().map_err(kvm("KVM_GET_LAPIC"))?)
+        } else {
+            None
+        };
+        let msrs = self.get_msrs()?;
+        let events = fd.get_vcpu_events().map_err(kvm("KVM_GET_VCPU_EVENTS"))?;
+        let cpuid = fd
+            .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
+            .map_err(kvm("KVM_GET_CPUID2"))?
+            .as_slice()
+            .to_vec();
+        Ok(VcpuState {
+            id: self.id,
+            cpuid,
+            mp_state,
+            regs,
+            sregs,
+            xsave,
+            xcrs,
+            debugregs,
+            lapic,
+            msrs,
+            events,
+        })
+    }
+
+    fn restore(&mut self, s: &VcpuState, _ctx: &RestoreContext) -> Result<()> {
+        if s.id != self.id {
+            return Err(Error::Config(format!(
+                "state of vCPU {} given to vCPU {}",
+                s.id, self.id
+            )));
+        }
+        if s.lapic.is_some() != self.irqchip {
+            return Err(Error::Config(
+                "snapshot and VM disagree on the in-kernel irqchip".into(),
+            ));
+        }
+        let mut xsave = kvm_xsave::default();
+        if s.xsave.len() != xsave.region.len() {
+            return Err(Error::Config(format!(
+                "XSAVE area of {} words, expected {}",
+                s.xsave.len(),
+                xsave.region.len()
+            )));
+        }
+        xsave.region.copy_from_slice(&s.xsave);
+        let cpuid = CpuId::from_entries(&s.cpuid)
+            .map_err(|e| Error::Config(format!("saved CPUID does not fit KVM: {e:?}")))?;
+        let fd = &self.fd;
+        // CPUID first: KVM checks MSRs and XSAVE features against it.
+        fd.set_cpuid2(&cpuid).map_err(kvm("KVM_SET_CPUID2"))?;
+        fd.set_mp_state(s.mp_state).map_err(kvm("KVM_SET_MP_STATE"))?;
+        fd.set_regs(&s.regs).map_err(kvm("KVM_SET_REGS"))?;
+        fd.set_sregs(&s.sregs).map_err(kvm("KVM_SET_SREGS"))?;
+        // SAFETY: `xsave` is the legacy 4 KiB buffer and the host's area is not larger
+        // (checked at save time on the same kind of host); KVM copies exactly that much.
+        unsafe { fd.set_xsave(&xsave) }.map_err(kvm("KVM_SET_XSAVE"))?;
+        fd.set_xcrs(&s.xcrs).map_err(kvm("KVM_SET_XCRS"))?;
+        fd.set_debug_regs(&s.debugregs)
+            .map_err(kvm("KVM_SET_DEBUGREGS"))?;
+        if let Some(lapic) = &s.lapic {
+            fd.set_lapic(lapic).map_err(kvm("KVM_SET_LAPIC"))?;
+        }
+        self.set_msrs(&s.msrs)?;
+        // Events last: they may reference state (pending exceptions) set above.
+        self.fd
+            .set_vcpu_events(&s.events)
+            .map_err(kvm("KVM_SET_VCPU_EVENTS"))?;
+        Ok(())
+    }
+}
