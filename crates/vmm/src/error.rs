@@ -34,7 +34,7 @@ pub enum Error {
     Config(String),
     /// KVM refused some saved MSRs on restore.
     #[error(
-        "KVM accepted only {set} of {total} saved MSRs (first refused: {first_refused:#x}); \
+        "KVM refused saved MSR {first_refused:#x} (after accepting {set} of {total}); \
          the snapshot was taken on a host whose KVM exposes different MSRs: restore it on the \
          same kind of host"
     )]

@@ -169,16 +169,35 @@ impl Vcpu {
         Ok(out)
     }
 
+    /// Writes the saved MSRs back. KVM refuses some MSRs it lets us read when the VM lacks
+    /// what they configure (e.g. `MSR_KVM_ASYNC_PF_INT` without an in-kernel LAPIC); such an
+    /// MSR is skipped only when this vCPU already holds the saved value, so no state is lost.
     fn set_msrs(&self, saved: &[kvm_msr_entry]) -> Result<()> {
-        for chunk in saved.chunks(KVM_MAX_MSR_ENTRIES) {
-            let msrs = msr_buffer(chunk)?;
-            let set = self.fd.set_msrs(&msrs).map_err(kvm("KVM_SET_MSRS"))?;
-            if set != chunk.len() {
-                return Err(Error::MsrRestore {
-                    set,
-                    total: saved.len(),
-                    first_refused: chunk.get(set).map_or(0, |e| e.index),
-                });
+        let mut rest = saved;
+        while !rest.is_empty() {
+            let chunk = &rest[..rest.len().min(KVM_MAX_MSR_ENTRIES)];
+            let set = self
+                .fd
+                .set_msrs(&msr_buffer(chunk)?)
+                .map_err(kvm("KVM_SET_MSRS"))?;
+            match chunk.get(set) {
+                None => rest = &rest[set..],
+                Some(refused) => {
+                    let mut probe = msr_buffer(&[kvm_msr_entry {
+                        index: refused.index,
+                        ..Default::default()
+                    }])?;
+                    let read = self.fd.get_msrs(&mut probe).map_err(kvm("KVM_GET_MSRS"))?;
+                    let current = probe.as_slice().first().map(|e| e.data);
+                    if read != 1 || current != Some(refused.data) {
+                        return Err(Error::MsrRestore {
+                            set: saved.len() - rest.len() + set,
+                            total: saved.len(),
+                            first_refused: refused.index,
+                        });
+                    }
+                    rest = &rest[set + 1..];
+                }
             }
         }
         Ok(())
