@@ -195,3 +195,106 @@ pub fn read_state_file(path: &Path) -> Result<MachineState> {
         .map_err(io("read"))?;
     decode(path, &bytes)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::BusState;
+    use crate::memory::MemoryState;
+    use crate::vm::VmConfig;
+    use crate::vstate::{VcpuState, VmState};
+    use proptest::prelude::*;
+
+    fn sample() -> MachineState {
+        MachineState {
+            config: VmConfig {
+                mem_size: 8 << 20,
+                vcpus: 1,
+                irqchip: false,
+            },
+            vm: VmState {
+                clock: Default::default(),
+                irqchip: None,
+            },
+            vcpus: vec![VcpuState {
+                id: 0,
+                cpuid: vec![Default::default(); 3],
+                mp_state: Default::default(),
+                regs: Default::default(),
+                sregs: Default::default(),
+                xsave: vec![0; 1024],
+                xcrs: Default::default(),
+                debugregs: Default::default(),
+                lapic: None,
+                msrs: vec![Default::default(); 5],
+                events: Default::default(),
+            }],
+            memory: MemoryState {
+                layer: "mem.layer".into(),
+                size: 8 << 20,
+            },
+            mmio: BusState { devices: vec![] },
+            pio: BusState { devices: vec![] },
+        }
+    }
+
+    fn p() -> &'static Path {
+        Path::new("vm.state")
+    }
+
+    #[test]
+    fn encoded_state_decodes_back() {
+        let bytes = encode(&sample()).unwrap();
+        let back = decode(p(), &bytes).unwrap();
+        assert_eq!(back.memory, sample().memory);
+        assert_eq!(back.vcpus.len(), 1);
+    }
+
+    #[test]
+    fn every_truncation_is_an_error() {
+        let bytes = encode(&sample()).unwrap();
+        for len in 0..bytes.len() {
+            assert!(decode(p(), &bytes[..len]).is_err(), "length {len} decoded");
+        }
+    }
+
+    #[test]
+    fn layer_names_that_leave_the_directory_are_refused() {
+        for name in ["../x", "/etc/passwd", "", "..", "a/b"] {
+            let mut s = sample();
+            s.memory.layer = name.into();
+            let err = decode(p(), &encode(&s).unwrap()).unwrap_err();
+            assert!(matches!(err, Error::SnapshotCorrupt { .. }), "{name}: {err:?}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..4096)) {
+            prop_assert!(decode(p(), &bytes).is_err());
+        }
+
+        #[test]
+        fn random_payload_behind_a_valid_header_never_panics(
+            payload in proptest::collection::vec(any::<u8>(), 0..8192)
+        ) {
+            let mut bytes = Vec::new();
+            bytes.extend_from_slice(&MAGIC);
+            bytes.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+            bytes.extend_from_slice(&0u32.to_le_bytes());
+            bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+            bytes.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+            bytes.extend_from_slice(&0u32.to_le_bytes());
+            bytes.extend_from_slice(&payload);
+            let _ = decode(p(), &bytes);
+        }
+
+        #[test]
+        fn any_single_byte_change_is_detected(at in 0usize..100_000, flip in 1u8..=255) {
+            let mut bytes = encode(&sample()).unwrap();
+            let at = at % bytes.len();
+            bytes[at] ^= flip;
+            prop_assert!(decode(p(), &bytes).is_err());
+        }
+    }
+}
