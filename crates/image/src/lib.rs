@@ -1,1 +1,19 @@
-//! branchbox image (being written).
+//! Sandbox images, built reproducibly and cached by the hash of their recipe.
+//!
+//! An image is built in two stages, each cached under the image directory:
+//! 1. `base-<hash>`: a Debian root filesystem from debootstrap; the hash covers the recipe
+//!    (suite, variant, packages). This is the slow stage (about a minute).
+//! 2. `img-<hash>`: the base plus the agent at `/usr/local/bin/branchbox-agent`; the hash
+//!    covers the base hash and the agent binary. Made by hard-linking the base tree (the
+//!    rootfs is only ever mounted read-only) and copying the agent in: well under a second.
+//!
+//! Every stage is built in a temporary directory and renamed into place, so an interrupted
+//! build never leaves a half-built image that looks complete.
+//!
+//! Not for: running sandboxes or recording metadata.
+
+mod build;
+mod recipe;
+
+pub use build::{ensure_image, Image};
+pub use recipe::Recipe;

@@ -1,1 +1,287 @@
-//! branchbox store (being written).
+//! Metadata of sandboxes and snapshots in SQLite (WAL mode, so several `branchbox` processes
+//! and the service can share one data directory).
+//!
+//! The store records ids, states and lineage only; snapshot data lives in files under the data
+//! directory, named by id. A snapshot row is inserted only after its files are complete, so a
+//! listed snapshot is always restorable.
+//!
+//! Not for: file contents or runtime state of sandboxes.
+
+use branchbox_model::{BackendKind, Error, Limits, Result, Sandbox, SandboxId, SandboxState, Snapshot, SnapshotId};
+use rusqlite::{params, Connection, OptionalExtension, Row};
+use std::path::Path;
+use std::time::Duration;
+
+/// Schema version written to `PRAGMA user_version`.
+const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS sandboxes(
+    id TEXT PRIMARY KEY,
+    backend TEXT NOT NULL,
+    image TEXT NOT NULL,
+    state TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    parent_snapshot TEXT,
+    limits TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS snapshots(
+    id TEXT PRIMARY KEY,
+    parent TEXT,
+    source TEXT,
+    backend TEXT NOT NULL,
+    image TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    name TEXT UNIQUE,
+    created_ms INTEGER NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    limits TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS snapshots_parent ON snapshots(parent);
+";
+
+/// A handle on the metadata database.
+pub struct Store {
+    conn: Connection,
+}
+
+fn db(e: rusqlite::Error) -> Error {
+    Error::Store(e.to_string())
+}
+
+fn limits_json(l: &Limits) -> String {
+    serde_json::to_string(l).unwrap_or_default()
+}
+
+fn parse_limits(s: String) -> rusqlite::Result<Limits> {
+    serde_json::from_str(&s).map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
+}
+
+fn conv<T, E: std::error::Error + Send + Sync + 'static>(r: std::result::Result<T, E>) -> rusqlite::Result<T> {
+    r.map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
+}
+
+fn sandbox_row(r: &Row<'_>) -> rusqlite::Result<Sandbox> {
+    Ok(Sandbox {
+        id: conv(SandboxId::parse(&r.get::<_, String>(0)?))?,
+        backend: conv(r.get::<_, String>(1)?.parse::<BackendKind>())?,
+        image: r.get(2)?,
+        state: conv(r.get::<_, String>(3)?.parse::<SandboxState>())?,
+        created_ms: r.get(4)?,
+        parent_snapshot: r.get::<_, Option<String>>(5)?.map(|s| conv(SnapshotId::parse(&s))).transpose()?,
+        limits: parse_limits(r.get(6)?)?,
+    })
+}
+
+fn snapshot_row(r: &Row<'_>) -> rusqlite::Result<Snapshot> {
+    Ok(Snapshot {
+        id: conv(SnapshotId::parse(&r.get::<_, String>(0)?))?,
+        parent: r.get::<_, Option<String>>(1)?.map(|s| conv(SnapshotId::parse(&s))).transpose()?,
+        source: r.get::<_, Option<String>>(2)?.map(|s| conv(SandboxId::parse(&s))).transpose()?,
+        backend: conv(r.get::<_, String>(3)?.parse::<BackendKind>())?,
+        image: r.get(4)?,
+        kind: conv(r.get::<_, String>(5)?.parse())?,
+        name: r.get(6)?,
+        created_ms: r.get(7)?,
+        size_bytes: r.get::<_, i64>(8)? as u64,
+        limits: parse_limits(r.get(9)?)?,
+    })
+}
+
+const SANDBOX_COLS: &str = "id, backend, image, state, created_ms, parent_snapshot, limits";
+const SNAPSHOT_COLS: &str = "id, parent, source, backend, image, kind, name, created_ms, size_bytes, limits";
+
+impl Store {
+    /// Opens (creating if needed) the database at `path`.
+    pub fn open(path: &Path) -> Result<Store> {
+        let conn = Connection::open(path).map_err(|e| Error::Store(format!("{}: {e}", path.display())))?;
+        conn.busy_timeout(Duration::from_secs(30)).map_err(db)?;
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(db)?;
+        conn.pragma_update(None, "synchronous", "NORMAL").map_err(db)?;
+        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(db)?;
+        if version > SCHEMA_VERSION {
+            return Err(Error::Store(format!(
+                "{} was written by a newer branchbox (schema {version}, this one knows {SCHEMA_VERSION}); upgrade branchbox",
+                path.display()
+            )));
+        }
+        conn.execute_batch(SCHEMA).map_err(db)?;
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(db)?;
+        Ok(Store { conn })
+    }
+
+    /// Records a new sandbox.
+    pub fn insert_sandbox(&self, s: &Sandbox) -> Result<()> {
+        self.conn
+            .execute(
+                &format!("INSERT INTO sandboxes({SANDBOX_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"),
+                params![
+                    s.id.as_str(),
+                    s.backend.as_str(),
+                    s.image,
+                    s.state.as_str(),
+                    s.created_ms,
+                    s.parent_snapshot.as_ref().map(|p| p.as_str()),
+                    limits_json(&s.limits)
+                ],
+            )
+            .map(drop)
+            .map_err(db)
+    }
+
+    /// One sandbox, or a not-found error.
+    pub fn sandbox(&self, id: &SandboxId) -> Result<Sandbox> {
+        self.conn
+            .query_row(&format!("SELECT {SANDBOX_COLS} FROM sandboxes WHERE id = ?1"), [id.as_str()], sandbox_row)
+            .optional()
+            .map_err(db)?
+            .ok_or_else(|| Error::not_found("sandbox", id.as_str(), "`branchbox ls` lists sandboxes"))
+    }
+
+    /// Every sandbox, oldest first.
+    pub fn sandboxes(&self) -> Result<Vec<Sandbox>> {
+        let mut st =
+            self.conn.prepare(&format!("SELECT {SANDBOX_COLS} FROM sandboxes ORDER BY created_ms, id")).map_err(db)?;
+        let rows = st.query_map([], sandbox_row).map_err(db)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(db)
+    }
+
+    /// Changes a sandbox's state.
+    pub fn set_state(&self, id: &SandboxId, state: SandboxState) -> Result<()> {
+        self.conn
+            .execute("UPDATE sandboxes SET state = ?2 WHERE id = ?1", params![id.as_str(), state.as_str()])
+            .map(drop)
+            .map_err(db)
+    }
+
+    /// Forgets a sandbox.
+    pub fn delete_sandbox(&self, id: &SandboxId) -> Result<()> {
+        self.conn.execute("DELETE FROM sandboxes WHERE id = ?1", [id.as_str()]).map(drop).map_err(db)
+    }
+
+    /// Records a snapshot whose files are complete.
+    pub fn insert_snapshot(&self, s: &Snapshot) -> Result<()> {
+        self.conn
+            .execute(
+                &format!("INSERT INTO snapshots({SNAPSHOT_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"),
+                params![
+                    s.id.as_str(),
+                    s.parent.as_ref().map(|p| p.as_str()),
+                    s.source.as_ref().map(|p| p.as_str()),
+                    s.backend.as_str(),
+                    s.image,
+                    s.kind.as_str(),
+                    s.name,
+                    s.created_ms,
+                    s.size_bytes as i64,
+                    limits_json(&s.limits)
+                ],
+            )
+            .map(drop)
+            .map_err(|e| match e {
+                rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::ConstraintViolation => {
+                    Error::Conflict(format!(
+                        "a snapshot named {:?} exists already; choose another name",
+                        s.name.as_deref().unwrap_or_default()
+                    ))
+                }
+                other => db(other),
+            })
+    }
+
+    /// A snapshot by id or by name.
+    pub fn snapshot(&self, id_or_name: &str) -> Result<Snapshot> {
+        self.conn
+            .query_row(
+                &format!("SELECT {SNAPSHOT_COLS} FROM snapshots WHERE id = ?1 OR name = ?1"),
+                [id_or_name],
+                snapshot_row,
+            )
+            .optional()
+            .map_err(db)?
+            .ok_or_else(|| Error::not_found("snapshot", id_or_name, "`branchbox snapshots` lists snapshots"))
+    }
+
+    /// True when a snapshot with this name exists.
+    pub fn snapshot_name_taken(&self, name: &str) -> Result<bool> {
+        self.conn
+            .query_row("SELECT 1 FROM snapshots WHERE name = ?1", [name], |_| Ok(()))
+            .optional()
+            .map(|r| r.is_some())
+            .map_err(db)
+    }
+
+    /// Every snapshot, oldest first.
+    pub fn snapshots(&self) -> Result<Vec<Snapshot>> {
+        let mut st =
+            self.conn.prepare(&format!("SELECT {SNAPSHOT_COLS} FROM snapshots ORDER BY created_ms, id")).map_err(db)?;
+        let rows = st.query_map([], snapshot_row).map_err(db)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(db)
+    }
+
+    /// Forgets a snapshot.
+    pub fn delete_snapshot(&self, id: &SnapshotId) -> Result<()> {
+        self.conn.execute("DELETE FROM snapshots WHERE id = ?1", [id.as_str()]).map(drop).map_err(db)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use branchbox_model::SnapshotKind;
+
+    fn sandbox(parent: Option<SnapshotId>) -> Sandbox {
+        Sandbox {
+            id: SandboxId::generate(),
+            backend: BackendKind::Gvisor,
+            image: "img-0123456789abcdef".into(),
+            state: SandboxState::Running,
+            created_ms: 5,
+            parent_snapshot: parent,
+            limits: Limits::default(),
+        }
+    }
+
+    #[test]
+    fn sandboxes_and_snapshots_round_trip_with_lineage() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("meta.db")).unwrap();
+        let src = sandbox(None);
+        store.insert_sandbox(&src).unwrap();
+        let snap = Snapshot {
+            id: SnapshotId::generate(),
+            parent: None,
+            source: Some(src.id.clone()),
+            backend: BackendKind::Gvisor,
+            image: src.image.clone(),
+            kind: SnapshotKind::ForkPoint,
+            name: Some("warm".into()),
+            created_ms: 6,
+            size_bytes: 1234,
+            limits: Limits::default(),
+        };
+        store.insert_snapshot(&snap).unwrap();
+        let child = sandbox(Some(snap.id.clone()));
+        store.insert_sandbox(&child).unwrap();
+        assert_eq!(store.sandbox(&child.id).unwrap(), child);
+        assert_eq!(store.snapshot("warm").unwrap(), snap);
+        assert_eq!(store.snapshot(snap.id.as_str()).unwrap(), snap);
+        store.set_state(&src.id, SandboxState::Paused).unwrap();
+        assert_eq!(store.sandbox(&src.id).unwrap().state, SandboxState::Paused);
+        assert_eq!(store.sandboxes().unwrap().len(), 2);
+        let mut dup = snap.clone();
+        dup.id = SnapshotId::generate();
+        assert!(matches!(store.insert_snapshot(&dup), Err(Error::Conflict(_))));
+        store.delete_sandbox(&src.id).unwrap();
+        assert!(matches!(store.sandbox(&src.id), Err(Error::NotFound { .. })));
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused_rather_than_misread() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.db");
+        Store::open(&path).unwrap();
+        Connection::open(&path).unwrap().pragma_update(None, "user_version", 99).unwrap();
+        assert!(matches!(Store::open(&path), Err(Error::Store(m)) if m.contains("newer")));
+    }
+}

@@ -23,11 +23,7 @@ pub struct ShellPool {
 impl ShellPool {
     /// An empty pool of shells shaped `config`.
     pub fn new(hv: &Arc<Hypervisor>, config: VmConfig) -> ShellPool {
-        ShellPool {
-            hv: Arc::clone(hv),
-            config,
-            shells: Vec::new(),
-        }
+        ShellPool { hv: Arc::clone(hv), config, shells: Vec::new() }
     }
 
     /// Builds shells until the pool holds `n`.

@@ -23,24 +23,13 @@ impl Hypervisor {
     /// Opens `/dev/kvm` and probes CPUID, the readable MSRs and the XSAVE size.
     pub fn open() -> Result<Arc<Hypervisor>> {
         let sys = Kvm::new().map_err(Error::KvmUnavailable)?;
-        let cpuid = sys
-            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-            .map_err(kvm("KVM_GET_SUPPORTED_CPUID"))?;
-        let listed = sys
-            .get_msr_index_list()
-            .map_err(kvm("KVM_GET_MSR_INDEX_LIST"))?
-            .as_slice()
-            .to_vec();
+        let cpuid = sys.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(kvm("KVM_GET_SUPPORTED_CPUID"))?;
+        let listed = sys.get_msr_index_list().map_err(kvm("KVM_GET_MSR_INDEX_LIST"))?.as_slice().to_vec();
         let msrs = readable_msrs(&sys, &cpuid, &listed)?;
         // Below 4 KiB (or without the capability) the legacy KVM_GET_XSAVE buffer is exact.
         let xsave2 = usize::try_from(sys.check_extension_raw(CAP_XSAVE2)).unwrap_or(0);
         let xsave_bytes = xsave2.max(std::mem::size_of::<kvm_bindings::kvm_xsave>());
-        Ok(Arc::new(Hypervisor {
-            kvm: sys,
-            cpuid,
-            msrs,
-            xsave_bytes,
-        }))
+        Ok(Arc::new(Hypervisor { kvm: sys, cpuid, msrs, xsave_bytes }))
     }
 
     /// The underlying KVM system handle.
@@ -72,13 +61,9 @@ fn readable_msrs(sys: &Kvm, cpuid: &CpuId, listed: &[u32]) -> Result<Vec<u32>> {
     vcpu.set_cpuid2(cpuid).map_err(kvm("KVM_SET_CPUID2"))?;
     let mut readable = Vec::with_capacity(listed.len());
     for &index in listed {
-        let entry = kvm_msr_entry {
-            index,
-            ..Default::default()
-        };
-        let mut one = Msrs::from_entries(&[entry]).map_err(|e| {
-            Error::Config(format!("cannot build an MSR buffer: {e:?}"))
-        })?;
+        let entry = kvm_msr_entry { index, ..Default::default() };
+        let mut one = Msrs::from_entries(&[entry])
+            .map_err(|e| Error::Config(format!("cannot build an MSR buffer: {e:?}")))?;
         if matches!(vcpu.get_msrs(&mut one), Ok(1)) {
             readable.push(index);
         }

@@ -9,7 +9,7 @@
 //!
 //! The design and the snapshot format are specified in `docs/microvm.md`.
 
-
+pub mod bench;
 pub mod devices;
 mod error;
 pub mod fork;
@@ -20,6 +20,7 @@ pub mod testguest;
 pub mod vm;
 pub mod vstate;
 
+pub use bench::{bench_density, bench_fork, DensityBenchOptions, ForkBenchOptions};
 pub use error::{Error, Result};
 pub use fork::{fork, fork_paused, ShellPool};
 pub use hypervisor::Hypervisor;

@@ -55,10 +55,7 @@ impl GuestRam {
         if addr == libc::MAP_FAILED {
             return Err(mem("mmap anonymous RAM")(std::io::Error::last_os_error()));
         }
-        Ok(GuestRam {
-            addr: addr.cast(),
-            size,
-        })
+        Ok(GuestRam { addr: addr.cast(), size })
     }
 
     /// Replaces the whole RAM range, in place, with a private copy-on-write view of `layer`.
@@ -78,9 +75,7 @@ impl GuestRam {
             )
         };
         if addr == libc::MAP_FAILED {
-            return Err(mem("mmap memory layer MAP_PRIVATE")(
-                std::io::Error::last_os_error(),
-            ));
+            return Err(mem("mmap memory layer MAP_PRIVATE")(std::io::Error::last_os_error()));
         }
         Ok(())
     }
@@ -90,9 +85,7 @@ impl GuestRam {
         // SAFETY: advice over the owned range only.
         let rc = unsafe { libc::madvise(self.addr.cast(), self.size, MADV_POPULATE_READ) };
         if rc != 0 {
-            return Err(mem("madvise(MADV_POPULATE_READ)")(
-                std::io::Error::last_os_error(),
-            ));
+            return Err(mem("madvise(MADV_POPULATE_READ)")(std::io::Error::last_os_error()));
         }
         Ok(())
     }
@@ -151,16 +144,14 @@ impl GuestRam {
         let final_path = dir.join(name);
         let tmp_path = dir.join(format!(".{name}.tmp"));
         let file = File::create(&tmp_path).map_err(mem("create memory layer temp file"))?;
-        file.set_len(self.size as u64)
-            .map_err(mem("size memory layer temp file"))?;
+        file.set_len(self.size as u64).map_err(mem("size memory layer temp file"))?;
         // SAFETY: the whole owned range, read while no vCPU runs.
         let ram = unsafe { std::slice::from_raw_parts(self.addr, self.size) };
         for (i, page) in ram.chunks(PAGE_SIZE * 16).enumerate() {
             if page.iter().all(|&b| b == 0) {
                 continue;
             }
-            file.write_all_at(page, (i * PAGE_SIZE * 16) as u64)
-                .map_err(mem("write memory layer"))?;
+            file.write_all_at(page, (i * PAGE_SIZE * 16) as u64).map_err(mem("write memory layer"))?;
         }
         file.sync_all().map_err(mem("fsync memory layer"))?;
         drop(file);
@@ -168,25 +159,52 @@ impl GuestRam {
         sync_dir(dir)
     }
 
+    /// Maps `size` bytes of `layer` as a private copy-on-write view at a new address.
+    pub fn from_layer(layer: &File, size: usize) -> Result<GuestRam> {
+        // SAFETY: a new mapping at an address the kernel chooses.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_NORESERVE,
+                layer.as_raw_fd(),
+                0,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return Err(mem("mmap memory layer MAP_PRIVATE")(std::io::Error::last_os_error()));
+        }
+        Ok(GuestRam { addr: addr.cast(), size })
+    }
+
     /// Host memory this RAM holds privately (copied-on-write or anonymous pages), in bytes,
-    /// from `/proc/self/smaps` of the mappings inside its range.
+    /// from the `Anonymous:` lines of `/proc/self/smaps` for the mappings inside its range.
     pub fn private_bytes(&self) -> Result<u64> {
+        self.smaps_field("Anonymous:")
+    }
+
+    /// Host memory resident in this RAM's range (shared page-cache pages included), in bytes.
+    pub fn resident_bytes(&self) -> Result<u64> {
+        self.smaps_field("Rss:")
+    }
+
+    fn smaps_field(&self, field: &str) -> Result<u64> {
         let smaps = std::fs::read_to_string("/proc/self/smaps").map_err(mem("read smaps"))?;
         let (lo, hi) = (self.addr as u64, self.addr as u64 + self.size as u64);
         let mut inside = false;
         let mut kib = 0u64;
         for line in smaps.lines() {
-            if let Some((range, _)) = line.split_once(' ') {
+            if let Some(range) = line.split(' ').next() {
                 if let Some((a, b)) = range.split_once('-') {
-                    if let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16))
-                    {
+                    if let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) {
                         inside = a >= lo && b <= hi;
                         continue;
                     }
                 }
             }
             if inside {
-                if let Some(v) = line.strip_prefix("Anonymous:") {
+                if let Some(v) = line.strip_prefix(field) {
                     kib += v.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap_or(0);
                 }
             }
@@ -204,16 +222,12 @@ impl Drop for GuestRam {
 }
 
 fn out_of_range(gpa: u64, len: usize, size: usize) -> Error {
-    Error::Config(format!(
-        "guest access {gpa:#x}+{len} is outside guest RAM of {size} bytes"
-    ))
+    Error::Config(format!("guest access {gpa:#x}+{len} is outside guest RAM of {size} bytes"))
 }
 
 /// Makes a rename inside `dir` durable.
 pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(mem("fsync snapshot directory"))
+    File::open(dir).and_then(|d| d.sync_all()).map_err(mem("fsync snapshot directory"))
 }
 
 /// Writes `bytes` to `dir/name` atomically: temp file, fsync, rename, fsync of the directory.
@@ -258,10 +272,7 @@ impl crate::snapshot::Snapshottable for GuestRam {
         self.write_layer(ctx.dir(), &layer)?;
         let file = File::open(ctx.dir().join(&layer)).map_err(mem("open new memory layer"))?;
         self.map_layer(&file)?;
-        Ok(MemoryState {
-            layer,
-            size: self.size as u64,
-        })
+        Ok(MemoryState { layer, size: self.size as u64 })
     }
 
     fn restore(&mut self, state: &MemoryState, ctx: &crate::snapshot::RestoreContext) -> Result<()> {

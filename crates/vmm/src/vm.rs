@@ -68,22 +68,14 @@ impl Vm {
             userspace_addr: ram.host_addr(),
         };
         // SAFETY: the region covers exactly `ram`, which outlives the VM (field drop order).
-        unsafe { fd.set_user_memory_region(region) }
-            .map_err(kvm("KVM_SET_USER_MEMORY_REGION"))?;
+        unsafe { fd.set_user_memory_region(region) }.map_err(kvm("KVM_SET_USER_MEMORY_REGION"))?;
         let core = VmCore::new(fd, config.irqchip)?;
         let vcpus = (0..config.vcpus)
             .map(|id| Vcpu::create(hv, core.fd(), id, config.irqchip))
             .collect::<Result<Vec<_>>>()?;
         let mut mmio = Bus::default();
         mmio.insert(DOORBELL_BASE, DOORBELL_LEN, Box::<Doorbell>::default())?;
-        Ok(Vm {
-            vcpus,
-            core,
-            ram,
-            mmio,
-            pio: Bus::default(),
-            config,
-        })
+        Ok(Vm { vcpus, core, ram, mmio, pio: Bus::default(), config })
     }
 
     /// Builds a fresh VM ready for a guest to be installed: a shell whose vCPUs get the
@@ -91,9 +83,7 @@ impl Vm {
     pub fn boot(hv: &Arc<Hypervisor>, config: VmConfig) -> Result<Vm> {
         let vm = Vm::shell(hv, config)?;
         for vcpu in &vm.vcpus {
-            vcpu.fd()
-                .set_cpuid2(hv.supported_cpuid())
-                .map_err(kvm("KVM_SET_CPUID2"))?;
+            vcpu.fd().set_cpuid2(hv.supported_cpuid()).map_err(kvm("KVM_SET_CPUID2"))?;
         }
         Ok(vm)
     }
@@ -129,9 +119,7 @@ impl Vm {
 
     /// vCPU `index`.
     pub fn vcpu(&mut self, index: usize) -> Result<&mut Vcpu> {
-        self.vcpus
-            .get_mut(index)
-            .ok_or_else(|| Error::Config(format!("the VM has no vCPU {index}")))
+        self.vcpus.get_mut(index).ok_or_else(|| Error::Config(format!("the VM has no vCPU {index}")))
     }
 
     /// Saved state of the doorbell (times rung, last value).
@@ -147,18 +135,12 @@ impl Vm {
 
     /// A handle that pauses this VM's running vCPU from another thread.
     pub fn pause_handle(&self) -> Result<PauseHandle> {
-        self.vcpus
-            .first()
-            .map(Vcpu::pause_handle)
-            .ok_or_else(|| Error::Config("the VM has no vCPU".into()))
+        self.vcpus.first().map(Vcpu::pause_handle).ok_or_else(|| Error::Config("the VM has no vCPU".into()))
     }
 
     /// Runs vCPU 0 until a device stops it or a pause is requested.
     pub fn run(&mut self) -> Result<RunOutcome> {
-        let vcpu = self
-            .vcpus
-            .first_mut()
-            .ok_or_else(|| Error::Config("the VM has no vCPU".into()))?;
+        let vcpu = self.vcpus.first_mut().ok_or_else(|| Error::Config("the VM has no vCPU".into()))?;
         vcpu.run(&mut self.mmio, &mut self.pio)
     }
 
@@ -170,13 +152,8 @@ impl Vm {
         let state = self.save(&mut ctx)?;
         let bytes = format::encode(&state)?;
         let path = dir.join(crate::snapshot::STATE_FILE);
-        crate::memory::write_atomic(dir, crate::snapshot::STATE_FILE, &bytes).map_err(
-            |source| Error::SnapshotIo {
-                path,
-                op: "write",
-                source,
-            },
-        )
+        crate::memory::write_atomic(dir, crate::snapshot::STATE_FILE, &bytes)
+            .map_err(|source| Error::SnapshotIo { path, op: "write", source })
     }
 }
 
@@ -186,11 +163,7 @@ impl Snapshottable for Vm {
     fn save(&mut self, ctx: &mut SaveContext) -> Result<MachineState> {
         // vCPUs first: saving completes any access left pending by the last exit, which may
         // still change device state.
-        let vcpus = self
-            .vcpus
-            .iter_mut()
-            .map(|v| v.save(ctx))
-            .collect::<Result<Vec<_>>>()?;
+        let vcpus = self.vcpus.iter_mut().map(|v| v.save(ctx)).collect::<Result<Vec<_>>>()?;
         Ok(MachineState {
             config: self.config,
             vm: self.core.save(ctx)?,

@@ -8,21 +8,11 @@ use branchbox_vmm::{fork, fork_paused, ShellPool, Snapshot, VmConfig};
 const PAGE: u64 = 4096;
 
 fn fill(base: u64, pages: u64, seed: u64) -> Command {
-    Command::Fill {
-        base,
-        count: pages,
-        stride: PAGE,
-        seed,
-    }
+    Command::Fill { base, count: pages, stride: PAGE, seed }
 }
 
 fn check(base: u64, pages: u64, seed: u64) -> Command {
-    Command::Check {
-        base,
-        count: pages,
-        stride: PAGE,
-        seed,
-    }
+    Command::Check { base, count: pages, stride: PAGE, seed }
 }
 
 #[test]
@@ -30,10 +20,7 @@ fn forked_children_do_not_see_each_others_or_the_parents_writes() {
     let Some(hv) = common::kvm_or_skip() else {
         return;
     };
-    let config = VmConfig {
-        mem_size: 16 << 20,
-        ..common::small()
-    };
+    let config = VmConfig { mem_size: 16 << 20, ..common::small() };
     let mut parent = common::booted(&hv, config);
     let shared = DATA_BASE;
     let own = DATA_BASE + (1 << 20);
@@ -70,10 +57,7 @@ fn child_dirtying_k_pages_adds_about_k_pages() {
     let Some(hv) = common::kvm_or_skip() else {
         return;
     };
-    let config = VmConfig {
-        mem_size: 64 << 20,
-        ..common::small()
-    };
+    let config = VmConfig { mem_size: 64 << 20, ..common::small() };
     let mut parent = common::booted(&hv, config);
     // Touch every data page so the layer really holds 62 MiB.
     let pages = (config.mem_size - DATA_BASE) / PAGE;
@@ -93,10 +77,7 @@ fn child_dirtying_k_pages_adds_about_k_pages() {
     let k = 300;
     testguest::call(&mut child, fill(DATA_BASE, k, 6)).unwrap();
     let added = child.ram().private_bytes().unwrap() / PAGE - base;
-    assert!(
-        (k..=k + 16).contains(&added),
-        "dirtying {k} pages added {added} pages (RAM is {pages} pages)"
-    );
+    assert!((k..=k + 16).contains(&added), "dirtying {k} pages added {added} pages (RAM is {pages} pages)");
 }
 
 #[test]

@@ -10,35 +10,15 @@ fn test_guest_answers_ping_fill_check_and_count() {
         return;
     };
     let mut vm = common::booted(&hv, common::small());
-    let fill = Command::Fill {
-        base: DATA_BASE,
-        count: 64,
-        stride: 4096,
-        seed: 7,
-    };
+    let fill = Command::Fill { base: DATA_BASE, count: 64, stride: 4096, seed: 7 };
     assert_eq!(testguest::call(&mut vm, fill).unwrap().status, 0);
-    let check = Command::Check {
-        base: DATA_BASE,
-        count: 64,
-        stride: 4096,
-        seed: 7,
-    };
+    let check = Command::Check { base: DATA_BASE, count: 64, stride: 4096, seed: 7 };
     let a = testguest::call(&mut vm, check).unwrap();
     assert_eq!((a.status, a.seq), (0, 3));
-    let wrong = Command::Check {
-        base: DATA_BASE,
-        count: 64,
-        stride: 4096,
-        seed: 8,
-    };
+    let wrong = Command::Check { base: DATA_BASE, count: 64, stride: 4096, seed: 8 };
     let a = testguest::call(&mut vm, wrong).unwrap();
     assert_eq!((a.status, a.a), (64, DATA_BASE));
-    let count = Command::Count {
-        base: DATA_BASE,
-        iterations: 100_000,
-        mask: 1023,
-        seed: 42,
-    };
+    let count = Command::Count { base: DATA_BASE, iterations: 100_000, mask: 1023, seed: 42 };
     let a = testguest::call(&mut vm, count).unwrap();
     assert_eq!((a.status, a.a, a.b), (0, testguest::lcg(42, 100_000), 100_000));
     assert_eq!(vm.doorbell().unwrap().rings, 5);

@@ -11,20 +11,7 @@ const RESTORE_DIR_ENV: &str = "BRANCHBOX_VMM_TEST_RESTORE_DIR";
 
 fn pattern(seed: u64) -> (Command, Command) {
     let (base, count, stride) = (DATA_BASE, 32, 4096);
-    (
-        Command::Fill {
-            base,
-            count,
-            stride,
-            seed,
-        },
-        Command::Check {
-            base,
-            count,
-            stride,
-            seed,
-        },
-    )
+    (Command::Fill { base, count, stride, seed }, Command::Check { base, count, stride, seed })
 }
 
 #[test]
@@ -52,11 +39,7 @@ fn vm_with_irqchip_and_pit_round_trips() {
     let Some(hv) = common::kvm_or_skip() else {
         return;
     };
-    let config = VmConfig {
-        irqchip: true,
-        vcpus: 2,
-        ..common::small()
-    };
+    let config = VmConfig { irqchip: true, vcpus: 2, ..common::small() };
     let mut vm = common::booted(&hv, config);
     let dir = tempfile::tempdir().unwrap();
     vm.snapshot(dir.path()).unwrap();
@@ -86,16 +69,7 @@ fn snapshot_taken_mid_computation_resumes_in_a_fresh_process() {
     };
     let mut vm = common::booted(&hv, common::small());
     let seed = 99;
-    testguest::post(
-        &vm,
-        Command::Count {
-            base: DATA_BASE,
-            iterations: LONG,
-            mask: 4095,
-            seed,
-        },
-    )
-    .unwrap();
+    testguest::post(&vm, Command::Count { base: DATA_BASE, iterations: LONG, mask: 4095, seed }).unwrap();
     let pause = vm.pause_handle().unwrap();
     let runner = std::thread::spawn(move || {
         let outcome = vm.run();

@@ -47,10 +47,7 @@ fn corrupt_state_file_fails_its_checksum() {
     bytes[last] ^= 0x40;
     std::fs::write(&path, &bytes).unwrap();
     let err = open_err(dir.path());
-    assert!(
-        matches!(&err, Error::SnapshotCorrupt { reason, .. } if reason.contains("checksum")),
-        "{err:?}"
-    );
+    assert!(matches!(&err, Error::SnapshotCorrupt { reason, .. } if reason.contains("checksum")), "{err:?}");
 }
 
 #[test]
@@ -61,10 +58,7 @@ fn snapshot_from_another_format_version_is_refused() {
     bytes[8..12].copy_from_slice(&7u32.to_le_bytes());
     std::fs::write(&path, &bytes).unwrap();
     let err = open_err(dir.path());
-    assert!(
-        matches!(err, Error::SnapshotVersion { found: 7, supported: 1, .. }),
-        "{err:?}"
-    );
+    assert!(matches!(err, Error::SnapshotVersion { found: 7, supported: 1, .. }), "{err:?}");
     assert!(err.to_string().contains("format version 7"));
 }
 

@@ -48,19 +48,14 @@ impl Bus {
             .checked_add(len)
             .ok_or_else(|| Error::Config(format!("device range {base:#x}+{len:#x} overflows")))?;
         if self.slots.iter().any(|(b, l, _)| base < b + l && *b < end) {
-            return Err(Error::Config(format!(
-                "device range {base:#x}+{len:#x} overlaps another device"
-            )));
+            return Err(Error::Config(format!("device range {base:#x}+{len:#x} overlaps another device")));
         }
         self.slots.push((base, len, device));
         Ok(())
     }
 
     fn find(&mut self, addr: u64) -> Option<(u64, &mut Box<dyn BusDevice>)> {
-        self.slots
-            .iter_mut()
-            .find(|(b, l, _)| addr >= *b && addr - *b < *l)
-            .map(|(b, _, d)| (addr - *b, d))
+        self.slots.iter_mut().find(|(b, l, _)| addr >= *b && addr - *b < *l).map(|(b, _, d)| (addr - *b, d))
     }
 
     /// Routes a guest read at `addr`.
@@ -93,10 +88,7 @@ impl Bus {
 
     /// The device at `base`, if any.
     pub fn device_at(&mut self, base: u64) -> Option<&mut dyn BusDevice> {
-        self.slots
-            .iter_mut()
-            .find(|(b, _, _)| *b == base)
-            .map(|(_, _, d)| d.as_mut() as &mut dyn BusDevice)
+        self.slots.iter_mut().find(|(b, _, _)| *b == base).map(|(_, _, d)| d.as_mut() as &mut dyn BusDevice)
     }
 }
 
@@ -126,8 +118,7 @@ impl Snapshottable for Bus {
                 self.slots.len()
             )));
         }
-        for ((base, len, dev), (sbase, slen, sstate)) in self.slots.iter_mut().zip(&state.devices)
-        {
+        for ((base, len, dev), (sbase, slen, sstate)) in self.slots.iter_mut().zip(&state.devices) {
             if (*base, *len) != (*sbase, *slen) {
                 return Err(Error::Config(format!(
                     "snapshot has a device at {sbase:#x}+{slen:#x}, the VM has one at \

@@ -46,9 +46,8 @@ fn codec() -> impl Options {
 
 /// Encodes `state` into the bytes of a state file.
 pub fn encode(state: &MachineState) -> Result<Vec<u8>> {
-    let payload = codec()
-        .serialize(state)
-        .map_err(|e| Error::Config(format!("cannot encode VM state: {e}")))?;
+    let payload =
+        codec().serialize(state).map_err(|e| Error::Config(format!("cannot encode VM state: {e}")))?;
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
@@ -78,10 +77,7 @@ fn le_u64(b: &[u8], at: usize) -> u64 {
 
 /// Decodes and checks the bytes of a state file; `path` only names it in errors.
 pub fn decode(path: &Path, bytes: &[u8]) -> Result<MachineState> {
-    let corrupt = |reason: String| Error::SnapshotCorrupt {
-        path: path.to_path_buf(),
-        reason,
-    };
+    let corrupt = |reason: String| Error::SnapshotCorrupt { path: path.to_path_buf(), reason };
     if bytes.len() < HEADER_LEN {
         if bytes.len() >= MAGIC.len() && bytes[..MAGIC.len()] != MAGIC {
             return Err(corrupt("it does not start with the snapshot magic".into()));
@@ -108,36 +104,24 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<MachineState> {
     }
     let len = le_u64(bytes, 16);
     if len > MAX_PAYLOAD {
-        return Err(corrupt(format!(
-            "payload length {len} exceeds the limit of {MAX_PAYLOAD}"
-        )));
+        return Err(corrupt(format!("payload length {len} exceeds the limit of {MAX_PAYLOAD}")));
     }
     let expected = HEADER_LEN as u64 + len;
     let found = bytes.len() as u64;
     if found < expected {
-        return Err(Error::SnapshotTruncated {
-            path: path.to_path_buf(),
-            found,
-            expected,
-        });
+        return Err(Error::SnapshotTruncated { path: path.to_path_buf(), found, expected });
     }
     if found > expected {
-        return Err(corrupt(format!(
-            "{} bytes follow the declared payload",
-            found - expected
-        )));
+        return Err(corrupt(format!("{} bytes follow the declared payload", found - expected)));
     }
     let payload = &bytes[HEADER_LEN..];
     let crc = le_u32(bytes, 24);
     let actual = crc32fast::hash(payload);
     if crc != actual {
-        return Err(corrupt(format!(
-            "payload checksum is {actual:#010x}, header says {crc:#010x}"
-        )));
+        return Err(corrupt(format!("payload checksum is {actual:#010x}, header says {crc:#010x}")));
     }
-    let state: MachineState = codec()
-        .deserialize(payload)
-        .map_err(|e| corrupt(format!("payload does not decode: {e}")))?;
+    let state: MachineState =
+        codec().deserialize(payload).map_err(|e| corrupt(format!("payload does not decode: {e}")))?;
     validate(&state).map_err(corrupt)?;
     Ok(state)
 }
@@ -168,10 +152,7 @@ fn validate(state: &MachineState) -> std::result::Result<(), String> {
     }
     let n = state.vcpus.len();
     if n == 0 || n > MAX_VCPUS || n != usize::from(state.config.vcpus) {
-        return Err(format!(
-            "{n} vCPU states for a VM with {} vCPUs",
-            state.config.vcpus
-        ));
+        return Err(format!("{n} vCPU states for a VM with {} vCPUs", state.config.vcpus));
     }
     if state.vm.irqchip.is_some() != state.config.irqchip {
         return Err("irqchip state does not match the VM configuration".into());
@@ -181,18 +162,10 @@ fn validate(state: &MachineState) -> std::result::Result<(), String> {
 
 /// Reads and decodes a state file, refusing files larger than any valid one.
 pub fn read_state_file(path: &Path) -> Result<MachineState> {
-    let io = |op| {
-        move |source| Error::SnapshotIo {
-            path: path.to_path_buf(),
-            op,
-            source,
-        }
-    };
+    let io = |op| move |source| Error::SnapshotIo { path: path.to_path_buf(), op, source };
     let file = std::fs::File::open(path).map_err(io("open"))?;
     let mut bytes = Vec::new();
-    file.take(HEADER_LEN as u64 + MAX_PAYLOAD + 1)
-        .read_to_end(&mut bytes)
-        .map_err(io("read"))?;
+    file.take(HEADER_LEN as u64 + MAX_PAYLOAD + 1).read_to_end(&mut bytes).map_err(io("read"))?;
     decode(path, &bytes)
 }
 
@@ -207,15 +180,8 @@ mod tests {
 
     fn sample() -> MachineState {
         MachineState {
-            config: VmConfig {
-                mem_size: 8 << 20,
-                vcpus: 1,
-                irqchip: false,
-            },
-            vm: VmState {
-                clock: Default::default(),
-                irqchip: None,
-            },
+            config: VmConfig { mem_size: 8 << 20, vcpus: 1, irqchip: false },
+            vm: VmState { clock: Default::default(), irqchip: None },
             vcpus: vec![VcpuState {
                 id: 0,
                 cpuid: vec![Default::default(); 3],
@@ -229,10 +195,7 @@ mod tests {
                 msrs: vec![Default::default(); 5],
                 events: Default::default(),
             }],
-            memory: MemoryState {
-                layer: "mem.layer".into(),
-                size: 8 << 20,
-            },
+            memory: MemoryState { layer: "mem.layer".into(), size: 8 << 20 },
             mmio: BusState { devices: vec![] },
             pio: BusState { devices: vec![] },
         }

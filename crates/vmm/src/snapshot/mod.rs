@@ -41,9 +41,7 @@ pub struct SaveContext {
 impl SaveContext {
     /// A context writing into the existing directory `dir`.
     pub fn new(dir: &Path) -> SaveContext {
-        SaveContext {
-            dir: dir.to_path_buf(),
-        }
+        SaveContext { dir: dir.to_path_buf() }
     }
 
     /// The snapshot directory.
@@ -97,31 +95,16 @@ impl Snapshot {
         let path = dir.join(STATE_FILE);
         let state = format::read_state_file(&path)?;
         let layer_path = dir.join(&state.memory.layer);
-        let layer = File::open(&layer_path).map_err(|source| Error::LayerMissing {
-            path: layer_path.clone(),
-            source,
-        })?;
+        let layer = File::open(&layer_path)
+            .map_err(|source| Error::LayerMissing { path: layer_path.clone(), source })?;
         let found = layer
             .metadata()
-            .map_err(|source| Error::LayerMissing {
-                path: layer_path.clone(),
-                source,
-            })?
+            .map_err(|source| Error::LayerMissing { path: layer_path.clone(), source })?
             .len();
         if found != state.memory.size {
-            return Err(Error::LayerSize {
-                path: layer_path,
-                found,
-                expected: state.memory.size,
-            });
+            return Err(Error::LayerSize { path: layer_path, found, expected: state.memory.size });
         }
-        Ok(Snapshot {
-            dir: dir.to_path_buf(),
-            state,
-            ctx: RestoreContext {
-                layer: Arc::new(layer),
-            },
-        })
+        Ok(Snapshot { dir: dir.to_path_buf(), state, ctx: RestoreContext { layer: Arc::new(layer) } })
     }
 
     /// The snapshot directory.

@@ -171,12 +171,8 @@ pub fn install(vm: &mut Vm) -> Result<()> {
     ram.write(CODE, code::GUEST)?;
     let vcpu = vm.vcpu(0)?;
     let sregs = vcpu.fd().get_sregs().map_err(crate::error::kvm("KVM_GET_SREGS"))?;
-    vcpu.fd()
-        .set_sregs(&user_mode_sregs(sregs))
-        .map_err(crate::error::kvm("KVM_SET_SREGS"))?;
-    vcpu.fd()
-        .set_regs(&initial_regs())
-        .map_err(crate::error::kvm("KVM_SET_REGS"))?;
+    vcpu.fd().set_sregs(&user_mode_sregs(sregs)).map_err(crate::error::kvm("KVM_SET_SREGS"))?;
+    vcpu.fd().set_regs(&initial_regs()).map_err(crate::error::kvm("KVM_SET_REGS"))?;
     Ok(())
 }
 
@@ -191,11 +187,7 @@ fn tss_low(base: u64, limit: u64) -> u64 {
 
 /// Registers at boot: at the code's first instruction, interrupts off.
 pub fn initial_regs() -> kvm_regs {
-    kvm_regs {
-        rip: CODE,
-        rflags: 0x2,
-        ..Default::default()
-    }
+    kvm_regs { rip: CODE, rflags: 0x2, ..Default::default() }
 }
 
 /// Control and segment registers for 64-bit long mode at CPL 3 over the guest's tables.
@@ -215,13 +207,7 @@ pub fn user_mode_sregs(mut s: kvm_sregs) -> kvm_sregs {
         unusable: 0,
         padding: 0,
     };
-    s.cs = kvm_segment {
-        selector: USER_CS,
-        type_: 0xb,
-        db: 0,
-        l: 1,
-        ..data
-    };
+    s.cs = kvm_segment { selector: USER_CS, type_: 0xb, db: 0, l: 1, ..data };
     s.ds = data;
     s.es = data;
     s.fs = data;
@@ -260,24 +246,9 @@ pub fn user_mode_sregs(mut s: kvm_sregs) -> kvm_sregs {
 pub fn post(vm: &Vm, cmd: Command) -> Result<()> {
     let words: [u64; 5] = match cmd {
         Command::Ping => [0; 5],
-        Command::Fill {
-            base,
-            count,
-            stride,
-            seed,
-        } => [1, base, count, stride, seed],
-        Command::Check {
-            base,
-            count,
-            stride,
-            seed,
-        } => [2, base, count, stride, seed],
-        Command::Count {
-            base,
-            iterations,
-            mask,
-            seed,
-        } => [3, base, iterations, mask, seed],
+        Command::Fill { base, count, stride, seed } => [1, base, count, stride, seed],
+        Command::Check { base, count, stride, seed } => [2, base, count, stride, seed],
+        Command::Count { base, iterations, mask, seed } => [3, base, iterations, mask, seed],
     };
     for (i, w) in words.iter().enumerate() {
         vm.ram().write_u64(MAILBOX + i as u64 * 8, *w)?;
@@ -288,21 +259,14 @@ pub fn post(vm: &Vm, cmd: Command) -> Result<()> {
 /// Reads the guest's last answer from the mailbox.
 pub fn answer(vm: &Vm) -> Result<Answer> {
     let w = |i: u64| vm.ram().read_u64(MAILBOX + i * 8);
-    Ok(Answer {
-        status: w(5)?,
-        a: w(6)?,
-        b: w(7)?,
-        seq: w(8)?,
-    })
+    Ok(Answer { status: w(5)?, a: w(6)?, b: w(7)?, seq: w(8)? })
 }
 
 /// Runs the guest until it rings the doorbell and returns its answer.
 pub fn wait_answer(vm: &mut Vm) -> Result<Answer> {
     match vm.run()? {
         RunOutcome::Device => answer(vm),
-        RunOutcome::Paused => Err(Error::Protocol(
-            "the guest was paused before it answered".into(),
-        )),
+        RunOutcome::Paused => Err(Error::Protocol("the guest was paused before it answered".into())),
     }
 }
 

@@ -7,9 +7,8 @@ use crate::error::{kvm, Error, Result};
 use crate::hypervisor::Hypervisor;
 use crate::snapshot::{RestoreContext, SaveContext, Snapshottable};
 use kvm_bindings::{
-    kvm_cpuid_entry2, kvm_debugregs, kvm_lapic_state, kvm_mp_state, kvm_msr_entry, kvm_regs,
-    kvm_sregs, kvm_vcpu_events, kvm_xcrs, kvm_xsave, CpuId, Msrs, KVM_MAX_CPUID_ENTRIES,
-    KVM_MAX_MSR_ENTRIES,
+    kvm_cpuid_entry2, kvm_debugregs, kvm_lapic_state, kvm_mp_state, kvm_msr_entry, kvm_regs, kvm_sregs,
+    kvm_vcpu_events, kvm_xcrs, kvm_xsave, CpuId, Msrs, KVM_MAX_CPUID_ENTRIES, KVM_MAX_MSR_ENTRIES,
 };
 use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
 use serde::{Deserialize, Serialize};
@@ -64,16 +63,8 @@ impl Vcpu {
     /// Creates vCPU `id` of `vm`; `irqchip` says whether the VM has an in-kernel LAPIC.
     /// CPUID is left unset: a fresh VM sets the host's, a restore sets the saved one.
     pub fn create(hv: &Arc<Hypervisor>, vm: &VmFd, id: u8, irqchip: bool) -> Result<Vcpu> {
-        let fd = vm
-            .create_vcpu(u64::from(id))
-            .map_err(kvm("KVM_CREATE_VCPU"))?;
-        Ok(Vcpu {
-            fd,
-            id,
-            irqchip,
-            hv: Arc::clone(hv),
-            pause: PauseHandle::default(),
-        })
+        let fd = vm.create_vcpu(u64::from(id)).map_err(kvm("KVM_CREATE_VCPU"))?;
+        Ok(Vcpu { fd, id, irqchip, hv: Arc::clone(hv), pause: PauseHandle::default() })
     }
 
     /// The raw KVM vCPU.
@@ -104,14 +95,11 @@ impl Vcpu {
                 Ok(VcpuExit::Hlt) => return Err(Error::Guest("the vCPU halted".into())),
                 Ok(VcpuExit::Shutdown) => {
                     return Err(Error::Guest(
-                        "shutdown (triple fault: the guest took an exception it cannot handle)"
-                            .into(),
+                        "shutdown (triple fault: the guest took an exception it cannot handle)".into(),
                     ))
                 }
                 Ok(VcpuExit::InternalError) => {
-                    return Err(Error::Guest(
-                        "KVM internal error (instruction emulation failed)".into(),
-                    ))
+                    return Err(Error::Guest("KVM internal error (instruction emulation failed)".into()))
                 }
                 Ok(VcpuExit::FailEntry(reason, cpu)) => {
                     return Err(Error::Guest(format!(
@@ -148,13 +136,8 @@ impl Vcpu {
         let indices = self.hv.msr_indices();
         let mut out = Vec::with_capacity(indices.len());
         for chunk in indices.chunks(KVM_MAX_MSR_ENTRIES) {
-            let entries: Vec<kvm_msr_entry> = chunk
-                .iter()
-                .map(|&index| kvm_msr_entry {
-                    index,
-                    ..Default::default()
-                })
-                .collect();
+            let entries: Vec<kvm_msr_entry> =
+                chunk.iter().map(|&index| kvm_msr_entry { index, ..Default::default() }).collect();
             let mut msrs = msr_buffer(&entries)?;
             let read = self.fd.get_msrs(&mut msrs).map_err(kvm("KVM_GET_MSRS"))?;
             if read != entries.len() {
@@ -176,17 +159,12 @@ impl Vcpu {
         let mut rest = saved;
         while !rest.is_empty() {
             let chunk = &rest[..rest.len().min(KVM_MAX_MSR_ENTRIES)];
-            let set = self
-                .fd
-                .set_msrs(&msr_buffer(chunk)?)
-                .map_err(kvm("KVM_SET_MSRS"))?;
+            let set = self.fd.set_msrs(&msr_buffer(chunk)?).map_err(kvm("KVM_SET_MSRS"))?;
             match chunk.get(set) {
                 None => rest = &rest[set..],
                 Some(refused) => {
-                    let mut probe = msr_buffer(&[kvm_msr_entry {
-                        index: refused.index,
-                        ..Default::default()
-                    }])?;
+                    let mut probe =
+                        msr_buffer(&[kvm_msr_entry { index: refused.index, ..Default::default() }])?;
                     let read = self.fd.get_msrs(&mut probe).map_err(kvm("KVM_GET_MSRS"))?;
                     let current = probe.as_slice().first().map(|e| e.data);
                     if read != 1 || current != Some(refused.data) {
@@ -205,8 +183,7 @@ impl Vcpu {
 }
 
 fn msr_buffer(entries: &[kvm_msr_entry]) -> Result<Msrs> {
-    Msrs::from_entries(entries)
-        .map_err(|e| Error::Config(format!("too many MSRs for one KVM call: {e:?}")))
+    Msrs::from_entries(entries).map_err(|e| Error::Config(format!("too many MSRs for one KVM call: {e:?}")))
 }
 
 impl Snapshottable for Vcpu {
@@ -228,18 +205,10 @@ impl Snapshottable for Vcpu {
         let xsave = fd.get_xsave().map_err(kvm("KVM_GET_XSAVE"))?.region.to_vec();
         let xcrs = fd.get_xcrs().map_err(kvm("KVM_GET_XCRS"))?;
         let debugregs = fd.get_debug_regs().map_err(kvm("KVM_GET_DEBUGREGS"))?;
-        let lapic = if self.irqchip {
-            Some(fd.get_lapic().map_err(kvm("KVM_GET_LAPIC"))?)
-        } else {
-            None
-        };
+        let lapic = if self.irqchip { Some(fd.get_lapic().map_err(kvm("KVM_GET_LAPIC"))?) } else { None };
         let msrs = self.get_msrs()?;
         let events = fd.get_vcpu_events().map_err(kvm("KVM_GET_VCPU_EVENTS"))?;
-        let cpuid = fd
-            .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
-            .map_err(kvm("KVM_GET_CPUID2"))?
-            .as_slice()
-            .to_vec();
+        let cpuid = fd.get_cpuid2(KVM_MAX_CPUID_ENTRIES).map_err(kvm("KVM_GET_CPUID2"))?.as_slice().to_vec();
         Ok(VcpuState {
             id: self.id,
             cpuid,
@@ -257,15 +226,10 @@ impl Snapshottable for Vcpu {
 
     fn restore(&mut self, s: &VcpuState, _ctx: &RestoreContext) -> Result<()> {
         if s.id != self.id {
-            return Err(Error::Config(format!(
-                "state of vCPU {} given to vCPU {}",
-                s.id, self.id
-            )));
+            return Err(Error::Config(format!("state of vCPU {} given to vCPU {}", s.id, self.id)));
         }
         if s.lapic.is_some() != self.irqchip {
-            return Err(Error::Config(
-                "snapshot and VM disagree on the in-kernel irqchip".into(),
-            ));
+            return Err(Error::Config("snapshot and VM disagree on the in-kernel irqchip".into()));
         }
         let mut xsave = kvm_xsave::default();
         if s.xsave.len() != xsave.region.len() {
@@ -288,16 +252,13 @@ impl Snapshottable for Vcpu {
         // (checked at save time on the same kind of host); KVM copies exactly that much.
         unsafe { fd.set_xsave(&xsave) }.map_err(kvm("KVM_SET_XSAVE"))?;
         fd.set_xcrs(&s.xcrs).map_err(kvm("KVM_SET_XCRS"))?;
-        fd.set_debug_regs(&s.debugregs)
-            .map_err(kvm("KVM_SET_DEBUGREGS"))?;
+        fd.set_debug_regs(&s.debugregs).map_err(kvm("KVM_SET_DEBUGREGS"))?;
         if let Some(lapic) = &s.lapic {
             fd.set_lapic(lapic).map_err(kvm("KVM_SET_LAPIC"))?;
         }
         self.set_msrs(&s.msrs)?;
         // Events last: they may reference state (pending exceptions) set above.
-        self.fd
-            .set_vcpu_events(&s.events)
-            .map_err(kvm("KVM_SET_VCPU_EVENTS"))?;
+        self.fd.set_vcpu_events(&s.events).map_err(kvm("KVM_SET_VCPU_EVENTS"))?;
         Ok(())
     }
 }

@@ -3,8 +3,8 @@
 use crate::error::{kvm, Error, Result};
 use crate::snapshot::{RestoreContext, SaveContext, Snapshottable};
 use kvm_bindings::{
-    kvm_clock_data, kvm_irqchip, kvm_pit_config, kvm_pit_state2, KVM_IRQCHIP_IOAPIC,
-    KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE, KVM_PIT_SPEAKER_DUMMY,
+    kvm_clock_data, kvm_irqchip, kvm_pit_config, kvm_pit_state2, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER,
+    KVM_IRQCHIP_PIC_SLAVE, KVM_PIT_SPEAKER_DUMMY,
 };
 use kvm_ioctls::VmFd;
 use serde::{Deserialize, Serialize};
@@ -44,10 +44,7 @@ impl VmCore {
     pub fn new(fd: VmFd, irqchip: bool) -> Result<VmCore> {
         if irqchip {
             fd.create_irq_chip().map_err(kvm("KVM_CREATE_IRQCHIP"))?;
-            let pit = kvm_pit_config {
-                flags: KVM_PIT_SPEAKER_DUMMY,
-                ..Default::default()
-            };
+            let pit = kvm_pit_config { flags: KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
             fd.create_pit2(pit).map_err(kvm("KVM_CREATE_PIT2"))?;
         }
         Ok(VmCore { fd, irqchip })
@@ -64,13 +61,8 @@ impl VmCore {
     }
 
     fn get_chip(&self, chip_id: u32) -> Result<kvm_irqchip> {
-        let mut chip = kvm_irqchip {
-            chip_id,
-            ..Default::default()
-        };
-        self.fd
-            .get_irqchip(&mut chip)
-            .map_err(kvm("KVM_GET_IRQCHIP"))?;
+        let mut chip = kvm_irqchip { chip_id, ..Default::default() };
+        self.fd.get_irqchip(&mut chip).map_err(kvm("KVM_GET_IRQCHIP"))?;
         Ok(chip)
     }
 }
@@ -96,10 +88,7 @@ impl Snapshottable for VmCore {
     fn restore(&mut self, state: &VmState, _ctx: &RestoreContext) -> Result<()> {
         // Only the clock value travels: flags such as KVM_CLOCK_TSC_STABLE describe the
         // source host and KVM_SET_CLOCK rejects or misreads them here.
-        let clock = kvm_clock_data {
-            clock: state.clock.clock,
-            ..Default::default()
-        };
+        let clock = kvm_clock_data { clock: state.clock.clock, ..Default::default() };
         self.fd.set_clock(&clock).map_err(kvm("KVM_SET_CLOCK"))?;
         match (&state.irqchip, self.irqchip) {
             (Some(chips), true) => {
@@ -120,9 +109,7 @@ impl Snapshottable for VmCore {
                 Ok(())
             }
             (None, false) => Ok(()),
-            _ => Err(Error::Config(
-                "snapshot and VM disagree on the in-kernel irqchip".into(),
-            )),
+            _ => Err(Error::Config("snapshot and VM disagree on the in-kernel irqchip".into())),
         }
     }
 }

@@ -17,11 +17,7 @@ pub fn kvm_or_skip() -> Option<Arc<Hypervisor>> {
 
 /// A small VM shape for tests: 8 MiB of RAM, one vCPU, no irqchip.
 pub fn small() -> VmConfig {
-    VmConfig {
-        mem_size: 8 << 20,
-        vcpus: 1,
-        irqchip: false,
-    }
+    VmConfig { mem_size: 8 << 20, vcpus: 1, irqchip: false }
 }
 
 /// A fresh VM running the test guest, which has answered one ping.

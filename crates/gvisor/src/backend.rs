@@ -1,0 +1,264 @@
+//! [`Backend`] for gVisor.
+
+use crate::control::{self, ShimRequest};
+use crate::runsc::Runsc;
+use branchbox_model::{AgentConn, Backend, BackendKind, ChildResult, Error, Result, SandboxId, SandboxPlan};
+use branchbox_protocol::{AfterFork, AgentClient, HookReport, Request, Response};
+use rand::RngCore;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Longest a sandbox may take to start or restore.
+const START_TIMEOUT: Duration = Duration::from_secs(90);
+/// Children restored at once during a fork (each restore is mostly one runsc process).
+const RESTORE_PARALLELISM: usize = 4;
+/// Unix socket paths must fit `sockaddr_un` (108 bytes with the terminator).
+const MAX_SOCKET_PATH: usize = 107;
+
+/// The gvisor backend.
+#[derive(Debug, Clone)]
+pub struct GvisorBackend {
+    runsc: Runsc,
+    shim: PathBuf,
+}
+
+fn socket(dir: &Path) -> PathBuf {
+    dir.join("agent.sock")
+}
+
+fn log_tail(dir: &Path) -> String {
+    let text = std::fs::read_to_string(dir.join("shim.log")).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(4)..].join(" / ")
+}
+
+impl GvisorBackend {
+    /// A backend using `runsc` with state under `runsc_root`, and the shim executable `shim`.
+    pub fn new(runsc: PathBuf, runsc_root: PathBuf, shim: PathBuf) -> Self {
+        GvisorBackend { runsc: Runsc { bin: runsc, root: runsc_root }, shim }
+    }
+
+    /// The runsc version line, or why runsc cannot be used.
+    pub fn check(&self) -> Result<String> {
+        if !self.shim.is_file() {
+            return Err(Error::Unavailable(format!(
+                "the shim executable {} is missing; build the workspace (`cargo build --release`)",
+                self.shim.display()
+            )));
+        }
+        self.runsc.check()
+    }
+
+    /// Starts a shim for `plan` and waits until its socket answers.
+    fn start_shim(&self, plan: &SandboxPlan, restore: Option<&Path>) -> Result<()> {
+        self.runsc.check()?;
+        let sock = socket(&plan.dir);
+        if sock.as_os_str().len() > MAX_SOCKET_PATH {
+            return Err(Error::InvalidInput(format!(
+                "the data directory path is too long for a Unix socket ({}); choose a shorter --data-dir",
+                sock.display()
+            )));
+        }
+        std::fs::create_dir_all(&plan.dir).map_err(|e| Error::io(&plan.dir, e))?;
+        std::fs::create_dir_all(&self.runsc.root).map_err(|e| Error::io(&self.runsc.root, e))?;
+        let cgroup = format!("/branchbox/{}", plan.id);
+        crate::bundle::write(&plan.dir.join("bundle"), &plan.rootfs, &plan.hostname, &plan.limits, &cgroup)?;
+        let log_path = plan.dir.join("shim.log");
+        let log = std::fs::File::create(&log_path).map_err(|e| Error::io(&log_path, e))?;
+        let mut cmd = Command::new(&self.shim);
+        cmd.arg("--dir")
+            .arg(&plan.dir)
+            .arg("--id")
+            .arg(plan.id.as_str())
+            .arg("--runsc")
+            .arg(&self.runsc.bin)
+            .arg("--runsc-root")
+            .arg(&self.runsc.root);
+        if let Some(image) = restore {
+            cmd.arg("--restore").arg(image);
+        }
+        // Its own process group: the shim outlives the command that started it.
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .map_err(|e| Error::Unavailable(format!("cannot start {}: {e}", self.shim.display())))?;
+        let pid_path = plan.dir.join("shim.pid");
+        std::fs::write(&pid_path, child.id().to_string()).map_err(|e| Error::io(&pid_path, e))?;
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if UnixStream::connect(&sock).is_ok() {
+                // Reap the shim when it ends, so a long-lived caller collects no zombies.
+                std::thread::spawn(move || child.wait());
+                return Ok(());
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(Error::Backend(format!(
+                    "the sandbox failed to start ({status}): {}",
+                    log_tail(&plan.dir)
+                )));
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                return Err(Error::Backend(format!(
+                    "the sandbox did not start within {}s: {}",
+                    START_TIMEOUT.as_secs(),
+                    log_tail(&plan.dir)
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    fn thaw_child(&self, plan: &SandboxPlan) -> Result<HookReport> {
+        let mut conn = self.connect(&plan.dir)?;
+        let mut entropy = vec![0u8; 64];
+        rand::rngs::OsRng.fill_bytes(&mut entropy);
+        let mut machine = [0u8; 16];
+        rand::rngs::OsRng.fill_bytes(&mut machine);
+        let after_fork = AfterFork {
+            sandbox_id: plan.id.to_string(),
+            hostname: plan.hostname.clone(),
+            machine_id: machine.iter().map(|b| format!("{b:02x}")).collect(),
+            wall_clock_ns: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0),
+        };
+        match conn.call(Request::Thaw { after_fork: Some(after_fork) }, entropy) {
+            Ok(Response::Thawed { hook: Some(report) }) => Ok(report),
+            Ok(other) => Err(Error::Backend(format!("unexpected answer to thaw: {other:?}"))),
+            Err(e) => Err(Error::Backend(format!("the restored sandbox did not wake up: {e}; {}", log_tail(&plan.dir)))),
+        }
+    }
+}
+
+/// Bytes used by the files under `dir`.
+fn dir_size(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_size(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+impl Backend for GvisorBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Gvisor
+    }
+
+    fn create(&self, plan: &SandboxPlan) -> Result<()> {
+        self.start_shim(plan, None)
+    }
+
+    fn connect(&self, dir: &Path) -> Result<AgentConn> {
+        let stream = UnixStream::connect(socket(dir)).map_err(|e| {
+            Error::Backend(format!("the sandbox is not reachable ({e}); it may have stopped: check `branchbox ls`"))
+        })?;
+        Ok(AgentClient::new(stream))
+    }
+
+    fn pause(&self, dir: &Path) -> Result<()> {
+        control::call(&socket(dir), &ShimRequest::ShimPause)
+    }
+
+    fn resume(&self, dir: &Path) -> Result<()> {
+        control::call(&socket(dir), &ShimRequest::ShimResume)
+    }
+
+    fn snapshot(&self, dir: &Path, dest: &Path) -> Result<u64> {
+        let image = dest.join("checkpoint");
+        std::fs::create_dir_all(&image).map_err(|e| Error::io(&image, e))?;
+        let image = image.canonicalize().map_err(|e| Error::io(&image, e))?;
+        control::call(&socket(dir), &ShimRequest::ShimCheckpoint { image: image.display().to_string() })?;
+        Ok(dir_size(dest))
+    }
+
+    fn restore(&self, src: &Path, plan: &SandboxPlan) -> Result<HookReport> {
+        let image = src.join("checkpoint");
+        if !image.join("checkpoint.img").is_file() {
+            return Err(Error::Backend(format!(
+                "snapshot data is missing at {}; the snapshot cannot be restored",
+                image.display()
+            )));
+        }
+        self.start_shim(plan, Some(&image))?;
+        match self.thaw_child(plan) {
+            Ok(report) => Ok(report),
+            Err(e) => {
+                let _ = self.destroy(&plan.id, &plan.dir);
+                Err(e)
+            }
+        }
+    }
+
+    fn fork(&self, dir: &Path, dest: &Path, children: &[SandboxPlan]) -> Result<(u64, Vec<ChildResult>)> {
+        let size = self.snapshot(dir, dest)?;
+        let mut results: Vec<Option<ChildResult>> = (0..children.len()).map(|_| None).collect();
+        for (batch, slots) in children.chunks(RESTORE_PARALLELISM).zip(results.chunks_mut(RESTORE_PARALLELISM)) {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = batch.iter().map(|plan| s.spawn(move || self.restore(dest, plan))).collect();
+                for (slot, h) in slots.iter_mut().zip(handles) {
+                    *slot = Some(h.join().unwrap_or_else(|_| Err(Error::Backend("restore thread panicked".into()))));
+                }
+            });
+        }
+        Ok((size, results.into_iter().map(|r| r.unwrap_or_else(|| Err(Error::Backend("not started".into())))).collect()))
+    }
+
+    fn destroy(&self, id: &SandboxId, dir: &Path) -> Result<()> {
+        let _ = control::call(&socket(dir), &ShimRequest::ShimStop);
+        for cid in self.runsc.list(&format!("{id}-")) {
+            self.runsc.delete(&cid);
+        }
+        if let Some(pid) = std::fs::read_to_string(dir.join("shim.pid")).ok().and_then(|s| s.trim().parse::<i32>().ok()) {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            // SAFETY: kill(pid, 0) only probes for existence.
+            while unsafe { libc::kill(pid, 0) } == 0 && Instant::now() < deadline {
+                if is_zombie(pid) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if !is_zombie(pid) && is_our_shim(pid, id) {
+                // SAFETY: the shim we started for this sandbox; it should be gone already.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        match std::fs::remove_dir_all(dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::io(dir, e)),
+        }
+    }
+
+    fn is_alive(&self, dir: &Path) -> bool {
+        UnixStream::connect(socket(dir)).is_ok()
+    }
+}
+
+fn is_zombie(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(s) => s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
+}
+
+/// True when `pid` is still the shim of sandbox `id` (pids are reused; never signal a stranger).
+fn is_our_shim(pid: i32, id: &SandboxId) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| {
+            let text = String::from_utf8_lossy(&c);
+            text.contains("branchbox-shim") && text.contains(id.as_str())
+        })
+        .unwrap_or(false)
+}

@@ -1,0 +1,36 @@
+//! branchbox-shim: keeps one gVisor sandbox's agent reachable on a Unix socket.
+//! Started by the gvisor backend; not meant to be run by hand.
+
+use branchbox_gvisor::runsc::Runsc;
+use branchbox_gvisor::shim::{run, ShimConfig, Start};
+use std::path::PathBuf;
+
+fn parse() -> Result<ShimConfig, String> {
+    let mut args = std::env::args().skip(1);
+    let (mut dir, mut id, mut bin, mut root, mut restore) = (None, None, None, None, None);
+    while let Some(flag) = args.next() {
+        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--dir" => dir = Some(PathBuf::from(value)),
+            "--id" => id = Some(value),
+            "--runsc" => bin = Some(PathBuf::from(value)),
+            "--runsc-root" => root = Some(PathBuf::from(value)),
+            "--restore" => restore = Some(PathBuf::from(value)),
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    Ok(ShimConfig {
+        dir: dir.ok_or("--dir is required")?,
+        id: id.ok_or("--id is required")?,
+        runsc: Runsc { bin: bin.ok_or("--runsc is required")?, root: root.ok_or("--runsc-root is required")? },
+        start: restore.map_or(Start::Fresh, Start::Restore),
+    })
+}
+
+fn main() {
+    let result = parse().and_then(run);
+    if let Err(e) = result {
+        eprintln!("branchbox-shim: {e}");
+        std::process::exit(1);
+    }
+}

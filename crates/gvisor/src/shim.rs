@@ -1,0 +1,337 @@
+//! The per-sandbox shim: a small host process that owns the runsc container's stdio pipes
+//! (the agent's transport), multiplexes any number of client connections on a Unix socket
+//! onto that one agent, and performs checkpoints that keep the sandbox running.
+//!
+//! Why a shim: the agent's pipes must outlive each CLI invocation, and runsc re-attaches a
+//! restored container to whatever stdio the restoring process holds, so the process that owns
+//! the pipes is the one that can swap them across a checkpoint/restore.
+
+use crate::control::{ShimRequest, ShimResponse};
+use crate::runsc::Runsc;
+use branchbox_protocol::frame::{encode_header, read_raw, write_raw, RawFrame};
+use branchbox_protocol::{Request, PROTOCOL_VERSION};
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{channel, sync_channel, Sender, SyncSender};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Duration;
+
+/// How the shim starts its container.
+#[derive(Debug, Clone)]
+pub enum Start {
+    /// `runsc run` of the bundle.
+    Fresh,
+    /// `runsc restore` from a checkpoint image directory.
+    Restore(PathBuf),
+}
+
+/// Shim configuration (its command line).
+#[derive(Debug, Clone)]
+pub struct ShimConfig {
+    /// Sandbox runtime directory (holds `bundle/`, `agent.sock`, `shim.log`).
+    pub dir: PathBuf,
+    /// Sandbox id (container ids are `<id>-g<generation>`).
+    pub id: String,
+    /// runsc invocation.
+    pub runsc: Runsc,
+    /// How to start.
+    pub start: Start,
+}
+
+/// Longest the shim waits for the agent's answer to its own requests.
+const AGENT_WAIT: Duration = Duration::from_secs(60);
+
+enum Route {
+    Client { conn: u64, orig: u64 },
+    Internal(SyncSender<RawFrame>),
+}
+
+#[derive(Default)]
+struct Routes {
+    by_gid: HashMap<u64, Route>,
+    by_client: HashMap<(u64, u64), u64>,
+}
+
+struct Container {
+    cid: String,
+    generation: u64,
+    child: Child,
+    stdin: ChildStdin,
+}
+
+struct Shim {
+    cfg: ShimConfig,
+    container: Mutex<Container>,
+    routes: Mutex<Routes>,
+    writers: Mutex<HashMap<u64, Sender<Vec<u8>>>>,
+    next_id: AtomicU64,
+    /// Forwarding holds it shared; a checkpoint holds it exclusively, so no client frame can
+    /// reach the agent between freeze and thaw.
+    gate: RwLock<()>,
+    swapping: AtomicBool,
+    paused: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn header_fields(header: &[u8]) -> Option<(serde_json::Map<String, serde_json::Value>, u64)> {
+    let map: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(header).ok()?;
+    let id = map.get("id")?.as_u64()?;
+    Some((map, id))
+}
+
+fn with_id(mut map: serde_json::Map<String, serde_json::Value>, id: u64) -> Vec<u8> {
+    map.insert("id".into(), id.into());
+    serde_json::to_vec(&map).unwrap_or_default()
+}
+
+fn encode(header: &[u8], body: &[u8]) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(8 + header.len() + body.len());
+    let _ = write_raw(&mut buf, header, body);
+    buf
+}
+
+/// Starts `runsc run` (no image) or `runsc restore` (from `image`) as container generation
+/// `generation`, with pipes for the agent's stdio.
+fn spawn_container(
+    cfg: &ShimConfig,
+    generation: u64,
+    image: Option<&Path>,
+) -> std::io::Result<(Container, ChildStdout)> {
+    let cid = format!("{}-g{generation}", cfg.id);
+    let mut cmd: Command = cfg.runsc.command();
+    match image {
+        Some(image) => cmd.arg("restore").arg("--image-path").arg(image),
+        None => cmd.arg("run"),
+    };
+    cmd.arg("--bundle").arg(cfg.dir.join("bundle")).arg(&cid);
+    let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn()?;
+    let stdin = child.stdin.take().ok_or_else(|| std::io::Error::other("no stdin pipe"))?;
+    let stdout = child.stdout.take().ok_or_else(|| std::io::Error::other("no stdout pipe"))?;
+    Ok((Container { cid, generation, child, stdin }, stdout))
+}
+
+impl Shim {
+    fn start_reader(self: &Arc<Self>, stdout: ChildStdout, generation: u64) {
+        let me = Arc::clone(self);
+        std::thread::spawn(move || me.read_agent(stdout, generation));
+    }
+
+    /// Routes every frame from the agent to the connection that asked for it.
+    fn read_agent(&self, mut stdout: ChildStdout, generation: u64) {
+        loop {
+            let raw = match read_raw(&mut stdout) {
+                Ok(Some(raw)) => raw,
+                Ok(None) | Err(_) => break,
+            };
+            let Some((map, gid)) = header_fields(&raw.header) else { continue };
+            let terminal = !matches!(map.get("reply").and_then(|v| v.as_str()), Some("stdout" | "stderr" | "data"));
+            let mut routes = lock(&self.routes);
+            let route = if terminal { routes.by_gid.remove(&gid) } else { None };
+            let (conn, orig) = match route.as_ref().or_else(|| routes.by_gid.get(&gid)) {
+                Some(Route::Client { conn, orig }) => (*conn, *orig),
+                Some(Route::Internal(tx)) => {
+                    let _ = tx.try_send(raw);
+                    continue;
+                }
+                None => continue,
+            };
+            if terminal {
+                routes.by_client.remove(&(conn, orig));
+            }
+            drop(routes);
+            if let Some(w) = lock(&self.writers).get(&conn) {
+                let _ = w.send(encode(&with_id(map, orig), &raw.body));
+            }
+        }
+        let current = lock(&self.container).generation == generation;
+        if current && !self.swapping.load(Ordering::SeqCst) {
+            eprintln!("branchbox-shim: the sandbox's agent exited; shutting down");
+            self.shutdown(0);
+        }
+    }
+
+    fn send_to_agent(&self, header: &[u8], body: &[u8]) -> std::io::Result<()> {
+        let mut c = lock(&self.container);
+        write_raw(&mut c.stdin, header, body).map_err(|e| std::io::Error::other(e.to_string()))
+    }
+
+    /// Sends a request of the shim's own and waits for its terminal answer.
+    fn internal(&self, req: &Request, body: &[u8]) -> Result<RawFrame, String> {
+        let gid = self.next_id.fetch_add(1, Ordering::SeqCst);
+        let (tx, rx) = sync_channel(4);
+        lock(&self.routes).by_gid.insert(gid, Route::Internal(tx));
+        self.send_to_agent(&encode_header(gid, req), body).map_err(|e| format!("agent pipe: {e}"))?;
+        let r = rx.recv_timeout(AGENT_WAIT).map_err(|_| "the agent did not answer".to_string());
+        lock(&self.routes).by_gid.remove(&gid);
+        r
+    }
+
+    fn shutdown(&self, code: i32) -> ! {
+        let cid = lock(&self.container).cid.clone();
+        self.cfg.runsc.delete(&cid);
+        let _ = std::fs::remove_file(self.cfg.dir.join("agent.sock"));
+        std::process::exit(code);
+    }
+
+    fn serve(self: &Arc<Self>, listener: UnixListener) {
+        let mut next_conn = 0u64;
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { continue };
+            next_conn += 1;
+            let me = Arc::clone(self);
+            let id = next_conn;
+            std::thread::spawn(move || me.client(conn, id));
+        }
+    }
+
+    fn client(self: &Arc<Self>, mut conn: UnixStream, conn_id: u64) {
+        let Ok(mut out) = conn.try_clone() else { return };
+        let (tx, rx) = channel::<Vec<u8>>();
+        lock(&self.writers).insert(conn_id, tx.clone());
+        std::thread::spawn(move || {
+            while let Ok(buf) = rx.recv() {
+                if out.write_all(&buf).is_err() {
+                    break;
+                }
+            }
+        });
+        while let Ok(Some(raw)) = read_raw(&mut conn) {
+            let Some((map, orig)) = header_fields(&raw.header) else { break };
+            let op = map.get("op").and_then(|v| v.as_str()).unwrap_or_default().to_string();
+            if op.starts_with("shim_") {
+                let reply = match serde_json::from_slice::<ShimRequest>(&raw.header) {
+                    Ok(req) => self.control(req),
+                    Err(e) => ShimResponse::ShimError { message: format!("bad shim request: {e}") },
+                };
+                let _ = tx.send(encode(&encode_header(orig, &reply), &[]));
+                continue;
+            }
+            let gid = {
+                let mut routes = lock(&self.routes);
+                match routes.by_client.get(&(conn_id, orig)) {
+                    Some(gid) => *gid,
+                    None => {
+                        let gid = self.next_id.fetch_add(1, Ordering::SeqCst);
+                        routes.by_gid.insert(gid, Route::Client { conn: conn_id, orig });
+                        routes.by_client.insert((conn_id, orig), gid);
+                        gid
+                    }
+                }
+            };
+            let _open = self.gate.read().unwrap_or_else(|e| e.into_inner());
+            if self.send_to_agent(&with_id(map, gid), &raw.body).is_err() {
+                break;
+            }
+        }
+        lock(&self.writers).remove(&conn_id);
+    }
+
+    fn control(self: &Arc<Self>, req: ShimRequest) -> ShimResponse {
+        let r = match req {
+            ShimRequest::ShimCheckpoint { image } => self.checkpoint(PathBuf::from(image)),
+            ShimRequest::ShimPause => {
+                let cid = lock(&self.container).cid.clone();
+                self.cfg.runsc.pause(&cid).map(|()| self.paused.store(true, Ordering::SeqCst)).map_err(|e| e.to_string())
+            }
+            ShimRequest::ShimResume => {
+                let cid = lock(&self.container).cid.clone();
+                self.cfg.runsc.resume(&cid).map(|()| self.paused.store(false, Ordering::SeqCst)).map_err(|e| e.to_string())
+            }
+            ShimRequest::ShimStop => {
+                self.swapping.store(true, Ordering::SeqCst);
+                let cid = lock(&self.container).cid.clone();
+                self.cfg.runsc.delete(&cid);
+                let _ = std::fs::remove_file(self.cfg.dir.join("agent.sock"));
+                // Answer first, then exit: the caller waits for the answer.
+                std::thread::spawn(|| {
+                    std::thread::sleep(Duration::from_millis(50));
+                    std::process::exit(0);
+                });
+                Ok(())
+            }
+        };
+        match r {
+            Ok(()) => ShimResponse::ShimDone,
+            Err(message) => ShimResponse::ShimError { message },
+        }
+    }
+
+    /// Freezes the agent, checkpoints the container, restores it under the next generation
+    /// and thaws it: the sandbox keeps its identity and every in-flight request.
+    fn checkpoint(self: &Arc<Self>, image: PathBuf) -> Result<(), String> {
+        if self.paused.load(Ordering::SeqCst) {
+            return Err("the sandbox is paused; resume it before taking a snapshot".into());
+        }
+        let _closed = self.gate.write().unwrap_or_else(|e| e.into_inner());
+        self.internal(&Request::Freeze, &[])?;
+        self.swapping.store(true, Ordering::SeqCst);
+        let result = self.checkpoint_frozen(&image);
+        self.swapping.store(false, Ordering::SeqCst);
+        result?;
+        self.internal(&Request::Thaw { after_fork: None }, &[]).map(drop)
+    }
+
+    fn checkpoint_frozen(self: &Arc<Self>, image: &std::path::Path) -> Result<(), String> {
+        let (cid, generation) = {
+            let c = lock(&self.container);
+            (c.cid.clone(), c.generation)
+        };
+        if let Err(e) = self.cfg.runsc.checkpoint(&cid, image) {
+            self.swapping.store(false, Ordering::SeqCst);
+            let _ = self.internal(&Request::Thaw { after_fork: None }, &[]);
+            return Err(e.to_string());
+        }
+        {
+            let mut c = lock(&self.container);
+            let _ = c.child.wait();
+        }
+        self.cfg.runsc.delete(&cid);
+        let next = generation + 1;
+        let (container, stdout) =
+            spawn_container(&self.cfg, next, Some(image)).map_err(|e| format!("runsc restore: {e}"))?;
+        *lock(&self.container) = container;
+        self.start_reader(stdout, next);
+        Ok(())
+    }
+}
+/// Runs the shim until the sandbox ends or is stopped.
+pub fn run(cfg: ShimConfig) -> Result<(), String> {
+    let sock = cfg.dir.join("agent.sock");
+    let _ = std::fs::remove_file(&sock);
+    let image = match &cfg.start {
+        Start::Fresh => None,
+        Start::Restore(image) => Some(image.clone()),
+    };
+    let (container, stdout) =
+        spawn_container(&cfg, 1, image.as_deref()).map_err(|e| format!("cannot start runsc: {e}"))?;
+    let shim = Arc::new(Shim {
+        cfg,
+        container: Mutex::new(container),
+        routes: Mutex::new(Routes::default()),
+        writers: Mutex::new(HashMap::new()),
+        next_id: AtomicU64::new(1),
+        gate: RwLock::new(()),
+        swapping: AtomicBool::new(false),
+        paused: AtomicBool::new(false),
+    });
+    shim.start_reader(stdout, 1);
+    if image.is_none() {
+        // A restored agent stays frozen until its creator thaws it with a new identity; a
+        // fresh one must answer before the sandbox counts as started.
+        shim.internal(&Request::Hello { version: PROTOCOL_VERSION }, &[])
+            .map_err(|e| format!("the agent did not start: {e}"))?;
+    }
+    let tmp = sock.with_extension("sock.tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let listener = UnixListener::bind(&tmp).map_err(|e| format!("cannot listen on {}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, &sock).map_err(|e| format!("cannot publish {}: {e}", sock.display()))?;
+    shim.serve(listener);
+    Ok(())
+}

@@ -1,0 +1,213 @@
+//! Building and caching images.
+
+use crate::recipe::Recipe;
+use branchbox_model::{Error, Result};
+use sha2::{Digest, Sha256};
+use std::io::{BufRead, BufReader};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// A built image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Image {
+    /// `img-` followed by 16 hex digits of the image hash.
+    pub id: String,
+    /// Its root filesystem (mount read-only).
+    pub rootfs: PathBuf,
+    /// False when it came from the cache.
+    pub built: bool,
+}
+
+/// Where images install the agent.
+const AGENT_IN_IMAGE: &str = "usr/local/bin/branchbox-agent";
+
+/// Holds an exclusive lock on the image directory while alive (closing the file releases it).
+struct DirLock {
+    _file: std::fs::File,
+}
+
+impl DirLock {
+    fn take(dir: &Path) -> Result<DirLock> {
+        let path = dir.join(".lock");
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::io(&path, e))?;
+        // SAFETY: flock on an fd we own; released when the file closes.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(Error::io(&path, std::io::Error::last_os_error()));
+        }
+        Ok(DirLock { _file: f })
+    }
+}
+
+fn hash_file(path: &Path) -> Result<String> {
+    let bytes = std::fs::read(path).map_err(|e| {
+        Error::Unavailable(format!(
+            "the agent binary {} cannot be read ({e}); build it with `cargo build --release -p branchbox-agent` \
+             or set BRANCHBOX_AGENT",
+            path.display()
+        ))
+    })?;
+    Ok(hex::encode(Sha256::digest(&bytes)))
+}
+
+fn tmp_dir(images: &Path, stem: &str) -> PathBuf {
+    images.join(format!("tmp-{stem}-{:08x}", rand::random::<u32>()))
+}
+
+/// Returns the image for `recipe` with `agent` installed, building what the cache lacks.
+/// `progress` receives one line per step.
+pub fn ensure_image(
+    images: &Path,
+    recipe: &Recipe,
+    agent: &Path,
+    mirror: &str,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Image> {
+    std::fs::create_dir_all(images).map_err(|e| Error::io(images, e))?;
+    let base_hash = recipe.hash();
+    let agent_hash = hash_file(agent)?;
+    let image_hash = hex::encode(Sha256::digest(format!("{base_hash}\n{agent_hash}").as_bytes()));
+    let id = format!("img-{}", &image_hash[..16]);
+    let image_dir = images.join(&id);
+    if image_dir.join("rootfs").is_dir() {
+        return Ok(Image { id, rootfs: image_dir.join("rootfs"), built: false });
+    }
+    let _lock = DirLock::take(images)?;
+    if image_dir.join("rootfs").is_dir() {
+        return Ok(Image { id, rootfs: image_dir.join("rootfs"), built: false });
+    }
+    clean_stale(images);
+    let base_dir = images.join(format!("base-{}", &base_hash[..16]));
+    if base_dir.join("rootfs").is_dir() {
+        progress(&format!("base filesystem {} is cached", base_dir.display()));
+    } else {
+        build_base(images, &base_dir, recipe, mirror, progress)?;
+    }
+    progress("installing the agent");
+    let tmp = tmp_dir(images, &id);
+    let result = (|| {
+        std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        run_checked(
+            Command::new("cp").arg("-a").arg("--link").arg(base_dir.join("rootfs")).arg(tmp.join("rootfs")),
+            "cp",
+        )?;
+        let dest = tmp.join("rootfs").join(AGENT_IN_IMAGE);
+        // Unlink first: the tree is hard-linked to the base, and writing through a link would
+        // change the cached base.
+        let _ = std::fs::remove_file(&dest);
+        std::fs::copy(agent, &dest).map_err(|e| Error::io(&dest, e))?;
+        let meta = serde_json::json!({"base": base_hash, "agent_sha256": agent_hash, "recipe": recipe});
+        std::fs::write(tmp.join("image.json"), meta.to_string()).map_err(|e| Error::io(&tmp, e))?;
+        std::fs::rename(&tmp, &image_dir).map_err(|e| Error::io(&image_dir, e))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    result?;
+    progress(&format!("image {id} ready"));
+    Ok(Image { id, rootfs: image_dir.join("rootfs"), built: true })
+}
+
+/// Removes temporary directories left by interrupted builds (the caller holds the lock).
+fn clean_stale(images: &Path) {
+    if let Ok(entries) = std::fs::read_dir(images) {
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().starts_with("tmp-") {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+}
+
+fn run_checked(cmd: &mut Command, what: &str) -> Result<()> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| Error::Unavailable(format!("cannot run {what}: {e}")))?;
+    if !out.status.success() {
+        return Err(Error::Backend(format!("{what} failed: {}", String::from_utf8_lossy(&out.stderr).trim())));
+    }
+    Ok(())
+}
+
+fn build_base(
+    images: &Path,
+    base_dir: &Path,
+    recipe: &Recipe,
+    mirror: &str,
+    progress: &mut dyn FnMut(&str),
+) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(Error::Unavailable("building an image needs root (debootstrap); run as root".into()));
+    }
+    progress(&format!(
+        "building the base filesystem: debootstrap {} {} with {} (about a minute)",
+        recipe.variant,
+        recipe.suite,
+        recipe.include.join(",")
+    ));
+    let tmp = tmp_dir(images, "base");
+    let rootfs = tmp.join("rootfs");
+    std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    let result = debootstrap(&rootfs, recipe, mirror, progress).and_then(|()| {
+        // Package caches are not part of the image.
+        for d in ["var/cache/apt/archives", "var/lib/apt/lists"] {
+            if let Ok(entries) = std::fs::read_dir(rootfs.join(d)) {
+                for e in entries.flatten() {
+                    if e.path().is_file() {
+                        let _ = std::fs::remove_file(e.path());
+                    }
+                }
+            }
+        }
+        std::fs::write(tmp.join("recipe.json"), serde_json::to_vec_pretty(recipe).unwrap_or_default())
+            .map_err(|e| Error::io(&tmp, e))?;
+        std::fs::rename(&tmp, base_dir).map_err(|e| Error::io(base_dir, e))
+    });
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    result
+}
+
+fn debootstrap(rootfs: &Path, recipe: &Recipe, mirror: &str, progress: &mut dyn FnMut(&str)) -> Result<()> {
+    let (reader, writer) = std::io::pipe().map_err(|e| Error::io("pipe", e))?;
+    let writer2 = writer.try_clone().map_err(|e| Error::io("pipe", e))?;
+    let mut cmd = Command::new("debootstrap");
+    cmd.arg(format!("--variant={}", recipe.variant))
+        .arg(format!("--include={}", recipe.include.join(",")))
+        .arg(&recipe.suite)
+        .arg(rootfs)
+        .arg(mirror)
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(writer2);
+    let mut child = cmd.spawn().map_err(|e| {
+        Error::Unavailable(format!("debootstrap cannot be started ({e}); install it: apt-get install debootstrap"))
+    })?;
+    drop(cmd);
+    let mut tail: Vec<String> = Vec::new();
+    for line in BufReader::new(reader).lines().map_while(|l| l.ok()) {
+        if let Some(step) = line.strip_prefix("I: ") {
+            progress(step);
+        }
+        tail.push(line);
+        if tail.len() > 12 {
+            tail.remove(0);
+        }
+    }
+    let status = child.wait().map_err(|e| Error::io("debootstrap", e))?;
+    if !status.success() {
+        return Err(Error::Backend(format!(
+            "debootstrap failed ({status}); is {mirror} reachable? Last output: {}",
+            tail.join(" / ")
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,343 @@
+//! Benchmarks of fork and density, as library calls the CLI wraps (`branchbox bench fork
+//! --backend microvm`, `branchbox bench density`). Each returns a [`Report`] with the
+//! reference measured in the same run; nothing here asserts a timing.
+
+use crate::error::{kvm, Error, Result};
+use crate::fork::{fork, ShellPool};
+use crate::hypervisor::Hypervisor;
+use crate::memory::GuestRam;
+use crate::snapshot::Snapshot;
+use crate::testguest::{self, Command, DATA_BASE};
+use crate::vm::{Vm, VmConfig};
+use branchbox_model::bench::{Report, Stats};
+use kvm_bindings::kvm_userspace_memory_region;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const PAGE: u64 = 4096;
+
+/// Parameters of [`bench_fork`].
+#[derive(Debug, Clone)]
+pub struct ForkBenchOptions {
+    /// Guest RAM of the snapshot, in MiB; all of it is touched before the snapshot.
+    pub mem_mib: u64,
+    /// Numbers of children forked at once (e.g. 1, 10, 100).
+    pub counts: Vec<usize>,
+    /// Repetitions of each `counts` entry.
+    pub rounds: usize,
+    /// Repetitions of the single-child fork whose p50 is reported.
+    pub single_runs: usize,
+}
+
+impl Default for ForkBenchOptions {
+    fn default() -> Self {
+        ForkBenchOptions { mem_mib: 512, counts: vec![1, 10, 100], rounds: 5, single_runs: 100 }
+    }
+}
+
+impl ForkBenchOptions {
+    /// A short run for CI: 64 MiB, up to 10 children.
+    pub fn short() -> Self {
+        ForkBenchOptions { mem_mib: 64, counts: vec![1, 10], rounds: 2, single_runs: 10 }
+    }
+}
+
+/// Parameters of [`bench_density`].
+#[derive(Debug, Clone)]
+pub struct DensityBenchOptions {
+    /// Guest RAM of the parent, in MiB; all of it is touched before the snapshot.
+    pub mem_mib: u64,
+    /// Idle children forked from the parent's snapshot.
+    pub children: usize,
+}
+
+impl Default for DensityBenchOptions {
+    fn default() -> Self {
+        DensityBenchOptions { mem_mib: 512, children: 100 }
+    }
+}
+
+impl DensityBenchOptions {
+    /// A short run for CI: 64 MiB, 10 children.
+    pub fn short() -> Self {
+        DensityBenchOptions { mem_mib: 64, children: 10 }
+    }
+}
+
+/// A parent with all of its RAM touched, snapshotted into a temporary directory.
+struct WarmSnapshot {
+    parent: Vm,
+    parent_rss: u64,
+    snapshot: Snapshot,
+    _dir: TempDir,
+}
+
+fn warm_snapshot(hv: &Arc<Hypervisor>, mem_mib: u64) -> Result<WarmSnapshot> {
+    let config = VmConfig { mem_size: mem_mib << 20, vcpus: 1, irqchip: false };
+    let mut parent = Vm::boot(hv, config)?;
+    testguest::install(&mut parent)?;
+    let pages = config.mem_size.saturating_sub(DATA_BASE) / PAGE;
+    // Every qword, so the layer holds no zero page and no hole.
+    let touch = Command::Fill { base: DATA_BASE, count: pages * PAGE / 8, stride: 8, seed: 0x5eed };
+    testguest::call(&mut parent, touch)?;
+    let parent_rss = parent.ram().resident_bytes()?;
+    let dir = TempDir::new()?;
+    parent.snapshot(dir.path())?;
+    let snapshot = Snapshot::open(dir.path())?;
+    Ok(WarmSnapshot { parent, parent_rss, snapshot, _dir: dir })
+}
+
+/// Forks `n` children and runs each until it answers a ping; returns them.
+fn fork_and_ping(snapshot: &Snapshot, n: usize, pool: &mut ShellPool) -> Result<Vec<Vm>> {
+    let mut children = Vec::with_capacity(n);
+    for child in fork(snapshot, n, pool) {
+        let mut child = child?;
+        testguest::call(&mut child, Command::Ping)?;
+        children.push(child);
+    }
+    Ok(children)
+}
+
+/// The floor: a bare VM over the snapshot's layer (create VM, map the layer MAP_PRIVATE,
+/// register the slot, create the vCPU, set registers), without running it.
+fn bare_vm(hv: &Hypervisor, snapshot: &Snapshot) -> Result<(kvm_ioctls::VmFd, kvm_ioctls::VcpuFd, GuestRam)> {
+    let size = snapshot.state().config.mem_size;
+    let vm = hv.kvm().create_vm().map_err(kvm("KVM_CREATE_VM"))?;
+    let ram = GuestRam::from_layer(snapshot.context().layer(), size as usize)?;
+    let region = kvm_userspace_memory_region {
+        slot: 0,
+        flags: 0,
+        guest_phys_addr: 0,
+        memory_size: size,
+        userspace_addr: ram.host_addr(),
+    };
+    // SAFETY: the region covers `ram`, returned alongside the VM and dropped after it.
+    unsafe { vm.set_user_memory_region(region) }.map_err(kvm("KVM_SET_USER_MEMORY_REGION"))?;
+    let vcpu = vm.create_vcpu(0).map_err(kvm("KVM_CREATE_VCPU"))?;
+    let sregs = vcpu.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+    vcpu.set_sregs(&testguest::user_mode_sregs(sregs)).map_err(kvm("KVM_SET_SREGS"))?;
+    vcpu.set_regs(&testguest::initial_regs()).map_err(kvm("KVM_SET_REGS"))?;
+    Ok((vm, vcpu, ram))
+}
+
+fn time<T>(f: impl FnOnce() -> Result<T>) -> Result<(Duration, T)> {
+    let start = Instant::now();
+    let out = f()?;
+    Ok((start.elapsed(), out))
+}
+
+fn stats(samples: &[Duration]) -> Result<Stats> {
+    Stats::from_durations(samples).ok_or_else(|| Error::Config("a figure has no samples".into()))
+}
+
+/// Host facts the figures depend on.
+fn host_facts(hv: &Hypervisor) -> serde_json::Value {
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    let pvm = std::path::Path::new("/sys/module/kvm_pvm").exists();
+    json!({
+        "kernel": kernel,
+        "kvm": if pvm { "kvm_pvm (no hardware virtualization)" } else { "kvm" },
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "msrs_saved_per_vcpu": hv.msr_indices().len(),
+        "xsave_bytes": hv.xsave_bytes(),
+    })
+}
+
+/// Fork n children (for each n in `counts`) of a warm snapshot with all RAM touched; the
+/// clock stops when every child has run guest code and rung its doorbell. The floor is the
+/// same number of bare VMs over the same layer, measured in the same run.
+pub fn bench_fork(opts: &ForkBenchOptions) -> Result<Report> {
+    let hv = Hypervisor::open()?;
+    let warm = warm_snapshot(&hv, opts.mem_mib)?;
+    let config = warm.snapshot.state().config;
+    let mut pool = ShellPool::new(&hv, config);
+    let mut figures = BTreeMap::new();
+    let mut ratios = BTreeMap::new();
+    let rounds = opts.rounds.max(1);
+    for &n in &opts.counts {
+        let (mut floor, mut cold, mut pooled) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            let (d, bare) =
+                time(|| (0..n).map(|_| bare_vm(&hv, &warm.snapshot)).collect::<Result<Vec<_>>>())?;
+            floor.push(d);
+            drop(bare);
+            let (d, children) = time(|| fork_and_ping(&warm.snapshot, n, &mut ShellPool::new(&hv, config)))?;
+            cold.push(d);
+            drop(children);
+            pool.fill(n)?;
+            let (d, children) = time(|| fork_and_ping(&warm.snapshot, n, &mut pool))?;
+            pooled.push(d);
+            drop(children);
+        }
+        let (floor, cold, pooled) = (stats(&floor)?, stats(&cold)?, stats(&pooled)?);
+        ratios.insert(format!("fork_n{n}_pooled/floor_n{n}"), pooled.p50 / floor.p50);
+        ratios.insert(format!("fork_n{n}_cold/floor_n{n}"), cold.p50 / floor.p50);
+        figures.insert(format!("floor_n{n}"), floor);
+        figures.insert(format!("fork_n{n}_cold"), cold);
+        figures.insert(format!("fork_n{n}_pooled"), pooled);
+    }
+    let (mut single, mut single_cold, mut single_floor) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..opts.single_runs.max(1) {
+        pool.fill(1)?;
+        let (d, child) = time(|| fork_and_ping(&warm.snapshot, 1, &mut pool))?;
+        single.push(d);
+        drop(child);
+        let (d, child) = time(|| fork_and_ping(&warm.snapshot, 1, &mut ShellPool::new(&hv, config)))?;
+        single_cold.push(d);
+        drop(child);
+        let (d, bare) = time(|| bare_vm(&hv, &warm.snapshot))?;
+        single_floor.push(d);
+        drop(bare);
+    }
+    let (single, single_cold, single_floor) = (stats(&single)?, stats(&single_cold)?, stats(&single_floor)?);
+    ratios.insert("single_fork_pooled/floor_single".into(), single.p50 / single_floor.p50);
+    ratios.insert("single_fork_cold/floor_single".into(), single_cold.p50 / single_floor.p50);
+    let summary = format!(
+        "microvm fork of a {} MiB warm snapshot: single fork p50 {:.3} ms pooled, {:.3} ms cold \
+         (bare-VM floor {:.3} ms); {}",
+        opts.mem_mib,
+        single.p50,
+        single_cold.p50,
+        single_floor.p50,
+        opts.counts
+            .iter()
+            .filter_map(|n| Some(format!(
+                "n={n}: {:.1} ms pooled / {:.1} ms cold vs floor {:.1} ms",
+                figures.get(&format!("fork_n{n}_pooled"))?.p50,
+                figures.get(&format!("fork_n{n}_cold"))?.p50,
+                figures.get(&format!("floor_n{n}"))?.p50
+            )))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    figures.insert("single_fork_pooled".into(), single);
+    figures.insert("single_fork_cold".into(), single_cold);
+    figures.insert("floor_single".into(), single_floor);
+    drop(warm.parent);
+    Ok(Report {
+        bench: "fork".into(),
+        backend: "microvm".into(),
+        method: "Parent: the synthetic test guest (user mode, see docs/microvm.md) with all its \
+                 RAM written, snapshotted once (layer in the page cache: warm). fork_nN: clock \
+                 starts, N children are restored over the shared layer MAP_PRIVATE (vCPU, VM and \
+                 device state), each is sent a ping and run until its guest rings the MMIO \
+                 doorbell, clock stops after the last answer; one thread. _pooled: VM shells \
+                 (VM, slot, vCPU) were built before the clock started; _cold: built on the \
+                 clock. floor_nN: N bare VMs (create VM, mmap the layer MAP_PRIVATE, register the \
+                 slot, create the vCPU, set regs/sregs), not run, same run."
+            .into(),
+        inputs: json!({
+            "mem_mib": opts.mem_mib,
+            "counts": opts.counts,
+            "rounds": rounds,
+            "single_runs": opts.single_runs.max(1),
+        }),
+        host: host_facts(&hv),
+        figures,
+        ratios,
+        summary,
+    })
+}
+
+/// Host memory each idle child adds: children of one warm snapshot, each run until it
+/// answered a ping, then measured from `/proc/self/smaps` (private pages inside each child's
+/// RAM mapping) and `/proc/self/smaps_rollup` (the whole process); compared with the
+/// parent's resident RAM.
+pub fn bench_density(opts: &DensityBenchOptions) -> Result<Report> {
+    let hv = Hypervisor::open()?;
+    let warm = warm_snapshot(&hv, opts.mem_mib)?;
+    let config = warm.snapshot.state().config;
+    let mut pool = ShellPool::new(&hv, config);
+    let n = opts.children.max(1);
+    pool.fill(n)?;
+    let before = rollup_private()?;
+    let children = fork_and_ping(&warm.snapshot, n, &mut pool)?;
+    let after = rollup_private()?;
+    let per_child: Vec<f64> =
+        children.iter().map(|c| c.ram().private_bytes().map(|b| b as f64 / 1024.0)).collect::<Result<_>>()?;
+    let shared: Vec<f64> = children
+        .iter()
+        .map(|c| c.ram().resident_bytes().map(|b| b as f64 / 1024.0))
+        .collect::<Result<_>>()?;
+    let process_per_child = (after.saturating_sub(before)) as f64 / 1024.0 / n as f64;
+    let parent_kib = warm.parent_rss as f64 / 1024.0;
+    let mut figures = BTreeMap::new();
+    let kib =
+        |v: &[f64]| Stats::from_samples("KiB", v).ok_or_else(|| Error::Config("no children measured".into()));
+    let child_stats = kib(&per_child)?;
+    figures.insert("child_private_ram".into(), child_stats.clone());
+    figures.insert("child_resident_ram_shared_included".into(), kib(&shared)?);
+    figures.insert("process_private_per_child".into(), kib(&[process_per_child])?);
+    figures.insert("ref_parent_rss".into(), kib(&[parent_kib])?);
+    let mut ratios = BTreeMap::new();
+    ratios.insert("child_private_ram/ref_parent_rss".into(), child_stats.p50 / parent_kib);
+    ratios.insert("process_private_per_child/ref_parent_rss".into(), process_per_child / parent_kib);
+    let summary = format!(
+        "microvm density: {n} idle children of a {} MiB parent (RSS {:.0} MiB) add {:.0} KiB of \
+         private guest RAM each (p50), {:.0} KiB per child process-wide",
+        opts.mem_mib,
+        parent_kib / 1024.0,
+        child_stats.p50,
+        process_per_child
+    );
+    drop(children);
+    Ok(Report {
+        bench: "density".into(),
+        backend: "microvm".into(),
+        method: "Children are forked from a warm snapshot of the synthetic test guest with all \
+                 RAM written, each runs until it answers a ping, then idles. child_private_ram: \
+                 Anonymous (copied-on-write) kB of /proc/self/smaps inside each child's RAM \
+                 mapping. process_private_per_child: growth of Private_Clean+Private_Dirty in \
+                 /proc/self/smaps_rollup over forking the children (shells pre-built before), \
+                 divided by their number: adds the VMM's own per-child memory. Not counted: \
+                 kernel memory KVM allocates per VM (vCPU structures, shadow page tables). \
+                 ref_parent_rss: Rss of the parent's RAM mapping before the snapshot."
+            .into(),
+        inputs: json!({ "mem_mib": opts.mem_mib, "children": n }),
+        host: host_facts(&hv),
+        figures,
+        ratios,
+        summary,
+    })
+}
+
+/// Private bytes of this whole process (`Private_Clean` + `Private_Dirty` of smaps_rollup).
+fn rollup_private() -> Result<u64> {
+    let text =
+        std::fs::read_to_string("/proc/self/smaps_rollup").map_err(crate::error::mem("read smaps_rollup"))?;
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("Private_Clean:") || l.starts_with("Private_Dirty:"))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum::<u64>()
+        * 1024)
+}
+
+/// A temporary directory removed on drop (benchmarks must not leave 512 MiB layers behind).
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new() -> Result<TempDir> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let path = std::env::temp_dir().join(format!("branchbox-vmm-bench-{}-{nanos:x}", std::process::id()));
+        std::fs::create_dir(&path).map_err(crate::error::mem("create bench directory"))?;
+        Ok(TempDir(path))
+    }
+
+    fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
