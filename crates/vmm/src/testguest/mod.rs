@@ -137,7 +137,7 @@ pub struct Answer {
 /// Writes the guest (page tables, GDT, TSS, code) into RAM and points vCPU 0 at it.
 pub fn install(vm: &mut Vm) -> Result<()> {
     let size = vm.ram().size() as u64;
-    if size < MIN_RAM || size > DOORBELL_BASE {
+    if !(MIN_RAM..=DOORBELL_BASE).contains(&size) {
         return Err(Error::Config(format!(
             "the test guest needs between {MIN_RAM} and {DOORBELL_BASE} bytes of RAM, got {size}"
         )));
