@@ -3,7 +3,7 @@
 //! reference measured in the same run; nothing here asserts a timing.
 
 use crate::error::{kvm, Error, Result};
-use crate::fork::{fork, ShellPool};
+use crate::fork::{fork_with, ShellPool};
 use crate::hypervisor::Hypervisor;
 use crate::memory::GuestRam;
 use crate::snapshot::Snapshot;
@@ -29,18 +29,36 @@ pub struct ForkBenchOptions {
     pub rounds: usize,
     /// Repetitions of the single-child fork whose p50 is reported.
     pub single_runs: usize,
+    /// Threads that restore and run children (and build the floor's bare VMs).
+    pub workers: usize,
+}
+
+fn host_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 impl Default for ForkBenchOptions {
     fn default() -> Self {
-        ForkBenchOptions { mem_mib: 512, counts: vec![1, 10, 100], rounds: 5, single_runs: 100 }
+        ForkBenchOptions {
+            mem_mib: 512,
+            counts: vec![1, 10, 100],
+            rounds: 5,
+            single_runs: 100,
+            workers: host_cpus(),
+        }
     }
 }
 
 impl ForkBenchOptions {
     /// A short run for CI: 64 MiB, up to 10 children.
     pub fn short() -> Self {
-        ForkBenchOptions { mem_mib: 64, counts: vec![1, 10], rounds: 2, single_runs: 10 }
+        ForkBenchOptions {
+            mem_mib: 64,
+            counts: vec![1, 10],
+            rounds: 2,
+            single_runs: 10,
+            workers: host_cpus(),
+        }
     }
 }
 
@@ -89,20 +107,39 @@ fn warm_snapshot(hv: &Arc<Hypervisor>, mem_mib: u64) -> Result<WarmSnapshot> {
     Ok(WarmSnapshot { parent, parent_rss, snapshot, _dir: dir })
 }
 
-/// Forks `n` children and runs each until it answers a ping; returns them.
-fn fork_and_ping(snapshot: &Snapshot, n: usize, pool: &mut ShellPool) -> Result<Vec<Vm>> {
-    let mut children = Vec::with_capacity(n);
-    for child in fork(snapshot, n, pool) {
-        let mut child = child?;
-        testguest::call(&mut child, Command::Ping)?;
-        children.push(child);
-    }
-    Ok(children)
+/// Forks `n` children over `workers` threads and runs each until it answers a ping.
+fn fork_and_ping(snapshot: &Snapshot, n: usize, pool: &mut ShellPool, workers: usize) -> Result<Vec<Vm>> {
+    fork_with(snapshot, n, pool, workers, |child| testguest::call(child, Command::Ping).map(|_| ()))
+        .into_iter()
+        .collect()
+}
+
+/// A bare VM of the floor: its VM, vCPU and RAM, dropped together.
+type BareVm = (kvm_ioctls::VmFd, kvm_ioctls::VcpuFd, GuestRam);
+
+/// `n` bare VMs built over `workers` threads.
+fn bare_vms(hv: &Hypervisor, snapshot: &Snapshot, n: usize, workers: usize) -> Result<Vec<BareVm>> {
+    let per_worker = n.div_ceil(workers.clamp(1, n.max(1)));
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..n)
+            .step_by(per_worker.max(1))
+            .map(|start| {
+                let count = per_worker.min(n - start);
+                scope.spawn(move || (0..count).map(|_| bare_vm(hv, snapshot)).collect::<Result<Vec<_>>>())
+            })
+            .collect();
+        let mut all = Vec::with_capacity(n);
+        for h in handles {
+            let part = h.join().map_err(|_| Error::Thread("a floor worker panicked".into()))??;
+            all.extend(part);
+        }
+        Ok(all)
+    })
 }
 
 /// The floor: a bare VM over the snapshot's layer (create VM, map the layer MAP_PRIVATE,
 /// register the slot, create the vCPU, set registers), without running it.
-fn bare_vm(hv: &Hypervisor, snapshot: &Snapshot) -> Result<(kvm_ioctls::VmFd, kvm_ioctls::VcpuFd, GuestRam)> {
+fn bare_vm(hv: &Hypervisor, snapshot: &Snapshot) -> Result<BareVm> {
     let size = snapshot.state().config.mem_size;
     let vm = hv.kvm().create_vm().map_err(kvm("KVM_CREATE_VM"))?;
     let ram = GuestRam::from_layer(snapshot.context().layer(), size as usize)?;
@@ -158,18 +195,19 @@ pub fn bench_fork(opts: &ForkBenchOptions) -> Result<Report> {
     let mut figures = BTreeMap::new();
     let mut ratios = BTreeMap::new();
     let rounds = opts.rounds.max(1);
+    let w = opts.workers.max(1);
     for &n in &opts.counts {
         let (mut floor, mut cold, mut pooled) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..rounds {
-            let (d, bare) =
-                time(|| (0..n).map(|_| bare_vm(&hv, &warm.snapshot)).collect::<Result<Vec<_>>>())?;
+            let (d, bare) = time(|| bare_vms(&hv, &warm.snapshot, n, w))?;
             floor.push(d);
             drop(bare);
-            let (d, children) = time(|| fork_and_ping(&warm.snapshot, n, &mut ShellPool::new(&hv, config)))?;
+            let (d, children) =
+                time(|| fork_and_ping(&warm.snapshot, n, &mut ShellPool::new(&hv, config), w))?;
             cold.push(d);
             drop(children);
             pool.fill(n)?;
-            let (d, children) = time(|| fork_and_ping(&warm.snapshot, n, &mut pool))?;
+            let (d, children) = time(|| fork_and_ping(&warm.snapshot, n, &mut pool, w))?;
             pooled.push(d);
             drop(children);
         }
@@ -183,10 +221,10 @@ pub fn bench_fork(opts: &ForkBenchOptions) -> Result<Report> {
     let (mut single, mut single_cold, mut single_floor) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..opts.single_runs.max(1) {
         pool.fill(1)?;
-        let (d, child) = time(|| fork_and_ping(&warm.snapshot, 1, &mut pool))?;
+        let (d, child) = time(|| fork_and_ping(&warm.snapshot, 1, &mut pool, 1))?;
         single.push(d);
         drop(child);
-        let (d, child) = time(|| fork_and_ping(&warm.snapshot, 1, &mut ShellPool::new(&hv, config)))?;
+        let (d, child) = time(|| fork_and_ping(&warm.snapshot, 1, &mut ShellPool::new(&hv, config), 1))?;
         single_cold.push(d);
         drop(child);
         let (d, bare) = time(|| bare_vm(&hv, &warm.snapshot))?;
@@ -225,16 +263,19 @@ pub fn bench_fork(opts: &ForkBenchOptions) -> Result<Report> {
                  RAM written, snapshotted once (layer in the page cache: warm). fork_nN: clock \
                  starts, N children are restored over the shared layer MAP_PRIVATE (vCPU, VM and \
                  device state), each is sent a ping and run until its guest rings the MMIO \
-                 doorbell, clock stops after the last answer; one thread. _pooled: VM shells \
+                 doorbell, clock stops after the last answer; children are spread over `workers` \
+                 threads (single_fork: one thread). _pooled: VM shells \
                  (VM, slot, vCPU) were built before the clock started; _cold: built on the \
                  clock. floor_nN: N bare VMs (create VM, mmap the layer MAP_PRIVATE, register the \
-                 slot, create the vCPU, set regs/sregs), not run, same run."
+                 slot, create the vCPU, set regs/sregs), not run, built over the same threads, \
+                 same run."
             .into(),
         inputs: json!({
             "mem_mib": opts.mem_mib,
             "counts": opts.counts,
             "rounds": rounds,
             "single_runs": opts.single_runs.max(1),
+            "workers": w,
         }),
         host: host_facts(&hv),
         figures,
@@ -255,7 +296,7 @@ pub fn bench_density(opts: &DensityBenchOptions) -> Result<Report> {
     let n = opts.children.max(1);
     pool.fill(n)?;
     let before = rollup_private()?;
-    let children = fork_and_ping(&warm.snapshot, n, &mut pool)?;
+    let children = fork_and_ping(&warm.snapshot, n, &mut pool, 1)?;
     let after = rollup_private()?;
     let per_child: Vec<f64> =
         children.iter().map(|c| c.ram().private_bytes().map(|b| b as f64 / 1024.0)).collect::<Result<_>>()?;

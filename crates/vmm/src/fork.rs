@@ -6,7 +6,7 @@
 //! is most of a child's cost, so a [`ShellPool`] builds shells ahead of time, off the fork
 //! path; a fork then only re-maps the layer over a shell's RAM and restores state.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::hypervisor::Hypervisor;
 use crate::snapshot::Snapshot;
 use crate::vm::{Vm, VmConfig};
@@ -62,11 +62,54 @@ impl ShellPool {
 /// have the snapshot's shape). Each child is paused where the snapshot was taken; one
 /// child's failure does not stop the others.
 pub fn fork(snapshot: &Snapshot, n: usize, pool: &mut ShellPool) -> Vec<Result<Vm>> {
-    (0..n)
-        .map(|_| {
-            let shell = pool.take()?;
-            Vm::restore_into(shell, snapshot)
-        })
+    fork_with(snapshot, n, pool, 1, |_| Ok(()))
+}
+
+/// [`fork`] spread over `workers` threads, running `then` on each child in its worker right
+/// after the restore (e.g. to run it until it answers). Shells missing from the pool are
+/// built in the workers too. Results keep the children's order.
+pub fn fork_with<F>(
+    snapshot: &Snapshot,
+    n: usize,
+    pool: &mut ShellPool,
+    workers: usize,
+    then: F,
+) -> Vec<Result<Vm>>
+where
+    F: Fn(&mut Vm) -> Result<()> + Sync,
+{
+    let mut slots: Vec<(Option<Vm>, Option<Result<Vm>>)> =
+        (0..n).map(|_| (pool.shells.pop(), None)).collect();
+    let (hv, config) = (&pool.hv, pool.config);
+    let one = |shell: Option<Vm>| -> Result<Vm> {
+        let shell = match shell {
+            Some(vm) => vm,
+            None => Vm::shell(hv, config)?,
+        };
+        let mut child = Vm::restore_into(shell, snapshot)?;
+        then(&mut child)?;
+        Ok(child)
+    };
+    let per_worker = n.div_ceil(workers.clamp(1, n.max(1)));
+    if per_worker >= n {
+        for (shell, out) in &mut slots {
+            *out = Some(one(shell.take()));
+        }
+    } else {
+        std::thread::scope(|scope| {
+            for chunk in slots.chunks_mut(per_worker) {
+                let one = &one;
+                scope.spawn(move || {
+                    for (shell, out) in chunk {
+                        *out = Some(one(shell.take()));
+                    }
+                });
+            }
+        });
+    }
+    slots
+        .into_iter()
+        .map(|(_, out)| out.unwrap_or_else(|| Err(Error::Thread("a fork worker stopped early".into()))))
         .collect()
 }
 

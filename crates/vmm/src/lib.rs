@@ -22,7 +22,7 @@ pub mod vstate;
 
 pub use bench::{bench_density, bench_fork, DensityBenchOptions, ForkBenchOptions};
 pub use error::{Error, Result};
-pub use fork::{fork, fork_paused, ShellPool};
+pub use fork::{fork, fork_paused, fork_with, ShellPool};
 pub use hypervisor::Hypervisor;
 pub use snapshot::{Snapshot, Snapshottable};
 pub use vm::{Vm, VmConfig};

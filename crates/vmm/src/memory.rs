@@ -41,21 +41,24 @@ impl GuestRam {
                 "guest RAM size {size} must be a non-zero multiple of {PAGE_SIZE}"
             )));
         }
-        // SAFETY: a new mapping at an address the kernel chooses; no existing memory changes.
-        let addr = unsafe {
+        let addr = reserve(size)?;
+        // SAFETY: MAP_FIXED inside the reservation just made for this value.
+        let mapped = unsafe {
             libc::mmap(
-                std::ptr::null_mut(),
+                addr.cast(),
                 size,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
                 -1,
                 0,
             )
         };
-        if addr == libc::MAP_FAILED {
-            return Err(mem("mmap anonymous RAM")(std::io::Error::last_os_error()));
+        if mapped == libc::MAP_FAILED {
+            let err = std::io::Error::last_os_error();
+            release(addr, size);
+            return Err(mem("mmap anonymous RAM")(err));
         }
-        Ok(GuestRam { addr: addr.cast(), size })
+        Ok(GuestRam { addr, size })
     }
 
     /// Replaces the whole RAM range, in place, with a private copy-on-write view of `layer`.
@@ -161,21 +164,9 @@ impl GuestRam {
 
     /// Maps `size` bytes of `layer` as a private copy-on-write view at a new address.
     pub fn from_layer(layer: &File, size: usize) -> Result<GuestRam> {
-        // SAFETY: a new mapping at an address the kernel chooses.
-        let addr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                size,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_NORESERVE,
-                layer.as_raw_fd(),
-                0,
-            )
-        };
-        if addr == libc::MAP_FAILED {
-            return Err(mem("mmap memory layer MAP_PRIVATE")(std::io::Error::last_os_error()));
-        }
-        Ok(GuestRam { addr: addr.cast(), size })
+        let mut ram = GuestRam { addr: reserve(size)?, size };
+        ram.map_layer(layer)?;
+        Ok(ram)
     }
 
     /// Host memory this RAM holds privately (copied-on-write or anonymous pages), in bytes,
@@ -215,10 +206,37 @@ impl GuestRam {
 
 impl Drop for GuestRam {
     fn drop(&mut self) {
-        // SAFETY: unmapping the range this value owns; KVM slots over it die with their VM,
-        // which `Vm` drops first.
-        unsafe { libc::munmap(self.addr.cast(), self.size) };
+        release(self.addr, self.size);
     }
+}
+
+/// Reserves `size` bytes plus one inaccessible guard page on each side and returns the
+/// address after the first guard. The guards keep the kernel from merging the RAM mapping
+/// with a neighbour, so `/proc/self/smaps` accounts for each VM's RAM on its own.
+fn reserve(size: usize) -> Result<*mut u8> {
+    // SAFETY: a new inaccessible mapping at an address the kernel chooses.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size + 2 * PAGE_SIZE,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return Err(mem("reserve guest RAM address range")(std::io::Error::last_os_error()));
+    }
+    // SAFETY: stays inside the reservation.
+    Ok(unsafe { base.cast::<u8>().add(PAGE_SIZE) })
+}
+
+/// Unmaps RAM made by [`reserve`], guards included.
+fn release(addr: *mut u8, size: usize) {
+    // SAFETY: `addr` came from `reserve(size)`; the KVM slot over it died with its VM, which
+    // `Vm` drops first.
+    unsafe { libc::munmap(addr.sub(PAGE_SIZE).cast(), size + 2 * PAGE_SIZE) };
 }
 
 fn out_of_range(gpa: u64, len: usize, size: usize) -> Error {

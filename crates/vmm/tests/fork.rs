@@ -98,3 +98,22 @@ fn fork_from_a_snapshot_directory_restores_independent_children() {
         assert_eq!((a.status, a.seq), (0, 3));
     }
 }
+
+#[test]
+fn fork_into_shells_of_another_shape_fails_each_child_with_a_clear_error() {
+    let Some(hv) = common::kvm_or_skip() else {
+        return;
+    };
+    let mut parent = common::booted(&hv, common::small());
+    let dir = tempfile::tempdir().unwrap();
+    parent.snapshot(dir.path()).unwrap();
+    let snapshot = Snapshot::open(dir.path()).unwrap();
+    let other = VmConfig { mem_size: 4 << 20, ..common::small() };
+    let mut pool = ShellPool::new(&hv, other);
+    let children = fork(&snapshot, 3, &mut pool);
+    assert_eq!(children.len(), 3);
+    for child in children {
+        let err = child.err().expect("a child restored into a shell of the wrong shape");
+        assert!(err.to_string().contains("snapshot is for a VM shaped"), "{err}");
+    }
+}

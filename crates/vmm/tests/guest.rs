@@ -23,3 +23,24 @@ fn test_guest_answers_ping_fill_check_and_count() {
     assert_eq!((a.status, a.a, a.b), (0, testguest::lcg(42, 100_000), 100_000));
     assert_eq!(vm.doorbell().unwrap().rings, 5);
 }
+
+#[test]
+fn paused_vm_resumes_where_it_stopped() {
+    let Some(hv) = common::kvm_or_skip() else {
+        return;
+    };
+    let mut vm = common::booted(&hv, common::small());
+    let iterations = 300_000_000;
+    testguest::post(&vm, Command::Count { base: DATA_BASE, iterations, mask: 255, seed: 3 }).unwrap();
+    let pause = vm.pause_handle().unwrap();
+    let runner = std::thread::spawn(move || {
+        let outcome = vm.run();
+        (vm, outcome)
+    });
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    pause.request_pause();
+    let (mut vm, outcome) = runner.join().unwrap();
+    assert_eq!(outcome.unwrap(), branchbox_vmm::vstate::RunOutcome::Paused);
+    let a = testguest::wait_answer(&mut vm).unwrap();
+    assert_eq!((a.status, a.a, a.b), (0, testguest::lcg(3, iterations), iterations));
+}
