@@ -1,1 +1,16 @@
-//! branchbox core (being written).
+//! The branchbox engine: what the CLI and the service call.
+//!
+//! It composes the backends (gvisor; microvm once it runs Linux guests), the image cache and
+//! the metadata store, and owns the data directory layout:
+//! `meta.db`, `images/`, `sandboxes/<id>/` (runtime files), `snapshots/<id>/` (state files),
+//! `runsc/` (runsc's own state).
+//!
+//! Not for: protocol details (branchbox-protocol) or backend internals.
+
+pub mod bench;
+pub mod config;
+pub mod engine;
+pub mod host;
+
+pub use config::Config;
+pub use engine::{BackendChoice, Engine, ForkOutcome, SandboxView, Started};

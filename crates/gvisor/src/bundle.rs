@@ -36,7 +36,7 @@ pub fn write(bundle: &Path, rootfs: &Path, hostname: &str, limits: &Limits, cgro
             "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 65536, "soft": 65536}],
             "noNewPrivileges": true
         },
-        "root": {"path": rootfs, "readonly": true},
+        "root": {"path": rootfs, "readonly": false},
         "hostname": hostname,
         "mounts": [
             {"destination": "/proc", "type": "proc", "source": "proc"},

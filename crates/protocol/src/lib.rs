@@ -12,7 +12,7 @@ pub mod client;
 pub mod frame;
 pub mod message;
 
-pub use client::{AgentClient, ClientError, ExecOutput};
+pub use client::{AgentClient, ClientError, ExecOutput, OutStream};
 pub use frame::{read_frame, write_frame, Frame, FrameError, MAX_BODY, MAX_HEADER};
 pub use message::*;
 

@@ -1,0 +1,238 @@
+//! Command-line arguments.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+/// branchbox: sandboxes for AI agents that you can snapshot, fork and restore.
+#[derive(Debug, Parser)]
+#[command(name = "branchbox", version, about)]
+pub struct Cli {
+    /// Data directory (metadata, sandboxes, snapshots, images).
+    #[arg(long, global = true, env = "BRANCHBOX_DATA")]
+    pub data_dir: Option<PathBuf>,
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: Cmd,
+}
+
+/// Which backend to use.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum BackendArg {
+    /// microvm where Linux guests can run, gvisor elsewhere.
+    Auto,
+    /// branchbox's own KVM microVMs.
+    Microvm,
+    /// gVisor (runsc).
+    Gvisor,
+}
+
+/// Options for new sandboxes.
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    /// Isolation backend.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    pub backend: BackendArg,
+    /// Memory limit, MiB.
+    #[arg(long)]
+    pub memory: Option<u64>,
+    /// CPU limit.
+    #[arg(long)]
+    pub cpus: Option<u32>,
+    /// Process limit.
+    #[arg(long)]
+    pub pids: Option<u32>,
+}
+
+/// How to run a command.
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// Run the words as one shell line (`/bin/sh -c`).
+    #[arg(long, short = 's')]
+    pub shell: bool,
+    /// Environment variable KEY=VALUE (repeatable).
+    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// Working directory inside the sandbox.
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// Kill the command's whole process group after this many seconds.
+    #[arg(long)]
+    pub timeout: Option<f64>,
+    /// Most output bytes to return; the rest is dropped and reported.
+    #[arg(long)]
+    pub output_cap: Option<u64>,
+    /// Pass this process's standard input to the command.
+    #[arg(long, short = 'i')]
+    pub stdin: bool,
+    /// The command and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    pub command: Vec<String>,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Cmd {
+    /// What this host can run and which backend `auto` picks.
+    Doctor,
+    /// Images.
+    Image {
+        #[command(subcommand)]
+        command: ImageCmd,
+    },
+    /// Create a sandbox, run one command in it, print its output and destroy it.
+    Run {
+        #[command(flatten)]
+        create: CreateArgs,
+        #[command(flatten)]
+        exec: ExecArgs,
+    },
+    /// Create a sandbox and print its id.
+    Create {
+        #[command(flatten)]
+        create: CreateArgs,
+    },
+    /// Run a command in a sandbox; exits with the command's exit code.
+    Exec {
+        /// Sandbox id.
+        id: String,
+        #[command(flatten)]
+        exec: ExecArgs,
+    },
+    /// Start a background process in a sandbox and print its pid.
+    Spawn {
+        /// Sandbox id.
+        id: String,
+        #[command(flatten)]
+        exec: ExecArgs,
+    },
+    /// List a sandbox's background processes.
+    Ps {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Files in a sandbox.
+    Files {
+        #[command(subcommand)]
+        command: FilesCmd,
+    },
+    /// Fork a running sandbox into children that continue from its current state.
+    Fork {
+        /// Sandbox id.
+        id: String,
+        /// Number of children.
+        #[arg(short = 'n', long, default_value_t = 1)]
+        count: usize,
+    },
+    /// Capture a running sandbox's full state; it keeps running.
+    Snapshot {
+        /// Sandbox id.
+        id: String,
+        /// A name to restore it by.
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// List snapshots.
+    Snapshots,
+    /// Delete a snapshot.
+    Rmsnap {
+        /// Snapshot id or name.
+        snapshot: String,
+    },
+    /// Start a new sandbox from a snapshot.
+    Restore {
+        /// Snapshot id or name.
+        snapshot: String,
+    },
+    /// List sandboxes.
+    Ls,
+    /// Pause a sandbox.
+    Pause {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Resume a paused sandbox.
+    Resume {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Destroy sandboxes.
+    Kill {
+        /// Sandbox ids.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Benchmarks (see docs/benchmarks.md).
+    Bench {
+        #[command(subcommand)]
+        command: BenchCmd,
+    },
+}
+
+/// Image subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ImageCmd {
+    /// Build the default image (cached by recipe hash; a cache hit takes milliseconds).
+    Build,
+}
+
+/// File subcommands.
+#[derive(Debug, Subcommand)]
+pub enum FilesCmd {
+    /// Copy a file out of a sandbox (to stdout when LOCAL is `-` or absent).
+    Get {
+        /// Sandbox id.
+        id: String,
+        /// Path in the sandbox.
+        path: String,
+        /// Local destination.
+        local: Option<PathBuf>,
+    },
+    /// Copy a file into a sandbox (from stdin when LOCAL is `-`).
+    Put {
+        /// Sandbox id.
+        id: String,
+        /// Local source.
+        local: PathBuf,
+        /// Path in the sandbox.
+        path: String,
+        /// Permission bits, octal.
+        #[arg(long)]
+        mode: Option<String>,
+    },
+    /// List a directory in a sandbox.
+    Ls {
+        /// Sandbox id.
+        id: String,
+        /// Directory path.
+        #[arg(default_value = "/")]
+        path: String,
+    },
+}
+
+/// Benchmark subcommands.
+#[derive(Debug, Subcommand)]
+pub enum BenchCmd {
+    /// Exec round trip through the agent.
+    Exec {
+        /// Timed runs.
+        #[arg(long, default_value_t = 100)]
+        runs: usize,
+    },
+    /// Fork of 1 and N children.
+    Fork {
+        /// Backend to measure.
+        #[arg(long, value_enum, default_value_t = BackendArg::Gvisor)]
+        backend: BackendArg,
+        /// Touched memory of the source, MiB.
+        #[arg(long, default_value_t = 50)]
+        mib: u64,
+        /// Width of the wide fork.
+        #[arg(long, default_value_t = 10)]
+        children: usize,
+        /// Timed runs per width.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
+}

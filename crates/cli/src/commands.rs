@@ -1,0 +1,392 @@
+//! One function per subcommand.
+
+use crate::args::{BackendArg, BenchCmd, Cli, Cmd, CreateArgs, ExecArgs, FilesCmd, ImageCmd};
+use crate::output::{print, Progress};
+use anyhow::{anyhow, bail, Context, Result};
+use branchbox_core::{bench, host, BackendChoice, Config, Engine};
+use branchbox_model::{BackendKind, Limits, SandboxId, SnapshotKind};
+use branchbox_protocol::{AgentClient, Command, ExecSpec, ExitStatus, OutStream};
+use std::io::{Read, Write};
+use std::time::Duration;
+
+/// Runs the parsed command line; returns the process exit code.
+pub fn run(cli: Cli) -> Result<i32> {
+    let cfg = Config::from_env(cli.data_dir.as_deref());
+    let json = cli.json;
+    if let Cmd::Doctor = cli.command {
+        return doctor(&cfg, json);
+    }
+    let engine = Engine::open(cfg)?;
+    match cli.command {
+        Cmd::Doctor => unreachable_doctor(),
+        Cmd::Image { command: ImageCmd::Build } => image_build(&engine, json),
+        Cmd::Run { create, exec } => run_once(&engine, &create, &exec, json),
+        Cmd::Create { create } => {
+            let s = engine.create(choice(create.backend), limits(&engine, &create)?, &mut progress_fn())?;
+            print(json, &s, || s.id.to_string());
+            Ok(0)
+        }
+        Cmd::Exec { id, exec } => exec_in(&engine, &parse_id(&id)?, &exec, json),
+        Cmd::Spawn { id, exec } => {
+            let mut conn = engine.connect(&parse_id(&id)?)?;
+            let pid = conn.spawn(spec(&exec)?)?;
+            print(json, &serde_json::json!({"pid": pid}), || pid.to_string());
+            Ok(0)
+        }
+        Cmd::Ps { id } => {
+            let procs = engine.connect(&parse_id(&id)?)?.list_procs()?;
+            print(json, &procs, || {
+                procs
+                    .iter()
+                    .map(|p| {
+                        let state = match &p.exit {
+                            None => "running".to_string(),
+                            Some(e) => format!("exited {}", exit_text(e)),
+                        };
+                        format!("{:>7}  {:<12} {:?}", p.pid, state, p.cmd)
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            });
+            Ok(0)
+        }
+        Cmd::Files { command } => files(&engine, command, json),
+        Cmd::Fork { id, count } => fork(&engine, &parse_id(&id)?, count, json),
+        Cmd::Snapshot { id, name } => {
+            let snap = engine.snapshot(&parse_id(&id)?, name.as_deref(), SnapshotKind::Snapshot)?;
+            print(json, &snap, || snap.id.to_string());
+            Ok(0)
+        }
+        Cmd::Snapshots => {
+            let snaps = engine.snapshots()?;
+            print(json, &snaps, || {
+                snaps
+                    .iter()
+                    .map(|s| {
+                        format!(
+                            "{}  {:<10} {:>8.1} MiB  from {}  {}",
+                            s.id,
+                            s.kind.as_str(),
+                            s.size_bytes as f64 / 1048576.0,
+                            s.source.as_ref().map(|x| x.as_str()).unwrap_or("-"),
+                            s.name.as_deref().unwrap_or("")
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            });
+            Ok(0)
+        }
+        Cmd::Rmsnap { snapshot } => {
+            engine.delete_snapshot(&snapshot)?;
+            print(json, &serde_json::json!({"deleted": snapshot}), String::new);
+            Ok(0)
+        }
+        Cmd::Restore { snapshot } => {
+            let started = engine.restore(&snapshot)?;
+            print(json, &started, || started.sandbox.id.to_string());
+            Ok(0)
+        }
+        Cmd::Ls => {
+            let all = engine.list()?;
+            print(json, &all, || {
+                all.iter()
+                    .map(|v| {
+                        format!(
+                            "{}  {:<8} {:<8} {}",
+                            v.sandbox.id,
+                            v.sandbox.backend.as_str(),
+                            v.sandbox.state.as_str(),
+                            v.sandbox.parent_snapshot.as_ref().map(|p| format!("from {p}")).unwrap_or_default()
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            });
+            Ok(0)
+        }
+        Cmd::Pause { id } => {
+            engine.pause(&parse_id(&id)?)?;
+            print(json, &serde_json::json!({"paused": id}), String::new);
+            Ok(0)
+        }
+        Cmd::Resume { id } => {
+            engine.resume(&parse_id(&id)?)?;
+            print(json, &serde_json::json!({"resumed": id}), String::new);
+            Ok(0)
+        }
+        Cmd::Kill { ids } => {
+            let ids = ids.iter().map(|i| parse_id(i)).collect::<Result<Vec<_>>>()?;
+            for id in &ids {
+                engine.kill(id)?;
+            }
+            print(json, &serde_json::json!({"killed": ids}), String::new);
+            Ok(0)
+        }
+        Cmd::Bench { command } => bench_cmd(&engine, command, json),
+    }
+}
+
+fn unreachable_doctor() -> Result<i32> {
+    Err(anyhow!("doctor is handled before the data directory is opened"))
+}
+
+fn parse_id(s: &str) -> Result<SandboxId> {
+    Ok(SandboxId::parse(s)?)
+}
+
+fn choice(b: BackendArg) -> BackendChoice {
+    match b {
+        BackendArg::Auto => BackendChoice::Auto,
+        BackendArg::Microvm => BackendChoice::Exactly(BackendKind::Microvm),
+        BackendArg::Gvisor => BackendChoice::Exactly(BackendKind::Gvisor),
+    }
+}
+
+fn limits(engine: &Engine, a: &CreateArgs) -> Result<Option<Limits>> {
+    if a.memory.is_none() && a.cpus.is_none() && a.pids.is_none() {
+        return Ok(None);
+    }
+    let d = engine.config().limits;
+    Ok(Some(Limits {
+        memory_mib: a.memory.unwrap_or(d.memory_mib),
+        cpus: a.cpus.unwrap_or(d.cpus),
+        pids: a.pids.unwrap_or(d.pids),
+    }))
+}
+
+fn progress_fn() -> impl FnMut(&str) {
+    let mut p: Option<Progress> = None;
+    move |msg: &str| p.get_or_insert_with(Progress::new).step(msg)
+}
+
+fn spec(a: &ExecArgs) -> Result<ExecSpec> {
+    let cmd = if a.shell { Command::Shell(a.command.join(" ")) } else { Command::Argv(a.command.clone()) };
+    let mut s = ExecSpec::new(cmd);
+    for kv in &a.env {
+        let (k, v) = kv.split_once('=').ok_or_else(|| anyhow!("--env {kv:?} is not KEY=VALUE"))?;
+        s.env.insert(k.to_string(), v.to_string());
+    }
+    s.cwd = a.cwd.clone();
+    s.timeout_ms = match a.timeout {
+        Some(t) if !(t > 0.0 && t.is_finite()) => bail!("--timeout must be a positive number of seconds"),
+        Some(t) => Some(Duration::from_secs_f64(t).as_millis() as u64),
+        None => None,
+    };
+    s.output_cap = a.output_cap;
+    Ok(s)
+}
+
+fn exit_text(e: &ExitStatus) -> String {
+    match (e.code, e.signal) {
+        (Some(c), _) => format!("code {c}"),
+        (None, Some(s)) => format!("signal {s}"),
+        _ => "unknown".into(),
+    }
+}
+
+/// Shell-style exit code: the command's code, 128+signal, or 124 on timeout (as timeout(1)).
+fn exit_code(e: &ExitStatus) -> i32 {
+    if e.timed_out {
+        return 124;
+    }
+    e.code.or(e.signal.map(|s| 128 + s)).unwrap_or(1)
+}
+
+fn run_command<S: Read + Write>(conn: &mut AgentClient<S>, a: &ExecArgs, json: bool) -> Result<i32> {
+    let spec = spec(a)?;
+    let mut stdin = std::io::stdin();
+    let input: Option<&mut dyn Read> = if a.stdin { Some(&mut stdin) } else { None };
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let status = conn.exec_streaming(spec, input, &mut |which, chunk| {
+        if json {
+            match which {
+                OutStream::Stdout => out.extend_from_slice(chunk),
+                OutStream::Stderr => err.extend_from_slice(chunk),
+            }
+        } else {
+            let _ = match which {
+                OutStream::Stdout => std::io::stdout().write_all(chunk),
+                OutStream::Stderr => std::io::stderr().write_all(chunk),
+            };
+        }
+    })?;
+    if json {
+        let v = serde_json::json!({
+            "stdout": String::from_utf8_lossy(&out),
+            "stderr": String::from_utf8_lossy(&err),
+            "status": status,
+        });
+        print(true, &v, String::new);
+    } else {
+        let _ = std::io::stdout().flush();
+        if status.timed_out {
+            eprintln!("branchbox: the command timed out and its process group was killed");
+        }
+        if status.truncated {
+            eprintln!("branchbox: output was cut at the output cap");
+        }
+    }
+    Ok(exit_code(&status))
+}
+
+fn exec_in(engine: &Engine, id: &SandboxId, a: &ExecArgs, json: bool) -> Result<i32> {
+    let mut conn = engine.connect(id)?;
+    run_command(&mut conn, a, json)
+}
+
+fn run_once(engine: &Engine, c: &CreateArgs, a: &ExecArgs, json: bool) -> Result<i32> {
+    let s = engine.create(choice(c.backend), limits(engine, c)?, &mut progress_fn())?;
+    let result = engine.connect(&s.id).map_err(anyhow::Error::from).and_then(|mut conn| run_command(&mut conn, a, json));
+    engine.kill(&s.id).context("destroying the sandbox")?;
+    result
+}
+
+fn image_build(engine: &Engine, json: bool) -> Result<i32> {
+    let t = std::time::Instant::now();
+    let mut p = progress_fn();
+    let image = engine.build_image(&mut p)?;
+    let took = t.elapsed();
+    let v = serde_json::json!({
+        "id": image.id, "rootfs": image.rootfs, "built": image.built, "seconds": took.as_secs_f64()
+    });
+    print(json, &v, || {
+        let how = if image.built { "built" } else { "cached" };
+        format!("{} ({how} in {:.3} s): {}", image.id, took.as_secs_f64(), image.rootfs.display())
+    });
+    Ok(0)
+}
+
+fn files(engine: &Engine, cmd: FilesCmd, json: bool) -> Result<i32> {
+    match cmd {
+        FilesCmd::Get { id, path, local } => {
+            let mut conn = engine.connect(&parse_id(&id)?)?;
+            let size = match local.filter(|l| l.as_os_str() != "-") {
+                Some(l) => {
+                    // Write next to the target and rename, so a failed copy leaves no partial file.
+                    let tmp = l.with_extension("branchbox-part");
+                    let mut f = std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+                    let r = conn.read_file(&path, &mut f);
+                    match r {
+                        Ok(n) => {
+                            std::fs::rename(&tmp, &l).with_context(|| format!("writing {}", l.display()))?;
+                            n
+                        }
+                        Err(e) => {
+                            let _ = std::fs::remove_file(&tmp);
+                            return Err(e.into());
+                        }
+                    }
+                }
+                None => conn.read_file(&path, &mut std::io::stdout().lock())?,
+            };
+            if json {
+                print(true, &serde_json::json!({"path": path, "size": size}), String::new);
+            }
+            Ok(0)
+        }
+        FilesCmd::Put { id, local, path, mode } => {
+            let mode = match mode {
+                Some(m) => Some(u32::from_str_radix(&m, 8).map_err(|_| anyhow!("--mode {m:?} is not octal"))?),
+                None => None,
+            };
+            let mut conn = engine.connect(&parse_id(&id)?)?;
+            let size = if local.as_os_str() == "-" {
+                conn.write_file(&path, &mut std::io::stdin(), mode, false, false)?
+            } else {
+                let mut f = std::fs::File::open(&local).with_context(|| format!("opening {}", local.display()))?;
+                conn.write_file(&path, &mut f, mode, false, false)?
+            };
+            print(json, &serde_json::json!({"path": path, "size": size}), || format!("{size} bytes -> {path}"));
+            Ok(0)
+        }
+        FilesCmd::Ls { id, path } => {
+            let entries = engine.connect(&parse_id(&id)?)?.list_dir(&path)?;
+            print(json, &entries, || {
+                entries
+                    .iter()
+                    .map(|e| format!("{:>4o} {:>10}  {}{}", e.mode, e.size, e.name, if e.kind == branchbox_protocol::FileKind::Dir { "/" } else { "" }))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            });
+            Ok(0)
+        }
+    }
+}
+
+fn fork(engine: &Engine, id: &SandboxId, n: usize, json: bool) -> Result<i32> {
+    let outcome = engine.fork(id, n)?;
+    let children: Vec<serde_json::Value> = outcome
+        .children
+        .iter()
+        .map(|c| match c {
+            Ok(s) => serde_json::json!({"ok": true, "id": s.sandbox.id, "hook": s.hook}),
+            Err(e) => serde_json::json!({"ok": false, "error": {"code": e.code(), "message": e.to_string()}}),
+        })
+        .collect();
+    let failed = outcome.children.iter().filter(|c| c.is_err()).count();
+    let v = serde_json::json!({"snapshot": outcome.snapshot, "children": children});
+    print(json, &v, || {
+        outcome
+            .children
+            .iter()
+            .map(|c| match c {
+                Ok(s) => s.sandbox.id.to_string(),
+                Err(e) => format!("error: {e}"),
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    });
+    Ok(if failed > 0 { 1 } else { 0 })
+}
+
+fn doctor(cfg: &Config, json: bool) -> Result<i32> {
+    let kvm = host::detect_kvm();
+    let blocker = host::linux_microvm_blocker(&kvm);
+    let (auto, why) = host::auto_backend(&kvm);
+    let gv = branchbox_gvisor::GvisorBackend::new(cfg.runsc.clone(), cfg.data_dir.join("runsc"), cfg.shim.clone());
+    let runsc = gv.check();
+    let v = serde_json::json!({
+        "kvm": kvm,
+        "linux_microvm": {"usable": blocker.is_none(), "why_not": blocker},
+        "gvisor": match &runsc { Ok(v) => serde_json::json!({"usable": true, "version": v}),
+                                 Err(e) => serde_json::json!({"usable": false, "why_not": e.to_string()}) },
+        "auto": {"backend": auto, "why": why},
+        "data_dir": cfg.data_dir,
+        "agent": cfg.agent,
+    });
+    print(json, &v, || {
+        let mut lines = vec![format!("kvm:           {:?} ({})", kvm.kind, kvm.detail)];
+        lines.push(match &blocker {
+            None => "linux microvm: usable".into(),
+            Some(w) => format!("linux microvm: not usable: {w}"),
+        });
+        lines.push(match &runsc {
+            Ok(v) => format!("gvisor:        usable ({v})"),
+            Err(e) => format!("gvisor:        not usable: {e}"),
+        });
+        lines.push(format!("auto backend:  {why}"));
+        lines.push(format!("data dir:      {}", cfg.data_dir.display()));
+        lines.join("\n")
+    });
+    Ok(if runsc.is_ok() || blocker.is_none() { 0 } else { 1 })
+}
+
+fn bench_cmd(engine: &Engine, cmd: BenchCmd, json: bool) -> Result<i32> {
+    let report = match cmd {
+        BenchCmd::Exec { runs } => bench::exec(engine, runs.max(1))?,
+        BenchCmd::Fork { backend: BackendArg::Gvisor | BackendArg::Auto, mib, children, runs } => {
+            bench::fork(engine, mib, children.max(1), runs.max(1))?
+        }
+        BenchCmd::Fork { backend: BackendArg::Microvm, .. } => {
+            bail!("the microvm fork benchmark is not wired in yet")
+        }
+    };
+    if json {
+        print(true, &report, String::new);
+    } else {
+        println!("{}", serde_json::to_string(&report)?);
+        eprintln!("{}", report.summary);
+    }
+    Ok(0)
+}

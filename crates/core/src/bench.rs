@@ -1,0 +1,167 @@
+//! Benchmarks of the engine on real sandboxes (see `docs/benchmarks.md`). Each returns one
+//! [`Report`]; clocks stop only when the work is really done (the agent answered).
+
+use crate::engine::{BackendChoice, Engine};
+use branchbox_model::bench::{Report, Stats};
+use branchbox_model::{BackendKind, Error, Result, SandboxId};
+use branchbox_protocol::{Command, ExecSpec};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// A Python process that touches `mib` MiB and then counts, so forks carry real memory.
+pub fn memory_holder(mib: u64) -> ExecSpec {
+    let code = format!(
+        "import time\nb = bytearray({mib} * 1024 * 1024)\nfor i in range(0, len(b), 4096):\n    b[i] = 1\n\
+         open('/tmp/holder-ready', 'w').write('ok')\nn = 0\nwhile True:\n    n += 1\n    time.sleep(0.05)\n"
+    );
+    ExecSpec::new(Command::Argv(vec!["python3".into(), "-c".into(), code]))
+}
+
+fn host_facts(engine: &Engine) -> serde_json::Value {
+    let kvm = crate::host::detect_kvm();
+    serde_json::json!({
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "kvm": kvm.kind,
+        "runsc": engine.gvisor().check().unwrap_or_else(|e| e.to_string()),
+    })
+}
+
+fn stats(samples: &[Duration]) -> Result<Stats> {
+    Stats::from_durations(samples).ok_or_else(|| Error::InvalidInput("a benchmark needs at least one run".into()))
+}
+
+/// Kills the sandboxes it holds when dropped, so a failed benchmark leaks nothing.
+struct Cleanup<'a> {
+    engine: &'a Engine,
+    ids: Vec<SandboxId>,
+}
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        for id in self.ids.drain(..) {
+            let _ = self.engine.kill(&id);
+        }
+    }
+}
+
+/// Exec round trip: `true` through the agent of a live sandbox, against the agent's ping.
+pub fn exec(engine: &Engine, runs: usize) -> Result<Report> {
+    let sandbox = engine.create(BackendChoice::Exactly(BackendKind::Gvisor), None, &mut |_| {})?;
+    let mut guard = Cleanup { engine, ids: vec![sandbox.id.clone()] };
+    let mut conn = engine.connect(&sandbox.id)?;
+    let spec = ExecSpec::new(Command::Argv(vec!["true".into()]));
+    for _ in 0..5 {
+        conn.ping().map_err(|e| Error::Backend(e.to_string()))?;
+        conn.exec(spec.clone(), None).map_err(|e| Error::Backend(e.to_string()))?;
+    }
+    let (mut ping, mut exec, mut fresh) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let t = Instant::now();
+        conn.ping().map_err(|e| Error::Backend(e.to_string()))?;
+        ping.push(t.elapsed());
+        let t = Instant::now();
+        let out = conn.exec(spec.clone(), None).map_err(|e| Error::Backend(e.to_string()))?;
+        exec.push(t.elapsed());
+        if out.status.code != Some(0) {
+            return Err(Error::Backend(format!("`true` exited with {:?}", out.status)));
+        }
+        let t = Instant::now();
+        let mut c = engine.connect(&sandbox.id)?;
+        c.exec(spec.clone(), None).map_err(|e| Error::Backend(e.to_string()))?;
+        fresh.push(t.elapsed());
+    }
+    guard.ids.clear();
+    engine.kill(&sandbox.id)?;
+    let mut figures = BTreeMap::new();
+    figures.insert("exec_true".to_string(), stats(&exec)?);
+    figures.insert("exec_true_new_connection".to_string(), stats(&fresh)?);
+    figures.insert("ref_ping".to_string(), stats(&ping)?);
+    let ratio = figures["exec_true"].p50 / figures["ref_ping"].p50.max(1e-9);
+    let summary = format!(
+        "gvisor exec `true`: p50 {:.2} ms (ping {:.2} ms, {:.1}x), with a new connection {:.2} ms; {runs} runs",
+        figures["exec_true"].p50, figures["ref_ping"].p50, ratio, figures["exec_true_new_connection"].p50
+    );
+    Ok(Report {
+        bench: "exec".into(),
+        backend: "gvisor".into(),
+        method: "clock starts before the request is written to an open agent connection and stops when the \
+                 exit code arrives; reference: the agent's ping on the same connection"
+            .into(),
+        inputs: serde_json::json!({"runs": runs, "command": ["true"]}),
+        host: host_facts(engine),
+        figures,
+        ratios: BTreeMap::from([("exec_true/ref_ping".to_string(), ratio)]),
+        summary,
+    })
+}
+
+/// Fork of 1 and `wide` children from a sandbox whose Python process holds `mib` MiB.
+pub fn fork(engine: &Engine, mib: u64, wide: usize, runs: usize) -> Result<Report> {
+    let source = engine.create(BackendChoice::Exactly(BackendKind::Gvisor), None, &mut |_| {})?;
+    let mut guard = Cleanup { engine, ids: vec![source.id.clone()] };
+    let mut conn = engine.connect(&source.id)?;
+    conn.spawn(memory_holder(mib)).map_err(|e| Error::Backend(e.to_string()))?;
+    let ready = Instant::now();
+    while conn.stat("/tmp/holder-ready").is_err() {
+        if ready.elapsed() > Duration::from_secs(60) {
+            return Err(Error::Backend("the Python memory holder did not start".into()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut figures = BTreeMap::new();
+    let mut snapshot_bytes = 0;
+    for n in [1, wide] {
+        let mut samples = Vec::new();
+        for _ in 0..runs {
+            let t = Instant::now();
+            let outcome = engine.fork(&source.id, n)?;
+            let mut ok = 0;
+            for child in &outcome.children {
+                if let Ok(c) = child {
+                    guard.ids.push(c.sandbox.id.clone());
+                    engine.connect(&c.sandbox.id)?.ping().map_err(|e| Error::Backend(e.to_string()))?;
+                    ok += 1;
+                }
+            }
+            samples.push(t.elapsed());
+            snapshot_bytes = outcome.snapshot.size_bytes;
+            if ok != n {
+                return Err(Error::Backend(format!("only {ok} of {n} children started")));
+            }
+            for id in guard.ids.split_off(1) {
+                engine.kill(&id)?;
+            }
+            engine.delete_snapshot(outcome.snapshot.id.as_str())?;
+        }
+        figures.insert(format!("fork_{n}"), stats(&samples)?);
+    }
+    let mut snap_samples = Vec::new();
+    for _ in 0..runs {
+        let t = Instant::now();
+        let snap = engine.snapshot(&source.id, None, branchbox_model::SnapshotKind::Snapshot)?;
+        snap_samples.push(t.elapsed());
+        engine.delete_snapshot(snap.id.as_str())?;
+    }
+    figures.insert("ref_snapshot_in_place".to_string(), stats(&snap_samples)?);
+    drop(guard);
+    let (f1, fw) = (figures["fork_1"].p50, figures[&format!("fork_{wide}")].p50);
+    let summary = format!(
+        "gvisor fork with a {mib} MiB Python process: 1 child {f1:.0} ms, {wide} children {fw:.0} ms \
+         (snapshot in place {:.0} ms; image {:.1} MiB); p50 of {runs} runs",
+        figures["ref_snapshot_in_place"].p50,
+        snapshot_bytes as f64 / 1048576.0
+    );
+    Ok(Report {
+        bench: "fork".into(),
+        backend: "gvisor".into(),
+        method: "clock starts at the fork call and stops when every child's agent has answered a ping over a \
+                 new connection; reference: an in-place snapshot of the same source (checkpoint + restore of \
+                 the source)"
+            .into(),
+        inputs: serde_json::json!({"touched_mib": mib, "children": [1, wide], "runs": runs}),
+        host: host_facts(engine),
+        ratios: BTreeMap::from([(format!("fork_{wide}/fork_1"), fw / f1.max(1e-9))]),
+        figures,
+        summary,
+    })
+}

@@ -1,0 +1,384 @@
+//! The engine: sandboxes, snapshots and forks, composed from a backend, the image cache and
+//! the metadata store. The CLI and the service are thin layers over this type.
+
+use crate::config::Config;
+use crate::host;
+use branchbox_gvisor::GvisorBackend;
+use branchbox_image::{ensure_image, Image, Recipe};
+use branchbox_model::{
+    now_ms, AgentConn, Backend, BackendKind, Error, Limits, Result, Sandbox, SandboxId, SandboxPlan, SandboxState,
+    Snapshot, SnapshotId, SnapshotKind,
+};
+use branchbox_protocol::HookReport;
+use branchbox_store::Store;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+
+/// Which backend a new sandbox should use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendChoice {
+    /// microvm where Linux guests can run, gvisor elsewhere.
+    #[default]
+    Auto,
+    /// This one.
+    Exactly(BackendKind),
+}
+
+/// A sandbox with its liveness as observed now.
+#[derive(Debug, Clone, Serialize)]
+pub struct SandboxView {
+    /// The record.
+    #[serde(flatten)]
+    pub sandbox: Sandbox,
+    /// True when its runtime answers.
+    pub alive: bool,
+}
+
+/// A started child of a fork or restore.
+#[derive(Debug, Clone, Serialize)]
+pub struct Started {
+    /// The new sandbox.
+    pub sandbox: Sandbox,
+    /// What the after-fork hook did inside it.
+    pub hook: HookReport,
+}
+
+/// The outcome of `fork`.
+#[derive(Debug)]
+pub struct ForkOutcome {
+    /// The fork point the children start from.
+    pub snapshot: Snapshot,
+    /// One result per child, in order.
+    pub children: Vec<Result<Started>>,
+}
+
+/// The branchbox engine over one data directory.
+pub struct Engine {
+    cfg: Config,
+    store: Store,
+    gvisor: GvisorBackend,
+}
+
+fn check_writable(dir: &Path) -> Result<()> {
+    let fail = |e: std::io::Error| {
+        Error::Unavailable(format!(
+            "the data directory {} is not writable ({e}); choose another with --data-dir or BRANCHBOX_DATA",
+            dir.display()
+        ))
+    };
+    std::fs::create_dir_all(dir).map_err(fail)?;
+    let probe = dir.join(format!(".probe-{}", std::process::id()));
+    std::fs::write(&probe, b"ok").map_err(fail)?;
+    std::fs::remove_file(&probe).map_err(fail)
+}
+
+impl Engine {
+    /// Opens the data directory (creating it), failing clearly when it is not writable.
+    pub fn open(cfg: Config) -> Result<Engine> {
+        check_writable(&cfg.data_dir)?;
+        for sub in ["sandboxes", "snapshots", "runsc"] {
+            let d = cfg.data_dir.join(sub);
+            std::fs::create_dir_all(&d).map_err(|e| Error::io(&d, e))?;
+        }
+        let store = Store::open(&cfg.data_dir.join("meta.db"))?;
+        let gvisor = GvisorBackend::new(cfg.runsc.clone(), cfg.data_dir.join("runsc"), cfg.shim.clone());
+        Ok(Engine { cfg, store, gvisor })
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The gvisor backend (for `doctor`).
+    pub fn gvisor(&self) -> &GvisorBackend {
+        &self.gvisor
+    }
+
+    fn backend(&self, kind: BackendKind) -> Result<&dyn Backend> {
+        match kind {
+            BackendKind::Gvisor => Ok(&self.gvisor),
+            BackendKind::Microvm => {
+                let why = host::linux_microvm_blocker(&host::detect_kvm()).unwrap_or_default();
+                Err(Error::Unavailable(format!(
+                    "the microvm backend cannot run Linux sandboxes on this host: {why}; use --backend gvisor \
+                     (`branchbox doctor` explains)"
+                )))
+            }
+        }
+    }
+
+    fn resolve(&self, choice: BackendChoice) -> BackendKind {
+        match choice {
+            BackendChoice::Exactly(k) => k,
+            BackendChoice::Auto => host::auto_backend(&host::detect_kvm()).0,
+        }
+    }
+
+    fn sandbox_dir(&self, id: &SandboxId) -> PathBuf {
+        self.cfg.data_dir.join("sandboxes").join(id.as_str())
+    }
+
+    fn snapshot_dir(&self, id: &SnapshotId) -> PathBuf {
+        self.cfg.data_dir.join("snapshots").join(id.as_str())
+    }
+
+    fn image_rootfs(&self, image: &str) -> Result<PathBuf> {
+        let rootfs = self.cfg.images_dir.join(image).join("rootfs");
+        if !rootfs.is_dir() {
+            return Err(Error::not_found("image", image, "it was removed from the image cache; rebuild with `branchbox image build`"));
+        }
+        Ok(rootfs)
+    }
+
+    /// Builds (or finds in the cache) the default image with the current agent.
+    pub fn build_image(&self, progress: &mut dyn FnMut(&str)) -> Result<Image> {
+        ensure_image(&self.cfg.images_dir, &Recipe::default(), &self.cfg.agent, &self.cfg.mirror, progress)
+    }
+
+    fn plan(&self, id: SandboxId, rootfs: PathBuf, limits: Limits) -> SandboxPlan {
+        let hostname = format!("bb-{}", &id.as_str()[4..12]);
+        SandboxPlan { dir: self.sandbox_dir(&id), id, rootfs, limits, hostname }
+    }
+
+    /// Creates and starts a sandbox from the default image (built first when missing).
+    pub fn create(
+        &self,
+        choice: BackendChoice,
+        limits: Option<Limits>,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Sandbox> {
+        let limits = limits.unwrap_or(self.cfg.limits);
+        limits.validate()?;
+        let kind = self.resolve(choice);
+        let backend = self.backend(kind)?;
+        let image = self.build_image(progress)?;
+        let plan = self.plan(SandboxId::generate(), image.rootfs.clone(), limits);
+        if let Err(e) = backend.create(&plan) {
+            let _ = backend.destroy(&plan.id, &plan.dir);
+            return Err(e);
+        }
+        let sandbox = Sandbox {
+            id: plan.id,
+            backend: kind,
+            image: image.id,
+            state: SandboxState::Running,
+            created_ms: now_ms(),
+            parent_snapshot: None,
+            limits,
+        };
+        self.store.insert_sandbox(&sandbox)?;
+        Ok(sandbox)
+    }
+
+    /// One sandbox's record.
+    pub fn sandbox(&self, id: &SandboxId) -> Result<Sandbox> {
+        self.store.sandbox(id)
+    }
+
+    /// Every sandbox with its liveness.
+    pub fn list(&self) -> Result<Vec<SandboxView>> {
+        let all = self.store.sandboxes()?;
+        Ok(all
+            .into_iter()
+            .map(|s| {
+                let alive = self.backend(s.backend).map(|b| b.is_alive(&self.sandbox_dir(&s.id))).unwrap_or(false);
+                let mut sandbox = s;
+                if !alive {
+                    sandbox.state = SandboxState::Lost;
+                }
+                SandboxView { sandbox, alive }
+            })
+            .collect())
+    }
+
+    fn running(&self, id: &SandboxId) -> Result<(Sandbox, &dyn Backend)> {
+        let s = self.store.sandbox(id)?;
+        let backend = self.backend(s.backend)?;
+        match s.state {
+            SandboxState::Paused => {
+                Err(Error::Conflict(format!("sandbox {id} is paused; `branchbox resume {id}` first")))
+            }
+            _ if !backend.is_alive(&self.sandbox_dir(id)) => Err(Error::Conflict(format!(
+                "sandbox {id} is not running any more (its runtime is gone); `branchbox kill {id}` removes it"
+            ))),
+            _ => Ok((s, backend)),
+        }
+    }
+
+    /// A connection to a running sandbox's agent.
+    pub fn connect(&self, id: &SandboxId) -> Result<AgentConn> {
+        let (_, backend) = self.running(id)?;
+        backend.connect(&self.sandbox_dir(id))
+    }
+
+    /// Pauses a running sandbox.
+    pub fn pause(&self, id: &SandboxId) -> Result<()> {
+        let (_, backend) = self.running(id)?;
+        backend.pause(&self.sandbox_dir(id))?;
+        self.store.set_state(id, SandboxState::Paused)
+    }
+
+    /// Resumes a paused sandbox.
+    pub fn resume(&self, id: &SandboxId) -> Result<()> {
+        let s = self.store.sandbox(id)?;
+        if s.state != SandboxState::Paused {
+            return Err(Error::Conflict(format!("sandbox {id} is not paused")));
+        }
+        self.backend(s.backend)?.resume(&self.sandbox_dir(id))?;
+        self.store.set_state(id, SandboxState::Running)
+    }
+
+    fn check_name(&self, name: Option<&str>) -> Result<()> {
+        if let Some(n) = name {
+            let ok = !n.is_empty()
+                && n.len() <= 128
+                && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+                && SnapshotId::parse(n).is_err();
+            if !ok {
+                return Err(Error::InvalidInput(format!(
+                    "invalid snapshot name {n:?}: use 1-128 letters, digits, '-', '_' or '.'"
+                )));
+            }
+            if self.store.snapshot_name_taken(n)? {
+                return Err(Error::Conflict(format!("a snapshot named {n:?} exists already; choose another name")));
+            }
+        }
+        Ok(())
+    }
+
+    fn snapshot_record(&self, id: SnapshotId, s: &Sandbox, kind: SnapshotKind, name: Option<&str>, size: u64) -> Snapshot {
+        Snapshot {
+            id,
+            parent: s.parent_snapshot.clone(),
+            source: Some(s.id.clone()),
+            backend: s.backend,
+            image: s.image.clone(),
+            kind,
+            name: name.map(str::to_string),
+            created_ms: now_ms(),
+            size_bytes: size,
+            limits: s.limits,
+        }
+    }
+
+    /// Captures a running sandbox's full state; the sandbox keeps running. The snapshot is
+    /// recorded only once its files are complete.
+    pub fn snapshot(&self, id: &SandboxId, name: Option<&str>, kind: SnapshotKind) -> Result<Snapshot> {
+        self.check_name(name)?;
+        let (s, backend) = self.running(id)?;
+        let snap_id = SnapshotId::generate();
+        let dir = self.snapshot_dir(&snap_id);
+        let size = match backend.snapshot(&self.sandbox_dir(id), &dir) {
+            Ok(size) => size,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        let snap = self.snapshot_record(snap_id, &s, kind, name, size);
+        self.store.insert_snapshot(&snap)?;
+        Ok(snap)
+    }
+
+    /// Every snapshot.
+    pub fn snapshots(&self) -> Result<Vec<Snapshot>> {
+        self.store.snapshots()
+    }
+
+    /// A snapshot by id or name.
+    pub fn find_snapshot(&self, id_or_name: &str) -> Result<Snapshot> {
+        self.store.snapshot(id_or_name)
+    }
+
+    /// Starts a new sandbox from a snapshot.
+    pub fn restore(&self, id_or_name: &str) -> Result<Started> {
+        let snap = self.store.snapshot(id_or_name)?;
+        let backend = self.backend(snap.backend)?;
+        let rootfs = self.image_rootfs(&snap.image)?;
+        let plan = self.plan(SandboxId::generate(), rootfs, snap.limits);
+        let hook = match backend.restore(&self.snapshot_dir(&snap.id), &plan) {
+            Ok(h) => h,
+            Err(e) => {
+                let _ = backend.destroy(&plan.id, &plan.dir);
+                return Err(e);
+            }
+        };
+        let sandbox = self.child_record(plan.id, &snap);
+        self.store.insert_sandbox(&sandbox)?;
+        Ok(Started { sandbox, hook })
+    }
+
+    fn child_record(&self, id: SandboxId, snap: &Snapshot) -> Sandbox {
+        Sandbox {
+            id,
+            backend: snap.backend,
+            image: snap.image.clone(),
+            state: SandboxState::Running,
+            created_ms: now_ms(),
+            parent_snapshot: Some(snap.id.clone()),
+            limits: snap.limits,
+        }
+    }
+
+    /// Forks `n` children from a running sandbox's current state; the source keeps running.
+    pub fn fork(&self, id: &SandboxId, n: usize) -> Result<ForkOutcome> {
+        if n == 0 || n > self.cfg.max_fork {
+            return Err(Error::InvalidInput(format!(
+                "fork count {n} is out of range: ask for 1 to {} children (BRANCHBOX_MAX_FORK raises the limit)",
+                self.cfg.max_fork
+            )));
+        }
+        let (s, backend) = self.running(id)?;
+        let rootfs = self.image_rootfs(&s.image)?;
+        let plans: Vec<SandboxPlan> =
+            (0..n).map(|_| self.plan(SandboxId::generate(), rootfs.clone(), s.limits)).collect();
+        let snap_id = SnapshotId::generate();
+        let dir = self.snapshot_dir(&snap_id);
+        let (size, results) = match backend.fork(&self.sandbox_dir(id), &dir, &plans) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        let snapshot = self.snapshot_record(snap_id, &s, SnapshotKind::ForkPoint, None, size);
+        self.store.insert_snapshot(&snapshot)?;
+        let children = plans
+            .into_iter()
+            .zip(results)
+            .map(|(plan, r)| match r {
+                Ok(hook) => {
+                    let sandbox = self.child_record(plan.id, &snapshot);
+                    self.store.insert_sandbox(&sandbox)?;
+                    Ok(Started { sandbox, hook })
+                }
+                Err(e) => {
+                    let _ = backend.destroy(&plan.id, &plan.dir);
+                    Err(e)
+                }
+            })
+            .collect();
+        Ok(ForkOutcome { snapshot, children })
+    }
+
+    /// Stops a sandbox and removes everything it had.
+    pub fn kill(&self, id: &SandboxId) -> Result<()> {
+        let s = self.store.sandbox(id)?;
+        if let Ok(backend) = self.backend(s.backend) {
+            backend.destroy(id, &self.sandbox_dir(id))?;
+        }
+        self.store.delete_sandbox(id)
+    }
+
+    /// Deletes a snapshot's record and files.
+    pub fn delete_snapshot(&self, id_or_name: &str) -> Result<()> {
+        let snap = self.store.snapshot(id_or_name)?;
+        self.store.delete_snapshot(&snap.id)?;
+        let dir = self.snapshot_dir(&snap.id);
+        match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(&dir, e)),
+            _ => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,73 @@
+//! What this host can run: which KVM it has, whether Linux microVMs can boot, whether runsc
+//! works, and which backend `auto` picks.
+
+use branchbox_model::BackendKind;
+use serde::Serialize;
+use std::path::Path;
+
+/// The kind of KVM behind `/dev/kvm`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvmKind {
+    /// Hardware virtualization (VMX or SVM).
+    Hardware,
+    /// PVM: software nested virtualization; guest kernels need PVM support.
+    Pvm,
+    /// No usable `/dev/kvm`.
+    None,
+}
+
+/// Facts about the host's virtualization.
+#[derive(Debug, Clone, Serialize)]
+pub struct KvmFacts {
+    /// Which KVM.
+    pub kind: KvmKind,
+    /// How that was decided.
+    pub detail: String,
+}
+
+/// Reads `/dev/kvm`, `/sys/module` and `/proc/cpuinfo`.
+pub fn detect_kvm() -> KvmFacts {
+    let dev = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm");
+    if let Err(e) = dev {
+        return KvmFacts { kind: KvmKind::None, detail: format!("/dev/kvm cannot be opened: {e}") };
+    }
+    let module = |m: &str| Path::new("/sys/module").join(m).exists();
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let hw_flag = cpuinfo.lines().filter(|l| l.starts_with("flags")).any(|l| {
+        l.split_whitespace().any(|f| f == "vmx" || f == "svm")
+    });
+    if module("kvm_pvm") && !(module("kvm_intel") || module("kvm_amd")) {
+        return KvmFacts {
+            kind: KvmKind::Pvm,
+            detail: "/dev/kvm is served by kvm_pvm (software nested virtualization, no VMX/SVM)".into(),
+        };
+    }
+    if hw_flag || module("kvm_intel") || module("kvm_amd") {
+        return KvmFacts { kind: KvmKind::Hardware, detail: "/dev/kvm with hardware virtualization (VMX/SVM)".into() };
+    }
+    KvmFacts { kind: KvmKind::None, detail: "/dev/kvm opens but no KVM module was identified".into() }
+}
+
+/// Why Linux microVMs cannot run here, or `None` when they can.
+pub fn linux_microvm_blocker(kvm: &KvmFacts) -> Option<String> {
+    match kvm.kind {
+        KvmKind::None => Some(format!("no usable KVM: {}", kvm.detail)),
+        KvmKind::Pvm => Some(
+            "PVM emulates guest kernel code ~1000x slower and cannot boot an unmodified Linux kernel; \
+             a PVM-enabled guest kernel is needed"
+                .into(),
+        ),
+        KvmKind::Hardware => Some(
+            "the microvm backend boots only the synthetic test guest so far; Linux guest boot is not built yet".into(),
+        ),
+    }
+}
+
+/// The backend `auto` resolves to, and why.
+pub fn auto_backend(kvm: &KvmFacts) -> (BackendKind, String) {
+    match linux_microvm_blocker(kvm) {
+        None => (BackendKind::Microvm, "Linux microVMs can run here".into()),
+        Some(why) => (BackendKind::Gvisor, format!("gvisor, because microvm cannot run Linux here: {why}")),
+    }
+}
