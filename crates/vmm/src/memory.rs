@@ -20,9 +20,6 @@ use std::path::Path;
 /// Host page size assumed for accounting and sparse writes.
 pub const PAGE_SIZE: usize = 4096;
 
-/// `MADV_POPULATE_READ` (Linux 5.14): faults pages in for reading without breaking sharing.
-const MADV_POPULATE_READ: libc::c_int = 22;
-
 /// One contiguous range of guest RAM starting at guest-physical address 0.
 pub struct GuestRam {
     addr: *mut u8,
@@ -79,16 +76,6 @@ impl GuestRam {
         };
         if addr == libc::MAP_FAILED {
             return Err(mem("mmap memory layer MAP_PRIVATE")(std::io::Error::last_os_error()));
-        }
-        Ok(())
-    }
-
-    /// Faults every page in for reading: shared page-cache pages, no private copies.
-    pub fn populate_read(&self) -> Result<()> {
-        // SAFETY: advice over the owned range only.
-        let rc = unsafe { libc::madvise(self.addr.cast(), self.size, MADV_POPULATE_READ) };
-        if rc != 0 {
-            return Err(mem("madvise(MADV_POPULATE_READ)")(std::io::Error::last_os_error()));
         }
         Ok(())
     }

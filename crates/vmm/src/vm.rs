@@ -122,8 +122,15 @@ impl Vm {
         self.vcpus.get_mut(index).ok_or_else(|| Error::Config(format!("the VM has no vCPU {index}")))
     }
 
+    /// Guest accesses to MMIO or port addresses that no device claims.
+    pub fn unclaimed_accesses(&self) -> u64 {
+        self.mmio.unclaimed() + self.pio.unclaimed()
+    }
+
     /// Saved state of the doorbell (times rung, last value).
     pub fn doorbell(&mut self) -> Result<crate::devices::doorbell::DoorbellState> {
+        // A device's state is only reachable through its `save`; the doorbell writes no file,
+        // so the context's directory is never used.
         let mut ctx = SaveContext::new(Path::new("."));
         match self.mmio.device_at(DOORBELL_BASE) {
             Some(dev) => match dev.save(&mut ctx)? {

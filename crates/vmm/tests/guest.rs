@@ -22,6 +22,7 @@ fn test_guest_answers_ping_fill_check_and_count() {
     let a = testguest::call(&mut vm, count).unwrap();
     assert_eq!((a.status, a.a, a.b), (0, testguest::lcg(42, 100_000), 100_000));
     assert_eq!(vm.doorbell().unwrap().rings, 5);
+    assert_eq!(vm.unclaimed_accesses(), 0);
 }
 
 #[test]

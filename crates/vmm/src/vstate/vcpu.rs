@@ -231,6 +231,13 @@ impl Snapshottable for Vcpu {
         if s.lapic.is_some() != self.irqchip {
             return Err(Error::Config("snapshot and VM disagree on the in-kernel irqchip".into()));
         }
+        if self.hv.xsave_bytes() > std::mem::size_of::<kvm_xsave>() {
+            return Err(Error::Config(format!(
+                "this host's XSAVE area is {} bytes; restoring into areas over 4 KiB (AMX) is \
+                 not supported yet",
+                self.hv.xsave_bytes()
+            )));
+        }
         let mut xsave = kvm_xsave::default();
         if s.xsave.len() != xsave.region.len() {
             return Err(Error::Config(format!(
@@ -249,7 +256,7 @@ impl Snapshottable for Vcpu {
         fd.set_regs(&s.regs).map_err(kvm("KVM_SET_REGS"))?;
         fd.set_sregs(&s.sregs).map_err(kvm("KVM_SET_SREGS"))?;
         // SAFETY: `xsave` is the legacy 4 KiB buffer and the host's area is not larger
-        // (checked at save time on the same kind of host); KVM copies exactly that much.
+        // (checked above), so KVM reads no more than the buffer holds.
         unsafe { fd.set_xsave(&xsave) }.map_err(kvm("KVM_SET_XSAVE"))?;
         fd.set_xcrs(&s.xcrs).map_err(kvm("KVM_SET_XCRS"))?;
         fd.set_debug_regs(&s.debugregs).map_err(kvm("KVM_SET_DEBUGREGS"))?;
