@@ -1,13 +1,12 @@
 //! The benchmarks run end to end at a tiny size and report every figure with its reference.
 //! Timings are not asserted: only that the report is complete.
 
-mod common;
-
-use branchbox_vmm::{bench_density, bench_fork, DensityBenchOptions, ForkBenchOptions};
+use branchbox_vmm::{bench_density, bench_fork, DensityBenchOptions, ForkBenchOptions, Hypervisor};
 
 #[test]
 fn fork_and_density_benchmarks_report_figures_and_references() {
-    if common::kvm_or_skip().is_none() {
+    if let Err(e) = Hypervisor::open() {
+        println!("skipped: {e}");
         return;
     }
     let opts = ForkBenchOptions { mem_mib: 8, counts: vec![1, 3], rounds: 1, single_runs: 2, workers: 2 };
