@@ -40,7 +40,7 @@ fn add_entropy(bytes: &[u8]) -> StepOutcome {
     info.extend_from_slice(&((bytes.len() * 8) as i32).to_ne_bytes());
     info.extend_from_slice(&(bytes.len() as i32).to_ne_bytes());
     info.extend_from_slice(bytes);
-    while info.len() % 4 != 0 {
+    while !info.len().is_multiple_of(4) {
         info.push(0);
     }
     // SAFETY: info is laid out as rand_pool_info and outlives the call.

@@ -169,10 +169,10 @@ impl Agent {
             }
             Request::Wait { pid, timeout_ms } => {
                 self.procs.wait(pid, timeout_ms.map(Duration::from_millis)).map(|done| match done {
-                    Some((status, stdout, stderr)) => {
-                        self.send_chunks(id, &Response::Stdout, &stdout);
-                        self.send_chunks(id, &Response::Stderr, &stderr);
-                        Response::Exited(status)
+                    Some(done) => {
+                        self.send_chunks(id, &Response::Stdout, &done.stdout);
+                        self.send_chunks(id, &Response::Stderr, &done.stderr);
+                        Response::Exited(done.status)
                     }
                     None => Response::StillRunning,
                 })

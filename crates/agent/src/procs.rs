@@ -21,6 +21,16 @@ struct Entry {
     exit: Option<ExitStatus>,
 }
 
+/// A finished process: its status and output tails.
+pub struct Finished {
+    /// How it ended.
+    pub status: ExitStatus,
+    /// Last bytes of its standard output.
+    pub stdout: Vec<u8>,
+    /// Last bytes of its standard error.
+    pub stderr: Vec<u8>,
+}
+
 /// The table of background processes.
 #[derive(Default)]
 pub struct Procs {
@@ -105,11 +115,7 @@ impl Procs {
 
     /// Waits for a process to exit; `Ok(None)` when `timeout` passed first. On exit, returns
     /// the status and the output tails, and forgets the process.
-    pub fn wait(
-        &self,
-        pid: i32,
-        timeout: Option<Duration>,
-    ) -> Result<Option<(ExitStatus, Vec<u8>, Vec<u8>)>, Failure> {
+    pub fn wait(&self, pid: i32, timeout: Option<Duration>) -> Result<Option<Finished>, Failure> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut t = self.lock();
         loop {
@@ -118,7 +124,7 @@ impl Procs {
                 Some(e) if e.exit.is_some() => {
                     let e = t.remove(&pid).ok_or_else(|| not_found(pid))?;
                     let status = e.exit.ok_or_else(|| not_found(pid))?;
-                    return Ok(Some((status, e.stdout.into(), e.stderr.into())));
+                    return Ok(Some(Finished { status, stdout: e.stdout.into(), stderr: e.stderr.into() }));
                 }
                 Some(_) => {}
             }

@@ -97,7 +97,11 @@ pub fn run(cli: Cli) -> Result<i32> {
                             v.sandbox.id,
                             v.sandbox.backend.as_str(),
                             v.sandbox.state.as_str(),
-                            v.sandbox.parent_snapshot.as_ref().map(|p| format!("from {p}")).unwrap_or_default()
+                            v.sandbox
+                                .parent_snapshot
+                                .as_ref()
+                                .map(|p| format!("from {p}"))
+                                .unwrap_or_default()
                         )
                     })
                     .collect::<Vec<_>>()
@@ -237,7 +241,10 @@ fn exec_in(engine: &Engine, id: &SandboxId, a: &ExecArgs, json: bool) -> Result<
 
 fn run_once(engine: &Engine, c: &CreateArgs, a: &ExecArgs, json: bool) -> Result<i32> {
     let s = engine.create(choice(c.backend), limits(engine, c)?, &mut progress_fn())?;
-    let result = engine.connect(&s.id).map_err(anyhow::Error::from).and_then(|mut conn| run_command(&mut conn, a, json));
+    let result = engine
+        .connect(&s.id)
+        .map_err(anyhow::Error::from)
+        .and_then(|mut conn| run_command(&mut conn, a, json));
     engine.kill(&s.id).context("destroying the sandbox")?;
     result
 }
@@ -265,7 +272,8 @@ fn files(engine: &Engine, cmd: FilesCmd, json: bool) -> Result<i32> {
                 Some(l) => {
                     // Write next to the target and rename, so a failed copy leaves no partial file.
                     let tmp = l.with_extension("branchbox-part");
-                    let mut f = std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+                    let mut f =
+                        std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
                     let r = conn.read_file(&path, &mut f);
                     match r {
                         Ok(n) => {
@@ -287,17 +295,22 @@ fn files(engine: &Engine, cmd: FilesCmd, json: bool) -> Result<i32> {
         }
         FilesCmd::Put { id, local, path, mode } => {
             let mode = match mode {
-                Some(m) => Some(u32::from_str_radix(&m, 8).map_err(|_| anyhow!("--mode {m:?} is not octal"))?),
+                Some(m) => {
+                    Some(u32::from_str_radix(&m, 8).map_err(|_| anyhow!("--mode {m:?} is not octal"))?)
+                }
                 None => None,
             };
             let mut conn = engine.connect(&parse_id(&id)?)?;
             let size = if local.as_os_str() == "-" {
                 conn.write_file(&path, &mut std::io::stdin(), mode, false, false)?
             } else {
-                let mut f = std::fs::File::open(&local).with_context(|| format!("opening {}", local.display()))?;
+                let mut f =
+                    std::fs::File::open(&local).with_context(|| format!("opening {}", local.display()))?;
                 conn.write_file(&path, &mut f, mode, false, false)?
             };
-            print(json, &serde_json::json!({"path": path, "size": size}), || format!("{size} bytes -> {path}"));
+            print(json, &serde_json::json!({"path": path, "size": size}), || {
+                format!("{size} bytes -> {path}")
+            });
             Ok(0)
         }
         FilesCmd::Ls { id, path } => {
@@ -305,7 +318,15 @@ fn files(engine: &Engine, cmd: FilesCmd, json: bool) -> Result<i32> {
             print(json, &entries, || {
                 entries
                     .iter()
-                    .map(|e| format!("{:>4o} {:>10}  {}{}", e.mode, e.size, e.name, if e.kind == branchbox_protocol::FileKind::Dir { "/" } else { "" }))
+                    .map(|e| {
+                        format!(
+                            "{:>4o} {:>10}  {}{}",
+                            e.mode,
+                            e.size,
+                            e.name,
+                            if e.kind == branchbox_protocol::FileKind::Dir { "/" } else { "" }
+                        )
+                    })
                     .collect::<Vec<_>>()
                     .join("\n")
             });
@@ -344,7 +365,8 @@ fn doctor(cfg: &Config, json: bool) -> Result<i32> {
     let kvm = host::detect_kvm();
     let blocker = host::linux_microvm_blocker(&kvm);
     let (auto, why) = host::auto_backend(&kvm);
-    let gv = branchbox_gvisor::GvisorBackend::new(cfg.runsc.clone(), cfg.data_dir.join("runsc"), cfg.shim.clone());
+    let gv =
+        branchbox_gvisor::GvisorBackend::new(cfg.runsc.clone(), cfg.data_dir.join("runsc"), cfg.shim.clone());
     let runsc = gv.check();
     let v = serde_json::json!({
         "kvm": kvm,
@@ -375,11 +397,32 @@ fn doctor(cfg: &Config, json: bool) -> Result<i32> {
 fn bench_cmd(engine: &Engine, cmd: BenchCmd, json: bool) -> Result<i32> {
     let report = match cmd {
         BenchCmd::Exec { runs } => bench::exec(engine, runs.max(1))?,
-        BenchCmd::Fork { backend: BackendArg::Gvisor | BackendArg::Auto, mib, children, runs } => {
-            bench::fork(engine, mib, children.max(1), runs.max(1))?
+        BenchCmd::Fork { backend: BackendArg::Gvisor | BackendArg::Auto, mib, children, runs, short } => {
+            let (mib, wide, runs) =
+                if short { (16, 3, 1) } else { (mib.unwrap_or(50), children.unwrap_or(10), runs) };
+            bench::fork(engine, mib, wide.max(1), runs.max(1))?
         }
-        BenchCmd::Fork { backend: BackendArg::Microvm, .. } => {
-            bail!("the microvm fork benchmark is not wired in yet")
+        BenchCmd::Fork { backend: BackendArg::Microvm, mib, children, runs, short } => {
+            let mut o = if short { branchbox_vmm::ForkBenchOptions::short() } else { Default::default() };
+            if let Some(m) = mib {
+                o.mem_mib = m;
+            }
+            if let Some(n) = children {
+                o.counts = [1, 10, n].into_iter().filter(|c| *c <= n).collect();
+                o.counts.dedup();
+            }
+            if !short {
+                o.rounds = runs.max(1);
+            }
+            branchbox_vmm::bench_fork(&o)?
+        }
+        BenchCmd::Density { mib, children, short } => {
+            let o = if short {
+                branchbox_vmm::DensityBenchOptions::short()
+            } else {
+                branchbox_vmm::DensityBenchOptions { mem_mib: mib, children }
+            };
+            branchbox_vmm::bench_density(&o)?
         }
     };
     if json {

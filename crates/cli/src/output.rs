@@ -40,7 +40,10 @@ impl Progress {
     pub fn new() -> Progress {
         let bar = std::io::stderr().is_terminal().then(|| {
             let b = ProgressBar::new_spinner();
-            b.set_style(ProgressStyle::with_template("{spinner} {elapsed} {msg}").unwrap_or(ProgressStyle::default_spinner()));
+            b.set_style(
+                ProgressStyle::with_template("{spinner} {elapsed} {msg}")
+                    .unwrap_or(ProgressStyle::default_spinner()),
+            );
             b.enable_steady_tick(Duration::from_millis(120));
             b
         });

@@ -27,7 +27,8 @@ fn host_facts(engine: &Engine) -> serde_json::Value {
 }
 
 fn stats(samples: &[Duration]) -> Result<Stats> {
-    Stats::from_durations(samples).ok_or_else(|| Error::InvalidInput("a benchmark needs at least one run".into()))
+    Stats::from_durations(samples)
+        .ok_or_else(|| Error::InvalidInput("a benchmark needs at least one run".into()))
 }
 
 /// Kills the sandboxes it holds when dropped, so a failed benchmark leaks nothing.
@@ -116,12 +117,10 @@ pub fn fork(engine: &Engine, mib: u64, wide: usize, runs: usize) -> Result<Repor
             let t = Instant::now();
             let outcome = engine.fork(&source.id, n)?;
             let mut ok = 0;
-            for child in &outcome.children {
-                if let Ok(c) = child {
-                    guard.ids.push(c.sandbox.id.clone());
-                    engine.connect(&c.sandbox.id)?.ping().map_err(|e| Error::Backend(e.to_string()))?;
-                    ok += 1;
-                }
+            for c in outcome.children.iter().flatten() {
+                guard.ids.push(c.sandbox.id.clone());
+                engine.connect(&c.sandbox.id)?.ping().map_err(|e| Error::Backend(e.to_string()))?;
+                ok += 1;
             }
             samples.push(t.elapsed());
             snapshot_bytes = outcome.snapshot.size_bytes;
@@ -154,10 +153,11 @@ pub fn fork(engine: &Engine, mib: u64, wide: usize, runs: usize) -> Result<Repor
     Ok(Report {
         bench: "fork".into(),
         backend: "gvisor".into(),
-        method: "clock starts at the fork call and stops when every child's agent has answered a ping over a \
+        method:
+            "clock starts at the fork call and stops when every child's agent has answered a ping over a \
                  new connection; reference: an in-place snapshot of the same source (checkpoint + restore of \
                  the source)"
-            .into(),
+                .into(),
         inputs: serde_json::json!({"touched_mib": mib, "children": [1, wide], "runs": runs}),
         host: host_facts(engine),
         ratios: BTreeMap::from([(format!("fork_{wide}/fork_1"), fw / f1.max(1e-9))]),

@@ -58,8 +58,10 @@ impl Config {
     /// Configuration from `BRANCHBOX_*` variables, with `data_dir` overriding
     /// `BRANCHBOX_DATA` when given.
     pub fn from_env(data_dir: Option<&Path>) -> Config {
-        let data_dir =
-            data_dir.map(Path::to_path_buf).or_else(|| env_path("BRANCHBOX_DATA")).unwrap_or_else(default_data_dir);
+        let data_dir = data_dir
+            .map(Path::to_path_buf)
+            .or_else(|| env_path("BRANCHBOX_DATA"))
+            .unwrap_or_else(default_data_dir);
         Config {
             images_dir: env_path("BRANCHBOX_IMAGES").unwrap_or_else(|| data_dir.join("images")),
             runsc: env_path("BRANCHBOX_RUNSC").unwrap_or_else(|| PathBuf::from("runsc")),

@@ -6,8 +6,8 @@ use crate::host;
 use branchbox_gvisor::GvisorBackend;
 use branchbox_image::{ensure_image, Image, Recipe};
 use branchbox_model::{
-    now_ms, AgentConn, Backend, BackendKind, Error, Limits, Result, Sandbox, SandboxId, SandboxPlan, SandboxState,
-    Snapshot, SnapshotId, SnapshotKind,
+    now_ms, AgentConn, Backend, BackendKind, Error, Limits, Result, Sandbox, SandboxId, SandboxPlan,
+    SandboxState, Snapshot, SnapshotId, SnapshotKind,
 };
 use branchbox_protocol::HookReport;
 use branchbox_store::Store;
@@ -126,7 +126,11 @@ impl Engine {
     fn image_rootfs(&self, image: &str) -> Result<PathBuf> {
         let rootfs = self.cfg.images_dir.join(image).join("rootfs");
         if !rootfs.is_dir() {
-            return Err(Error::not_found("image", image, "it was removed from the image cache; rebuild with `branchbox image build`"));
+            return Err(Error::not_found(
+                "image",
+                image,
+                "it was removed from the image cache; rebuild with `branchbox image build`",
+            ));
         }
         Ok(rootfs)
     }
@@ -182,7 +186,8 @@ impl Engine {
         Ok(all
             .into_iter()
             .map(|s| {
-                let alive = self.backend(s.backend).map(|b| b.is_alive(&self.sandbox_dir(&s.id))).unwrap_or(false);
+                let alive =
+                    self.backend(s.backend).map(|b| b.is_alive(&self.sandbox_dir(&s.id))).unwrap_or(false);
                 let mut sandbox = s;
                 if !alive {
                     sandbox.state = SandboxState::Lost;
@@ -241,13 +246,22 @@ impl Engine {
                 )));
             }
             if self.store.snapshot_name_taken(n)? {
-                return Err(Error::Conflict(format!("a snapshot named {n:?} exists already; choose another name")));
+                return Err(Error::Conflict(format!(
+                    "a snapshot named {n:?} exists already; choose another name"
+                )));
             }
         }
         Ok(())
     }
 
-    fn snapshot_record(&self, id: SnapshotId, s: &Sandbox, kind: SnapshotKind, name: Option<&str>, size: u64) -> Snapshot {
+    fn snapshot_record(
+        &self,
+        id: SnapshotId,
+        s: &Sandbox,
+        kind: SnapshotKind,
+        name: Option<&str>,
+        size: u64,
+    ) -> Snapshot {
         Snapshot {
             id,
             parent: s.parent_snapshot.clone(),

@@ -34,9 +34,10 @@ pub fn detect_kvm() -> KvmFacts {
     }
     let module = |m: &str| Path::new("/sys/module").join(m).exists();
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let hw_flag = cpuinfo.lines().filter(|l| l.starts_with("flags")).any(|l| {
-        l.split_whitespace().any(|f| f == "vmx" || f == "svm")
-    });
+    let hw_flag = cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("flags"))
+        .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"));
     if module("kvm_pvm") && !(module("kvm_intel") || module("kvm_amd")) {
         return KvmFacts {
             kind: KvmKind::Pvm,
@@ -44,7 +45,10 @@ pub fn detect_kvm() -> KvmFacts {
         };
     }
     if hw_flag || module("kvm_intel") || module("kvm_amd") {
-        return KvmFacts { kind: KvmKind::Hardware, detail: "/dev/kvm with hardware virtualization (VMX/SVM)".into() };
+        return KvmFacts {
+            kind: KvmKind::Hardware,
+            detail: "/dev/kvm with hardware virtualization (VMX/SVM)".into(),
+        };
     }
     KvmFacts { kind: KvmKind::None, detail: "/dev/kvm opens but no KVM module was identified".into() }
 }

@@ -81,13 +81,13 @@ impl GvisorBackend {
             cmd.arg("--restore").arg(image);
         }
         // Its own process group: the shim outlives the command that started it.
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .process_group(0)
-            .spawn()
-            .map_err(|e| Error::Unavailable(format!("cannot start {}: {e}", self.shim.display())))?;
+        let mut child =
+            cmd.stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .process_group(0)
+                .spawn()
+                .map_err(|e| Error::Unavailable(format!("cannot start {}: {e}", self.shim.display())))?;
         let pid_path = plan.dir.join("shim.pid");
         std::fs::write(&pid_path, child.id().to_string()).map_err(|e| Error::io(&pid_path, e))?;
         let deadline = Instant::now() + START_TIMEOUT;
@@ -133,7 +133,10 @@ impl GvisorBackend {
         match conn.call(Request::Thaw { after_fork: Some(after_fork) }, entropy) {
             Ok(Response::Thawed { hook: Some(report) }) => Ok(report),
             Ok(other) => Err(Error::Backend(format!("unexpected answer to thaw: {other:?}"))),
-            Err(e) => Err(Error::Backend(format!("the restored sandbox did not wake up: {e}; {}", log_tail(&plan.dir)))),
+            Err(e) => Err(Error::Backend(format!(
+                "the restored sandbox did not wake up: {e}; {}",
+                log_tail(&plan.dir)
+            ))),
         }
     }
 }
@@ -162,7 +165,9 @@ impl Backend for GvisorBackend {
 
     fn connect(&self, dir: &Path) -> Result<AgentConn> {
         let stream = UnixStream::connect(socket(dir)).map_err(|e| {
-            Error::Backend(format!("the sandbox is not reachable ({e}); it may have stopped: check `branchbox ls`"))
+            Error::Backend(format!(
+                "the sandbox is not reachable ({e}); it may have stopped: check `branchbox ls`"
+            ))
         })?;
         Ok(AgentClient::new(stream))
     }
@@ -204,15 +209,26 @@ impl Backend for GvisorBackend {
     fn fork(&self, dir: &Path, dest: &Path, children: &[SandboxPlan]) -> Result<(u64, Vec<ChildResult>)> {
         let size = self.snapshot(dir, dest)?;
         let mut results: Vec<Option<ChildResult>> = (0..children.len()).map(|_| None).collect();
-        for (batch, slots) in children.chunks(RESTORE_PARALLELISM).zip(results.chunks_mut(RESTORE_PARALLELISM)) {
+        for (batch, slots) in
+            children.chunks(RESTORE_PARALLELISM).zip(results.chunks_mut(RESTORE_PARALLELISM))
+        {
             std::thread::scope(|s| {
-                let handles: Vec<_> = batch.iter().map(|plan| s.spawn(move || self.restore(dest, plan))).collect();
+                let handles: Vec<_> =
+                    batch.iter().map(|plan| s.spawn(move || self.restore(dest, plan))).collect();
                 for (slot, h) in slots.iter_mut().zip(handles) {
-                    *slot = Some(h.join().unwrap_or_else(|_| Err(Error::Backend("restore thread panicked".into()))));
+                    *slot = Some(
+                        h.join().unwrap_or_else(|_| Err(Error::Backend("restore thread panicked".into()))),
+                    );
                 }
             });
         }
-        Ok((size, results.into_iter().map(|r| r.unwrap_or_else(|| Err(Error::Backend("not started".into())))).collect()))
+        Ok((
+            size,
+            results
+                .into_iter()
+                .map(|r| r.unwrap_or_else(|| Err(Error::Backend("not started".into()))))
+                .collect(),
+        ))
     }
 
     fn destroy(&self, id: &SandboxId, dir: &Path) -> Result<()> {
@@ -220,7 +236,9 @@ impl Backend for GvisorBackend {
         for cid in self.runsc.list(&format!("{id}-")) {
             self.runsc.delete(&cid);
         }
-        if let Some(pid) = std::fs::read_to_string(dir.join("shim.pid")).ok().and_then(|s| s.trim().parse::<i32>().ok()) {
+        if let Some(pid) =
+            std::fs::read_to_string(dir.join("shim.pid")).ok().and_then(|s| s.trim().parse::<i32>().ok())
+        {
             let deadline = Instant::now() + Duration::from_secs(5);
             // SAFETY: kill(pid, 0) only probes for existence.
             while unsafe { libc::kill(pid, 0) } == 0 && Instant::now() < deadline {

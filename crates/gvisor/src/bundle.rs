@@ -13,9 +13,21 @@ pub const AGENT_PATH: &str = "/usr/local/bin/branchbox-agent";
 pub fn write(bundle: &Path, rootfs: &Path, hostname: &str, limits: &Limits, cgroup: &str) -> Result<()> {
     std::fs::create_dir_all(bundle).map_err(|e| Error::io(bundle, e))?;
     let caps = json!([
-        "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID",
-        "CAP_SETUID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_MKNOD",
-        "CAP_AUDIT_WRITE", "CAP_SETFCAP", "CAP_SYS_ADMIN", "CAP_SYS_TIME"
+        "CAP_CHOWN",
+        "CAP_DAC_OVERRIDE",
+        "CAP_FOWNER",
+        "CAP_FSETID",
+        "CAP_KILL",
+        "CAP_SETGID",
+        "CAP_SETUID",
+        "CAP_SETPCAP",
+        "CAP_NET_BIND_SERVICE",
+        "CAP_SYS_CHROOT",
+        "CAP_MKNOD",
+        "CAP_AUDIT_WRITE",
+        "CAP_SETFCAP",
+        "CAP_SYS_ADMIN",
+        "CAP_SYS_TIME"
     ]);
     let config = json!({
         "ociVersion": "1.0.2",

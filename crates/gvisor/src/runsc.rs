@@ -38,10 +38,9 @@ impl Runsc {
     }
 
     fn run(&self, what: &str, mut cmd: Command) -> Result<Output> {
-        let out = cmd
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| Error::Unavailable(format!("runsc ({}) cannot be started: {e}", self.bin.display())))?;
+        let out = cmd.stdin(Stdio::null()).output().map_err(|e| {
+            Error::Unavailable(format!("runsc ({}) cannot be started: {e}", self.bin.display()))
+        })?;
         if !out.status.success() {
             let err = String::from_utf8_lossy(&out.stderr);
             let tail: String = err.lines().rev().take(3).collect::<Vec<_>>().join(" / ");

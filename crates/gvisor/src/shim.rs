@@ -125,13 +125,10 @@ impl Shim {
 
     /// Routes every frame from the agent to the connection that asked for it.
     fn read_agent(&self, mut stdout: ChildStdout, generation: u64) {
-        loop {
-            let raw = match read_raw(&mut stdout) {
-                Ok(Some(raw)) => raw,
-                Ok(None) | Err(_) => break,
-            };
+        while let Ok(Some(raw)) = read_raw(&mut stdout) {
             let Some((map, gid)) = header_fields(&raw.header) else { continue };
-            let terminal = !matches!(map.get("reply").and_then(|v| v.as_str()), Some("stdout" | "stderr" | "data"));
+            let terminal =
+                !matches!(map.get("reply").and_then(|v| v.as_str()), Some("stdout" | "stderr" | "data"));
             let mut routes = lock(&self.routes);
             let route = if terminal { routes.by_gid.remove(&gid) } else { None };
             let (conn, orig) = match route.as_ref().or_else(|| routes.by_gid.get(&gid)) {
@@ -238,11 +235,19 @@ impl Shim {
             ShimRequest::ShimCheckpoint { image } => self.checkpoint(PathBuf::from(image)),
             ShimRequest::ShimPause => {
                 let cid = lock(&self.container).cid.clone();
-                self.cfg.runsc.pause(&cid).map(|()| self.paused.store(true, Ordering::SeqCst)).map_err(|e| e.to_string())
+                self.cfg
+                    .runsc
+                    .pause(&cid)
+                    .map(|()| self.paused.store(true, Ordering::SeqCst))
+                    .map_err(|e| e.to_string())
             }
             ShimRequest::ShimResume => {
                 let cid = lock(&self.container).cid.clone();
-                self.cfg.runsc.resume(&cid).map(|()| self.paused.store(false, Ordering::SeqCst)).map_err(|e| e.to_string())
+                self.cfg
+                    .runsc
+                    .resume(&cid)
+                    .map(|()| self.paused.store(false, Ordering::SeqCst))
+                    .map_err(|e| e.to_string())
             }
             ShimRequest::ShimStop => {
                 self.swapping.store(true, Ordering::SeqCst);
@@ -330,7 +335,8 @@ pub fn run(cfg: ShimConfig) -> Result<(), String> {
     }
     let tmp = sock.with_extension("sock.tmp");
     let _ = std::fs::remove_file(&tmp);
-    let listener = UnixListener::bind(&tmp).map_err(|e| format!("cannot listen on {}: {e}", tmp.display()))?;
+    let listener =
+        UnixListener::bind(&tmp).map_err(|e| format!("cannot listen on {}: {e}", tmp.display()))?;
     std::fs::rename(&tmp, &sock).map_err(|e| format!("cannot publish {}: {e}", sock.display()))?;
     shim.serve(listener);
     Ok(())

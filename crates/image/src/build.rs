@@ -130,7 +130,10 @@ fn run_checked(cmd: &mut Command, what: &str) -> Result<()> {
         .output()
         .map_err(|e| Error::Unavailable(format!("cannot run {what}: {e}")))?;
     if !out.status.success() {
-        return Err(Error::Backend(format!("{what} failed: {}", String::from_utf8_lossy(&out.stderr).trim())));
+        return Err(Error::Backend(format!(
+            "{what} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
     }
     Ok(())
 }
@@ -189,7 +192,9 @@ fn debootstrap(rootfs: &Path, recipe: &Recipe, mirror: &str, progress: &mut dyn 
         .stdout(writer)
         .stderr(writer2);
     let mut child = cmd.spawn().map_err(|e| {
-        Error::Unavailable(format!("debootstrap cannot be started ({e}); install it: apt-get install debootstrap"))
+        Error::Unavailable(format!(
+            "debootstrap cannot be started ({e}); install it: apt-get install debootstrap"
+        ))
     })?;
     drop(cmd);
     let mut tail: Vec<String> = Vec::new();

@@ -37,7 +37,9 @@ impl FromStr for BackendKind {
         match s {
             "microvm" => Ok(BackendKind::Microvm),
             "gvisor" => Ok(BackendKind::Gvisor),
-            _ => Err(crate::Error::InvalidInput(format!("unknown backend {s:?}: use microvm, gvisor or auto"))),
+            _ => {
+                Err(crate::Error::InvalidInput(format!("unknown backend {s:?}: use microvm, gvisor or auto")))
+            }
         }
     }
 }
@@ -69,10 +71,16 @@ impl Limits {
             )));
         }
         if !(1..=1024).contains(&self.cpus) {
-            return Err(crate::Error::InvalidInput(format!("cpu limit {} is out of range (1..1024)", self.cpus)));
+            return Err(crate::Error::InvalidInput(format!(
+                "cpu limit {} is out of range (1..1024)",
+                self.cpus
+            )));
         }
         if !(16..=1_000_000).contains(&self.pids) {
-            return Err(crate::Error::InvalidInput(format!("pids limit {} is out of range (16..1000000)", self.pids)));
+            return Err(crate::Error::InvalidInput(format!(
+                "pids limit {} is out of range (16..1000000)",
+                self.pids
+            )));
         }
         Ok(())
     }

@@ -7,7 +7,9 @@
 //!
 //! Not for: file contents or runtime state of sandboxes.
 
-use branchbox_model::{BackendKind, Error, Limits, Result, Sandbox, SandboxId, SandboxState, Snapshot, SnapshotId};
+use branchbox_model::{
+    BackendKind, Error, Limits, Result, Sandbox, SandboxId, SandboxState, Snapshot, SnapshotId,
+};
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use std::path::Path;
 use std::time::Duration;
@@ -57,7 +59,9 @@ fn parse_limits(s: String) -> rusqlite::Result<Limits> {
     serde_json::from_str(&s).map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
 }
 
-fn conv<T, E: std::error::Error + Send + Sync + 'static>(r: std::result::Result<T, E>) -> rusqlite::Result<T> {
+fn conv<T, E: std::error::Error + Send + Sync + 'static>(
+    r: std::result::Result<T, E>,
+) -> rusqlite::Result<T> {
     r.map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
 }
 
@@ -132,7 +136,11 @@ impl Store {
     /// One sandbox, or a not-found error.
     pub fn sandbox(&self, id: &SandboxId) -> Result<Sandbox> {
         self.conn
-            .query_row(&format!("SELECT {SANDBOX_COLS} FROM sandboxes WHERE id = ?1"), [id.as_str()], sandbox_row)
+            .query_row(
+                &format!("SELECT {SANDBOX_COLS} FROM sandboxes WHERE id = ?1"),
+                [id.as_str()],
+                sandbox_row,
+            )
             .optional()
             .map_err(db)?
             .ok_or_else(|| Error::not_found("sandbox", id.as_str(), "`branchbox ls` lists sandboxes"))
@@ -140,8 +148,10 @@ impl Store {
 
     /// Every sandbox, oldest first.
     pub fn sandboxes(&self) -> Result<Vec<Sandbox>> {
-        let mut st =
-            self.conn.prepare(&format!("SELECT {SANDBOX_COLS} FROM sandboxes ORDER BY created_ms, id")).map_err(db)?;
+        let mut st = self
+            .conn
+            .prepare(&format!("SELECT {SANDBOX_COLS} FROM sandboxes ORDER BY created_ms, id"))
+            .map_err(db)?;
         let rows = st.query_map([], sandbox_row).map_err(db)?;
         rows.collect::<rusqlite::Result<Vec<_>>>().map_err(db)
     }
@@ -163,7 +173,9 @@ impl Store {
     pub fn insert_snapshot(&self, s: &Snapshot) -> Result<()> {
         self.conn
             .execute(
-                &format!("INSERT INTO snapshots({SNAPSHOT_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"),
+                &format!(
+                    "INSERT INTO snapshots({SNAPSHOT_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+                ),
                 params![
                     s.id.as_str(),
                     s.parent.as_ref().map(|p| p.as_str()),
@@ -179,7 +191,9 @@ impl Store {
             )
             .map(drop)
             .map_err(|e| match e {
-                rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::ConstraintViolation => {
+                rusqlite::Error::SqliteFailure(f, _)
+                    if f.code == rusqlite::ErrorCode::ConstraintViolation =>
+                {
                     Error::Conflict(format!(
                         "a snapshot named {:?} exists already; choose another name",
                         s.name.as_deref().unwrap_or_default()
@@ -213,8 +227,10 @@ impl Store {
 
     /// Every snapshot, oldest first.
     pub fn snapshots(&self) -> Result<Vec<Snapshot>> {
-        let mut st =
-            self.conn.prepare(&format!("SELECT {SNAPSHOT_COLS} FROM snapshots ORDER BY created_ms, id")).map_err(db)?;
+        let mut st = self
+            .conn
+            .prepare(&format!("SELECT {SNAPSHOT_COLS} FROM snapshots ORDER BY created_ms, id"))
+            .map_err(db)?;
         let rows = st.query_map([], snapshot_row).map_err(db)?;
         rows.collect::<rusqlite::Result<Vec<_>>>().map_err(db)
     }

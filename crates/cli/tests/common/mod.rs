@@ -1,0 +1,132 @@
+//! Shared helpers for end-to-end tests: run the real `branchbox` binary against real runsc
+//! sandboxes in a data directory of the test run's own.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+/// The test run's data directory, with the image built once for all tests.
+pub fn data_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let base =
+            std::env::var_os("BRANCHBOX_TEST_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+        std::fs::create_dir_all(&base).expect("test dir");
+        let dir = base.join(format!("bbt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("data dir");
+        let out = bb_in(&dir).args(["image", "build"]).output().expect("run branchbox");
+        assert!(out.status.success(), "image build failed: {}", String::from_utf8_lossy(&out.stderr));
+        dir
+    })
+}
+
+fn target_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_branchbox")).parent().expect("target dir").to_path_buf()
+}
+
+/// A `branchbox` command for data directory `dir`.
+pub fn bb_in(dir: &Path) -> Command {
+    let t = target_dir();
+    for bin in ["branchbox-agent", "branchbox-shim"] {
+        assert!(
+            t.join(bin).is_file(),
+            "{} is missing: build the whole workspace first (`cargo build --workspace`)",
+            t.join(bin).display()
+        );
+    }
+    let mut c = Command::new(env!("CARGO_BIN_EXE_branchbox"));
+    c.env("BRANCHBOX_DATA", dir)
+        .env("BRANCHBOX_AGENT", t.join("branchbox-agent"))
+        .env("BRANCHBOX_SHIM", t.join("branchbox-shim"))
+        .stdin(Stdio::null());
+    c
+}
+
+/// A `branchbox` command for the shared data directory.
+pub fn bb() -> Command {
+    bb_in(data_dir())
+}
+
+/// Runs `branchbox args...` and returns its output.
+pub fn run(args: &[&str]) -> Output {
+    bb().args(args).output().expect("run branchbox")
+}
+
+/// Runs `branchbox args...`, asserting success, and returns stdout as text.
+pub fn ok(args: &[&str]) -> String {
+    let out = run(args);
+    assert!(
+        out.status.success(),
+        "branchbox {args:?} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs `branchbox args...`, asserting failure, and returns stderr as text.
+pub fn fails(args: &[&str]) -> String {
+    let out = run(args);
+    assert!(
+        !out.status.success(),
+        "branchbox {args:?} should have failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A sandbox killed when dropped.
+pub struct Sandbox(pub String);
+
+impl Sandbox {
+    /// Creates one.
+    pub fn new() -> Sandbox {
+        Sandbox(ok(&["create", "--backend", "gvisor"]).trim().to_string())
+    }
+
+    /// Adopts an existing id.
+    pub fn adopt(id: &str) -> Sandbox {
+        Sandbox(id.trim().to_string())
+    }
+
+    /// Runs a shell line inside; asserts success; returns stdout.
+    pub fn sh(&self, line: &str) -> String {
+        ok(&["exec", &self.0, "-s", "--", line])
+    }
+
+    /// Runs a shell line inside and returns the whole output.
+    pub fn sh_output(&self, line: &str) -> Output {
+        run(&["exec", &self.0, "-s", "--", line])
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        let _ = run(&["kill", &self.0]);
+    }
+}
+
+/// Polls `f` until it returns true or 20 s pass.
+pub fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::time::Instant::now() < deadline {
+        if f() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// The runsc containers under the shared data directory.
+pub fn runsc_containers() -> String {
+    let out = Command::new(std::env::var("BRANCHBOX_RUNSC").unwrap_or_else(|_| "runsc".into()))
+        .arg("--root")
+        .arg(data_dir().join("runsc"))
+        .args(["list", "-quiet"])
+        .output()
+        .expect("runsc list");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The branchbox demo, from a fresh machine: installs what is missing, builds, builds the sandbox
+# image (cached after the first run), then creates a sandbox, runs Python in it, starts a
+# counting process, forks it into three children and shows them continuing from the source's
+# count while their files diverge.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+./scripts/setup.sh
+echo "== building branchbox (release)"
+cargo build --release --workspace --quiet
+bb=./target/release/branchbox
+export BRANCHBOX_DATA="${BRANCHBOX_DATA:-/var/lib/branchbox}"
+
+echo "== host"
+$bb doctor || true
+echo "== image (debootstrap the first time, about a minute; then cached)"
+$bb image build
+
+sandboxes=()
+cleanup() { [ ${#sandboxes[@]} -eq 0 ] || $bb kill "${sandboxes[@]}" >/dev/null 2>&1 || true; }
+trap cleanup EXIT
+
+echo "== create a sandbox and run Python in it"
+src=$($bb create)
+sandboxes+=("$src")
+echo "sandbox $src"
+$bb exec "$src" -- python3 -c 'import platform, sys; print("python", platform.python_version(), "on", sys.platform)'
+
+echo "== start a counting process (it keeps its count in memory and writes it every 0.1 s)"
+$bb exec "$src" -s -- 'cat > /root/count.py <<PY
+import time
+n = 0
+while True:
+    n += 1
+    open("/tmp/count", "w").write(str(n))
+    time.sleep(0.1)
+PY'
+$bb spawn "$src" -- python3 /root/count.py >/dev/null
+sleep 1.5
+echo "source count before the fork: $($bb exec "$src" -- cat /tmp/count)"
+
+echo "== fork 3 children"
+start=$(date +%s%N)
+mapfile -t kids < <($bb fork "$src" -n 3)
+echo "forked ${#kids[@]} children in $(( ($(date +%s%N) - start) / 1000000 )) ms: ${kids[*]}"
+sandboxes+=("${kids[@]}")
+for i in "${!kids[@]}"; do
+    $bb exec "${kids[$i]}" -s -- "echo 'written only in child $i' > /root/mine"
+done
+sleep 1
+for i in "${!kids[@]}"; do
+    k=${kids[$i]}
+    echo "child $i ($k): count $($bb exec "$k" -- cat /tmp/count), hostname $($bb exec "$k" -- hostname), /root/mine: $($bb exec "$k" -- cat /root/mine)"
+done
+echo "source: count $($bb exec "$src" -- cat /tmp/count), /root/mine: $($bb exec "$src" -s -- 'cat /root/mine 2>/dev/null || echo absent')"
+echo "== lineage"
+$bb ls
+echo "== done (sandboxes are destroyed on exit)"
