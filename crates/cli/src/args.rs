@@ -132,13 +132,56 @@ pub enum Cmd {
         /// A name to restore it by.
         #[arg(long)]
         name: Option<String>,
+        /// Let `gc` delete it after this many seconds.
+        #[arg(long)]
+        ttl: Option<u64>,
+    },
+    /// Checkpoint a running sandbox for a later rollback; it keeps running.
+    Checkpoint {
+        /// Sandbox id.
+        id: String,
+        /// A name to roll back to.
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Return a running sandbox, in place, to one of its snapshots or checkpoints.
+    Rollback {
+        /// Sandbox id.
+        id: String,
+        /// Snapshot id, name or ref (taken of this sandbox).
+        snapshot: String,
+    },
+    /// Step-history mode: every exec ends with a checkpoint, so each command is a branch point.
+    History {
+        /// Sandbox id.
+        id: String,
+        /// on or off.
+        #[arg(value_parser = ["on", "off"])]
+        mode: String,
+    },
+    /// Draw the lineage: snapshots under their parents, sandboxes under their snapshot.
+    Log,
+    /// Named refs that point at snapshots (and can be moved).
+    Ref {
+        #[command(subcommand)]
+        command: RefCmd,
+    },
+    /// Report and free what nothing can reach: expired snapshots, interrupted snapshots,
+    /// lost sandboxes, unused images.
+    Gc {
+        /// Only report.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// List snapshots.
     Snapshots,
-    /// Delete a snapshot.
+    /// Delete a snapshot (refused while other snapshots descend from it, unless --cascade).
     Rmsnap {
         /// Snapshot id or name.
         snapshot: String,
+        /// Delete descendant snapshots too.
+        #[arg(long)]
+        cascade: bool,
     },
     /// Start a new sandbox from a snapshot.
     Restore {
@@ -167,6 +210,25 @@ pub enum Cmd {
     Bench {
         #[command(subcommand)]
         command: BenchCmd,
+    },
+}
+
+/// Ref subcommands.
+#[derive(Debug, Subcommand)]
+pub enum RefCmd {
+    /// Point a ref at a snapshot (moves it when it exists).
+    Set {
+        /// Ref name.
+        name: String,
+        /// Snapshot id or name.
+        snapshot: String,
+    },
+    /// List refs.
+    Ls,
+    /// Remove a ref.
+    Rm {
+        /// Ref name.
+        name: String,
     },
 }
 

@@ -1,11 +1,11 @@
 //! One function per subcommand.
 
-use crate::args::{BackendArg, BenchCmd, Cli, Cmd, CreateArgs, ExecArgs, FilesCmd, ImageCmd};
+use crate::args::{BackendArg, BenchCmd, Cli, Cmd, CreateArgs, ExecArgs, FilesCmd, ImageCmd, RefCmd};
 use crate::output::{print, Progress};
 use anyhow::{anyhow, bail, Context, Result};
-use branchbox_core::{bench, host, BackendChoice, Config, Engine};
+use branchbox_core::{bench, host, BackendChoice, Config, Engine, SnapshotOptions};
 use branchbox_model::{BackendKind, Limits, SandboxId, SnapshotKind};
-use branchbox_protocol::{AgentClient, Command, ExecSpec, ExitStatus, OutStream};
+use branchbox_protocol::{Command, ExecSpec, ExitStatus, OutStream};
 use std::io::{Read, Write};
 use std::time::Duration;
 
@@ -26,7 +26,7 @@ pub fn run(cli: Cli) -> Result<i32> {
             print(json, &s, || s.id.to_string());
             Ok(0)
         }
-        Cmd::Exec { id, exec } => exec_in(&engine, &parse_id(&id)?, &exec, json),
+        Cmd::Exec { id, exec } => run_command(&engine, &parse_id(&id)?, &exec, json),
         Cmd::Spawn { id, exec } => {
             let mut conn = engine.connect(&parse_id(&id)?)?;
             let pid = conn.spawn(spec(&exec)?)?;
@@ -52,9 +52,53 @@ pub fn run(cli: Cli) -> Result<i32> {
         }
         Cmd::Files { command } => files(&engine, command, json),
         Cmd::Fork { id, count } => fork(&engine, &parse_id(&id)?, count, json),
-        Cmd::Snapshot { id, name } => {
-            let snap = engine.snapshot(&parse_id(&id)?, name.as_deref(), SnapshotKind::Snapshot)?;
+        Cmd::Snapshot { id, name, ttl } => {
+            let opts = SnapshotOptions {
+                kind: SnapshotKind::Snapshot,
+                name: name.as_deref(),
+                ttl: ttl.map(Duration::from_secs),
+            };
+            let snap = engine.snapshot(&parse_id(&id)?, &opts)?;
             print(json, &snap, || snap.id.to_string());
+            Ok(0)
+        }
+        Cmd::Checkpoint { id, name } => {
+            let snap = engine.checkpoint(&parse_id(&id)?, name.as_deref())?;
+            print(json, &snap, || snap.id.to_string());
+            Ok(0)
+        }
+        Cmd::Rollback { id, snapshot } => {
+            let snap = engine.rollback(&parse_id(&id)?, &snapshot)?;
+            print(json, &snap, || format!("{id} is back at {}", snap.id));
+            Ok(0)
+        }
+        Cmd::History { id, mode } => {
+            engine.set_history(&parse_id(&id)?, mode == "on")?;
+            print(json, &serde_json::json!({"id": id, "history": mode == "on"}), String::new);
+            Ok(0)
+        }
+        Cmd::Log => {
+            let forest = engine.lineage()?;
+            print(json, &forest, || branchbox_core::lineage::render(&forest));
+            Ok(0)
+        }
+        Cmd::Ref { command } => refs(&engine, command, json),
+        Cmd::Gc { dry_run } => {
+            let r = branchbox_core::gc::collect(&engine, dry_run)?;
+            print(json, &r, || {
+                let verb = if r.dry_run { "would free" } else { "freed" };
+                format!(
+                    "{verb} {:.1} MiB: {} expired snapshot(s) ({} kept for descendants), {} interrupted snapshot(s), \
+                     {} lost sandbox(es), {} stray sandbox dir(s), {} unused image(s)",
+                    r.freed_bytes as f64 / 1048576.0,
+                    r.expired_snapshots.len(),
+                    r.kept_with_descendants.len(),
+                    r.orphan_snapshot_dirs.len(),
+                    r.lost_sandboxes.len(),
+                    r.orphan_sandbox_dirs.len(),
+                    r.unused_images.len()
+                )
+            });
             Ok(0)
         }
         Cmd::Snapshots => {
@@ -77,9 +121,11 @@ pub fn run(cli: Cli) -> Result<i32> {
             });
             Ok(0)
         }
-        Cmd::Rmsnap { snapshot } => {
-            engine.delete_snapshot(&snapshot)?;
-            print(json, &serde_json::json!({"deleted": snapshot}), String::new);
+        Cmd::Rmsnap { snapshot, cascade } => {
+            let deleted = engine.delete_snapshot(&snapshot, cascade)?;
+            print(json, &serde_json::json!({"deleted": deleted}), || {
+                deleted.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("\n")
+            });
             Ok(0)
         }
         Cmd::Restore { snapshot } => {
@@ -197,12 +243,14 @@ fn exit_code(e: &ExitStatus) -> i32 {
     e.code.or(e.signal.map(|s| 128 + s)).unwrap_or(1)
 }
 
-fn run_command<S: Read + Write>(conn: &mut AgentClient<S>, a: &ExecArgs, json: bool) -> Result<i32> {
+/// Runs a command in sandbox `id` through the engine (which checkpoints afterwards in
+/// step-history mode) and prints its output.
+fn run_command(engine: &Engine, id: &SandboxId, a: &ExecArgs, json: bool) -> Result<i32> {
     let spec = spec(a)?;
     let mut stdin = std::io::stdin();
     let input: Option<&mut dyn Read> = if a.stdin { Some(&mut stdin) } else { None };
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    let status = conn.exec_streaming(spec, input, &mut |which, chunk| {
+    let (status, step) = engine.exec(id, spec, input, &mut |which, chunk| {
         if json {
             match which {
                 OutStream::Stdout => out.extend_from_slice(chunk),
@@ -220,6 +268,7 @@ fn run_command<S: Read + Write>(conn: &mut AgentClient<S>, a: &ExecArgs, json: b
             "stdout": String::from_utf8_lossy(&out),
             "stderr": String::from_utf8_lossy(&err),
             "status": status,
+            "checkpoint": step.as_ref().map(|s| s.id.to_string()),
         });
         print(true, &v, String::new);
     } else {
@@ -230,23 +279,40 @@ fn run_command<S: Read + Write>(conn: &mut AgentClient<S>, a: &ExecArgs, json: b
         if status.truncated {
             eprintln!("branchbox: output was cut at the output cap");
         }
+        if let Some(s) = &step {
+            eprintln!("branchbox: step checkpoint {}", s.id);
+        }
     }
     Ok(exit_code(&status))
 }
 
-fn exec_in(engine: &Engine, id: &SandboxId, a: &ExecArgs, json: bool) -> Result<i32> {
-    let mut conn = engine.connect(id)?;
-    run_command(&mut conn, a, json)
-}
-
 fn run_once(engine: &Engine, c: &CreateArgs, a: &ExecArgs, json: bool) -> Result<i32> {
     let s = engine.create(choice(c.backend), limits(engine, c)?, &mut progress_fn())?;
-    let result = engine
-        .connect(&s.id)
-        .map_err(anyhow::Error::from)
-        .and_then(|mut conn| run_command(&mut conn, a, json));
+    let result = run_command(engine, &s.id, a, json);
     engine.kill(&s.id).context("destroying the sandbox")?;
     result
+}
+
+fn refs(engine: &Engine, cmd: RefCmd, json: bool) -> Result<i32> {
+    match cmd {
+        RefCmd::Set { name, snapshot } => {
+            let snap = engine.set_ref(&name, &snapshot)?;
+            print(json, &serde_json::json!({"ref": name, "snapshot": snap.id}), || {
+                format!("{name} -> {}", snap.id)
+            });
+        }
+        RefCmd::Ls => {
+            let all = engine.refs()?;
+            let v: Vec<serde_json::Value> =
+                all.iter().map(|(n, s)| serde_json::json!({"ref": n, "snapshot": s})).collect();
+            print(json, &v, || all.iter().map(|(n, s)| format!("{n} -> {s}")).collect::<Vec<_>>().join("\n"));
+        }
+        RefCmd::Rm { name } => {
+            engine.delete_ref(&name)?;
+            print(json, &serde_json::json!({"removed": name}), String::new);
+        }
+    }
+    Ok(0)
 }
 
 fn image_build(engine: &Engine, json: bool) -> Result<i32> {

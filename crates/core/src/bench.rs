@@ -130,16 +130,16 @@ pub fn fork(engine: &Engine, mib: u64, wide: usize, runs: usize) -> Result<Repor
             for id in guard.ids.split_off(1) {
                 engine.kill(&id)?;
             }
-            engine.delete_snapshot(outcome.snapshot.id.as_str())?;
+            engine.delete_snapshot(outcome.snapshot.id.as_str(), false)?;
         }
         figures.insert(format!("fork_{n}"), stats(&samples)?);
     }
     let mut snap_samples = Vec::new();
     for _ in 0..runs {
         let t = Instant::now();
-        let snap = engine.snapshot(&source.id, None, branchbox_model::SnapshotKind::Snapshot)?;
+        let snap = engine.checkpoint(&source.id, None)?;
         snap_samples.push(t.elapsed());
-        engine.delete_snapshot(snap.id.as_str())?;
+        engine.delete_snapshot(snap.id.as_str(), true)?;
     }
     figures.insert("ref_snapshot_in_place".to_string(), stats(&snap_samples)?);
     drop(guard);

@@ -9,7 +9,7 @@ use branchbox_model::{
     now_ms, AgentConn, Backend, BackendKind, Error, Limits, Result, Sandbox, SandboxId, SandboxPlan,
     SandboxState, Snapshot, SnapshotId, SnapshotKind,
 };
-use branchbox_protocol::HookReport;
+use branchbox_protocol::{ExecSpec, ExitStatus, HookReport, OutStream};
 use branchbox_store::Store;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -50,6 +50,17 @@ pub struct ForkOutcome {
     pub snapshot: Snapshot,
     /// One result per child, in order.
     pub children: Vec<Result<Started>>,
+}
+
+/// How to take a snapshot.
+#[derive(Debug, Clone, Copy)]
+pub struct SnapshotOptions<'a> {
+    /// Why it is taken.
+    pub kind: SnapshotKind,
+    /// Optional unique name.
+    pub name: Option<&'a str>,
+    /// Garbage-collect it after this long (`branchbox gc`).
+    pub ttl: Option<std::time::Duration>,
 }
 
 /// The branchbox engine over one data directory.
@@ -170,6 +181,7 @@ impl Engine {
             created_ms: now_ms(),
             parent_snapshot: None,
             limits,
+            history: false,
         };
         self.store.insert_sandbox(&sandbox)?;
         Ok(sandbox)
@@ -258,10 +270,10 @@ impl Engine {
         &self,
         id: SnapshotId,
         s: &Sandbox,
-        kind: SnapshotKind,
-        name: Option<&str>,
+        opts: &SnapshotOptions<'_>,
         size: u64,
     ) -> Snapshot {
+        let SnapshotOptions { kind, name, ttl } = *opts;
         Snapshot {
             id,
             parent: s.parent_snapshot.clone(),
@@ -273,12 +285,15 @@ impl Engine {
             created_ms: now_ms(),
             size_bytes: size,
             limits: s.limits,
+            expires_ms: ttl.map(|t| now_ms().saturating_add(t.as_millis() as i64)),
+            deleted_ms: None,
         }
     }
 
     /// Captures a running sandbox's full state; the sandbox keeps running. The snapshot is
-    /// recorded only once its files are complete.
-    pub fn snapshot(&self, id: &SandboxId, name: Option<&str>, kind: SnapshotKind) -> Result<Snapshot> {
+    /// recorded only once its files are complete, and becomes the sandbox's lineage parent.
+    pub fn snapshot(&self, id: &SandboxId, opts: &SnapshotOptions<'_>) -> Result<Snapshot> {
+        let name = opts.name;
         self.check_name(name)?;
         let (s, backend) = self.running(id)?;
         let snap_id = SnapshotId::generate();
@@ -290,8 +305,67 @@ impl Engine {
                 return Err(e);
             }
         };
-        let snap = self.snapshot_record(snap_id, &s, kind, name, size);
+        let snap = self.snapshot_record(snap_id, &s, opts, size);
         self.store.insert_snapshot(&snap)?;
+        self.store.set_parent(id, &snap.id)?;
+        Ok(snap)
+    }
+
+    /// A checkpoint of a running sandbox, for a later [`Engine::rollback`].
+    pub fn checkpoint(&self, id: &SandboxId, name: Option<&str>) -> Result<Snapshot> {
+        self.snapshot(id, &SnapshotOptions { kind: SnapshotKind::Checkpoint, name, ttl: None })
+    }
+
+    /// Returns a running sandbox, in place and under the same id, to a snapshot taken of it.
+    /// On failure the sandbox keeps running as it was.
+    pub fn rollback(&self, id: &SandboxId, snapshot: &str) -> Result<Snapshot> {
+        let snap = self.usable_snapshot(snapshot)?;
+        if snap.source.as_ref() != Some(id) {
+            return Err(Error::Conflict(format!(
+                "snapshot {} was taken of {}, not of {id}; `branchbox restore {}` starts it as a new sandbox",
+                snap.id,
+                snap.source.as_ref().map(|s| s.as_str()).unwrap_or("no sandbox"),
+                snap.id
+            )));
+        }
+        let (_, backend) = self.running(id)?;
+        backend.rollback(&self.sandbox_dir(id), &self.snapshot_dir(&snap.id))?;
+        self.store.set_parent(id, &snap.id)?;
+        Ok(snap)
+    }
+
+    /// Turns step-history mode on or off: with it on, every [`Engine::exec`] ends with a checkpoint.
+    pub fn set_history(&self, id: &SandboxId, on: bool) -> Result<()> {
+        self.store.sandbox(id)?;
+        self.store.set_history(id, on)
+    }
+
+    /// Runs a command, streaming its output; in step-history mode, checkpoints afterwards and
+    /// returns that checkpoint too.
+    pub fn exec(
+        &self,
+        id: &SandboxId,
+        spec: ExecSpec,
+        stdin: Option<&mut dyn std::io::Read>,
+        on_output: &mut dyn FnMut(OutStream, &[u8]),
+    ) -> Result<(ExitStatus, Option<Snapshot>)> {
+        let (s, backend) = self.running(id)?;
+        let mut conn = backend.connect(&self.sandbox_dir(id))?;
+        let status =
+            conn.exec_streaming(spec, stdin, on_output).map_err(|e| Error::Backend(e.to_string()))?;
+        drop(conn);
+        let step = if s.history { Some(self.checkpoint(id, None)?) } else { None };
+        Ok((status, step))
+    }
+
+    fn usable_snapshot(&self, id_or_name: &str) -> Result<Snapshot> {
+        let snap = self.store.snapshot(id_or_name)?;
+        if snap.deleted_ms.is_some() {
+            return Err(Error::Conflict(format!(
+                "snapshot {} was deleted (only its place in the lineage remains)",
+                snap.id
+            )));
+        }
         Ok(snap)
     }
 
@@ -307,7 +381,7 @@ impl Engine {
 
     /// Starts a new sandbox from a snapshot.
     pub fn restore(&self, id_or_name: &str) -> Result<Started> {
-        let snap = self.store.snapshot(id_or_name)?;
+        let snap = self.usable_snapshot(id_or_name)?;
         let backend = self.backend(snap.backend)?;
         let rootfs = self.image_rootfs(&snap.image)?;
         let plan = self.plan(SandboxId::generate(), rootfs, snap.limits);
@@ -332,6 +406,7 @@ impl Engine {
             created_ms: now_ms(),
             parent_snapshot: Some(snap.id.clone()),
             limits: snap.limits,
+            history: false,
         }
     }
 
@@ -356,8 +431,10 @@ impl Engine {
                 return Err(e);
             }
         };
-        let snapshot = self.snapshot_record(snap_id, &s, SnapshotKind::ForkPoint, None, size);
+        let opts = SnapshotOptions { kind: SnapshotKind::ForkPoint, name: None, ttl: None };
+        let snapshot = self.snapshot_record(snap_id, &s, &opts, size);
         self.store.insert_snapshot(&snapshot)?;
+        self.store.set_parent(id, &snapshot.id)?;
         let children = plans
             .into_iter()
             .zip(results)
@@ -385,14 +462,98 @@ impl Engine {
         self.store.delete_sandbox(id)
     }
 
-    /// Deletes a snapshot's record and files.
-    pub fn delete_snapshot(&self, id_or_name: &str) -> Result<()> {
+    /// Deletes a snapshot's data. Refused when other snapshots descend from it, unless
+    /// `cascade` (which deletes them first). The row stays as a tombstone while sandboxes or
+    /// snapshots still name it as their parent, so the lineage keeps its shape.
+    pub fn delete_snapshot(&self, id_or_name: &str, cascade: bool) -> Result<Vec<SnapshotId>> {
         let snap = self.store.snapshot(id_or_name)?;
-        self.store.delete_snapshot(&snap.id)?;
-        let dir = self.snapshot_dir(&snap.id);
-        match std::fs::remove_dir_all(&dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(&dir, e)),
-            _ => Ok(()),
+        let mut deleted = Vec::new();
+        self.delete_tree(&snap, cascade, &mut deleted)?;
+        Ok(deleted)
+    }
+
+    fn delete_tree(&self, snap: &Snapshot, cascade: bool, deleted: &mut Vec<SnapshotId>) -> Result<()> {
+        let live: Vec<Snapshot> =
+            self.store.child_snapshots(&snap.id)?.into_iter().filter(|c| c.deleted_ms.is_none()).collect();
+        if !live.is_empty() && !cascade {
+            let ids: Vec<String> = live.iter().map(|c| c.id.to_string()).collect();
+            return Err(Error::Conflict(format!(
+                "snapshot {} has {} descendant snapshot(s) ({}); delete those first or pass --cascade",
+                snap.id,
+                ids.len(),
+                ids.join(", ")
+            )));
         }
+        for child in &live {
+            self.delete_tree(child, cascade, deleted)?;
+        }
+        let dir = self.snapshot_dir(&snap.id);
+        if self.store.has_dependents(&snap.id)? {
+            self.store.tombstone_snapshot(&snap.id, now_ms())?;
+        } else {
+            self.store.delete_snapshot(&snap.id)?;
+        }
+        match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::io(&dir, e)),
+            _ => {}
+        }
+        if snap.deleted_ms.is_none() {
+            deleted.push(snap.id.clone());
+        }
+        Ok(())
+    }
+
+    /// Points ref `name` at a snapshot (moving it if it exists).
+    pub fn set_ref(&self, name: &str, snapshot: &str) -> Result<Snapshot> {
+        let snap = self.usable_snapshot(snapshot)?;
+        if SnapshotId::parse(name).is_ok() || name.is_empty() || name.len() > 128 {
+            return Err(Error::InvalidInput(format!("invalid ref name {name:?}")));
+        }
+        self.store.set_ref(name, &snap.id, now_ms())?;
+        Ok(snap)
+    }
+
+    /// Every ref as (name, snapshot id).
+    pub fn refs(&self) -> Result<Vec<(String, String)>> {
+        self.store.refs()
+    }
+
+    /// Removes a ref.
+    pub fn delete_ref(&self, name: &str) -> Result<()> {
+        if self.store.delete_ref(name)? {
+            Ok(())
+        } else {
+            Err(Error::not_found("ref", name, "`branchbox ref ls` lists refs"))
+        }
+    }
+
+    /// Every sandbox record (no liveness probe).
+    pub fn sandbox_records(&self) -> Result<Vec<Sandbox>> {
+        self.store.sandboxes()
+    }
+
+    /// The data directory of a snapshot.
+    pub fn snapshot_path(&self, id: &SnapshotId) -> PathBuf {
+        self.snapshot_dir(id)
+    }
+
+    /// Destroys whatever runtime a sandbox directory without a record still has.
+    pub fn destroy_orphan(&self, id: &SandboxId) -> Result<()> {
+        self.gvisor.destroy(id, &self.sandbox_dir(id))
+    }
+
+    /// The id the default image has with the current agent, without building it.
+    pub fn current_image_id(&self) -> Result<String> {
+        branchbox_image::image_id(&Recipe::default(), &self.cfg.agent)
+    }
+
+    /// The lineage forest of every snapshot and sandbox.
+    pub fn lineage(&self) -> Result<Vec<crate::lineage::Node>> {
+        Ok(crate::lineage::build(self.store.snapshots()?, self.store.sandboxes()?, self.store.refs()?))
+    }
+
+    /// The runtime directory of a sandbox.
+    pub fn sandbox_path(&self, id: &SandboxId) -> PathBuf {
+        self.sandbox_dir(id)
     }
 }

@@ -10,7 +10,9 @@
 pub mod bench;
 pub mod config;
 pub mod engine;
+pub mod gc;
 pub mod host;
+pub mod lineage;
 
 pub use config::Config;
-pub use engine::{BackendChoice, Engine, ForkOutcome, SandboxView, Started};
+pub use engine::{BackendChoice, Engine, ForkOutcome, SandboxView, SnapshotOptions, Started};

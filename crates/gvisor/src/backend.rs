@@ -141,6 +141,18 @@ impl GvisorBackend {
     }
 }
 
+/// The runsc image directory of the snapshot in `src`, checked to hold a checkpoint.
+fn checkpoint_image(src: &Path) -> Result<PathBuf> {
+    let image = src.join("checkpoint");
+    if !image.join("checkpoint.img").is_file() {
+        return Err(Error::Backend(format!(
+            "snapshot data is missing at {}; the snapshot cannot be restored",
+            image.display()
+        )));
+    }
+    Ok(image)
+}
+
 /// Bytes used by the files under `dir`.
 fn dir_size(dir: &Path) -> u64 {
     let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
@@ -188,14 +200,14 @@ impl Backend for GvisorBackend {
         Ok(dir_size(dest))
     }
 
+    fn rollback(&self, dir: &Path, src: &Path) -> Result<()> {
+        let image = checkpoint_image(src)?;
+        let image = image.canonicalize().map_err(|e| Error::io(&image, e))?;
+        control::call(&socket(dir), &ShimRequest::ShimRollback { image: image.display().to_string() })
+    }
+
     fn restore(&self, src: &Path, plan: &SandboxPlan) -> Result<HookReport> {
-        let image = src.join("checkpoint");
-        if !image.join("checkpoint.img").is_file() {
-            return Err(Error::Backend(format!(
-                "snapshot data is missing at {}; the snapshot cannot be restored",
-                image.display()
-            )));
-        }
+        let image = checkpoint_image(src)?;
         self.start_shim(plan, Some(&image))?;
         match self.thaw_child(plan) {
             Ok(report) => Ok(report),
@@ -234,7 +246,7 @@ impl Backend for GvisorBackend {
     fn destroy(&self, id: &SandboxId, dir: &Path) -> Result<()> {
         let _ = control::call(&socket(dir), &ShimRequest::ShimStop);
         for cid in self.runsc.list(&format!("{id}-")) {
-            self.runsc.delete(&cid);
+            self.runsc.destroy(&cid);
         }
         if let Some(pid) =
             std::fs::read_to_string(dir.join("shim.pid")).ok().and_then(|s| s.trim().parse::<i32>().ok())

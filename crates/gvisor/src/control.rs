@@ -16,6 +16,12 @@ pub enum ShimRequest {
         /// Directory for runsc's checkpoint image.
         image: String,
     },
+    /// Replace the running sandbox with the state in checkpoint `image` (same identity); the
+    /// current state stays live until the target answers.
+    ShimRollback {
+        /// Directory of runsc's checkpoint image.
+        image: String,
+    },
     /// Pause every process.
     ShimPause,
     /// Resume after a pause.

@@ -70,7 +70,38 @@ impl Runsc {
         self.run("resume", c).map(drop)
     }
 
-    /// `runsc delete -force`: kills and removes the container; missing containers are fine.
+    /// `runsc kill <cid> KILL`: stops every process of the container at once.
+    pub fn kill(&self, cid: &str) {
+        let mut c = self.command();
+        c.arg("kill").arg(cid).arg("KILL");
+        let _ = c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).status();
+    }
+
+    /// True while runsc reports the container as running or paused.
+    fn is_up(&self, cid: &str) -> bool {
+        let mut c = self.command();
+        c.arg("state").arg(cid);
+        match c.stdin(Stdio::null()).stderr(Stdio::null()).output() {
+            Ok(o) if o.status.success() => {
+                let text = String::from_utf8_lossy(&o.stdout);
+                text.contains("\"running\"") || text.contains("\"paused\"") || text.contains("\"created\"")
+            }
+            _ => false,
+        }
+    }
+
+    /// Kills the container, waits (briefly) until it has stopped and removes it. Killing
+    /// first matters: `delete -force` of a running container waits out a 5 s deadline.
+    pub fn destroy(&self, cid: &str) {
+        self.kill(cid);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while self.is_up(cid) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        self.delete(cid);
+    }
+
+    /// `runsc delete -force`: removes the container; missing containers are fine.
     pub fn delete(&self, cid: &str) {
         let mut c = self.command();
         c.arg("delete").arg("-force").arg(cid);

@@ -59,7 +59,8 @@ struct Routes {
 struct Container {
     cid: String,
     generation: u64,
-    child: Child,
+    /// The `runsc run`/`restore` process; `None` once handed to a reaper thread.
+    child: Option<Child>,
     stdin: ChildStdin,
 }
 
@@ -97,6 +98,21 @@ fn encode(header: &[u8], body: &[u8]) -> Vec<u8> {
     buf
 }
 
+/// The bundle of one container generation: the sandbox's bundle with a cgroup of its own. Two
+/// generations are alive at once during a rollback, and a shared cgroup makes runsc wait for
+/// the other's processes when it removes the retired one.
+fn generation_bundle(cfg: &ShimConfig, cid: &str) -> std::io::Result<PathBuf> {
+    let base = cfg.dir.join("bundle").join("config.json");
+    let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&base)?)?;
+    if let Some(linux) = spec.get_mut("linux").and_then(|l| l.as_object_mut()) {
+        linux.insert("cgroupsPath".into(), format!("/branchbox/{cid}").into());
+    }
+    let dir = cfg.dir.join(format!("bundle-{cid}"));
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("config.json"), serde_json::to_vec_pretty(&spec)?)?;
+    Ok(dir)
+}
+
 /// Starts `runsc run` (no image) or `runsc restore` (from `image`) as container generation
 /// `generation`, with pipes for the agent's stdio.
 fn spawn_container(
@@ -105,16 +121,17 @@ fn spawn_container(
     image: Option<&Path>,
 ) -> std::io::Result<(Container, ChildStdout)> {
     let cid = format!("{}-g{generation}", cfg.id);
+    let bundle = generation_bundle(cfg, &cid)?;
     let mut cmd: Command = cfg.runsc.command();
     match image {
         Some(image) => cmd.arg("restore").arg("--image-path").arg(image),
         None => cmd.arg("run"),
     };
-    cmd.arg("--bundle").arg(cfg.dir.join("bundle")).arg(&cid);
+    cmd.arg("--bundle").arg(&bundle).arg(&cid);
     let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn()?;
     let stdin = child.stdin.take().ok_or_else(|| std::io::Error::other("no stdin pipe"))?;
     let stdout = child.stdout.take().ok_or_else(|| std::io::Error::other("no stdout pipe"))?;
-    Ok((Container { cid, generation, child, stdin }, stdout))
+    Ok((Container { cid, generation, child: Some(child), stdin }, stdout))
 }
 
 impl Shim {
@@ -159,20 +176,46 @@ impl Shim {
         write_raw(&mut c.stdin, header, body).map_err(|e| std::io::Error::other(e.to_string()))
     }
 
-    /// Sends a request of the shim's own and waits for its terminal answer.
+    /// Sends a request of the shim's own to the current agent and waits for its terminal answer.
     fn internal(&self, req: &Request, body: &[u8]) -> Result<RawFrame, String> {
+        self.internal_via(req, body, None)
+    }
+
+    /// As [`Shim::internal`], to the agent behind `stdin` when given (a container that is not
+    /// current yet).
+    fn internal_via(
+        &self,
+        req: &Request,
+        body: &[u8],
+        stdin: Option<&mut ChildStdin>,
+    ) -> Result<RawFrame, String> {
         let gid = self.next_id.fetch_add(1, Ordering::SeqCst);
         let (tx, rx) = sync_channel(4);
         lock(&self.routes).by_gid.insert(gid, Route::Internal(tx));
-        self.send_to_agent(&encode_header(gid, req), body).map_err(|e| format!("agent pipe: {e}"))?;
-        let r = rx.recv_timeout(AGENT_WAIT).map_err(|_| "the agent did not answer".to_string());
+        let header = encode_header(gid, req);
+        let sent = match stdin {
+            Some(pipe) => write_raw(pipe, &header, body).map_err(|e| e.to_string()),
+            None => self.send_to_agent(&header, body).map_err(|e| e.to_string()),
+        };
+        let r = sent
+            .map_err(|e| format!("agent pipe: {e}"))
+            .and_then(|()| rx.recv_timeout(AGENT_WAIT).map_err(|_| "the agent did not answer".to_string()));
         lock(&self.routes).by_gid.remove(&gid);
         r
     }
 
+    /// Stops a container the shim started. Its `runsc run` process lingers for seconds after
+    /// the container is gone, so it is reaped on a thread of its own instead of waited for.
+    fn retire(&self, c: &mut Container) {
+        self.cfg.runsc.destroy(&c.cid);
+        let _ = std::fs::remove_dir_all(self.cfg.dir.join(format!("bundle-{}", c.cid)));
+        if let Some(mut child) = c.child.take() {
+            std::thread::spawn(move || child.wait());
+        }
+    }
+
     fn shutdown(&self, code: i32) -> ! {
-        let cid = lock(&self.container).cid.clone();
-        self.cfg.runsc.delete(&cid);
+        self.retire(&mut lock(&self.container));
         let _ = std::fs::remove_file(self.cfg.dir.join("agent.sock"));
         std::process::exit(code);
     }
@@ -233,6 +276,7 @@ impl Shim {
     fn control(self: &Arc<Self>, req: ShimRequest) -> ShimResponse {
         let r = match req {
             ShimRequest::ShimCheckpoint { image } => self.checkpoint(PathBuf::from(image)),
+            ShimRequest::ShimRollback { image } => self.rollback(PathBuf::from(image)),
             ShimRequest::ShimPause => {
                 let cid = lock(&self.container).cid.clone();
                 self.cfg
@@ -251,8 +295,7 @@ impl Shim {
             }
             ShimRequest::ShimStop => {
                 self.swapping.store(true, Ordering::SeqCst);
-                let cid = lock(&self.container).cid.clone();
-                self.cfg.runsc.delete(&cid);
+                self.retire(&mut lock(&self.container));
                 let _ = std::fs::remove_file(self.cfg.dir.join("agent.sock"));
                 // Answer first, then exit: the caller waits for the answer.
                 std::thread::spawn(|| {
@@ -283,6 +326,60 @@ impl Shim {
         self.internal(&Request::Thaw { after_fork: None }, &[]).map(drop)
     }
 
+    /// Starts the checkpoint in `image` beside the running container, thaws it, and only then
+    /// retires the old container: a rollback that fails leaves the sandbox as it was.
+    fn rollback(self: &Arc<Self>, image: PathBuf) -> Result<(), String> {
+        if self.paused.load(Ordering::SeqCst) {
+            return Err("the sandbox is paused; resume it before rolling back".into());
+        }
+        let _closed = self.gate.write().unwrap_or_else(|e| e.into_inner());
+        let next = lock(&self.container).generation + 1;
+        let (mut target, stdout) =
+            spawn_container(&self.cfg, next, Some(&image)).map_err(|e| format!("runsc restore: {e}"))?;
+        self.start_reader(stdout, next);
+        if let Err(e) = self.internal_via(&Request::Thaw { after_fork: None }, &[], Some(&mut target.stdin)) {
+            self.retire(&mut target);
+            return Err(format!("the checkpoint did not come up ({e}); the sandbox is unchanged"));
+        }
+        self.swapping.store(true, Ordering::SeqCst);
+        let mut old = std::mem::replace(&mut *lock(&self.container), target);
+        self.retire(&mut old);
+        self.swapping.store(false, Ordering::SeqCst);
+        self.abandon_client_requests("the sandbox was rolled back while this request ran");
+        Ok(())
+    }
+
+    /// Answers every client request still waiting on a retired container with an error.
+    fn abandon_client_requests(&self, why: &str) {
+        let pending: Vec<(u64, u64)> = {
+            let mut routes = lock(&self.routes);
+            let clients: Vec<u64> = routes
+                .by_gid
+                .iter()
+                .filter(|(_, r)| matches!(r, Route::Client { .. }))
+                .map(|(gid, _)| *gid)
+                .collect();
+            let mut out = Vec::new();
+            for gid in clients {
+                if let Some(Route::Client { conn, orig }) = routes.by_gid.remove(&gid) {
+                    routes.by_client.remove(&(conn, orig));
+                    out.push((conn, orig));
+                }
+            }
+            out
+        };
+        let msg = branchbox_protocol::Response::Error {
+            code: branchbox_protocol::ErrorCode::Io,
+            message: why.to_string(),
+        };
+        let writers = lock(&self.writers);
+        for (conn, orig) in pending {
+            if let Some(w) = writers.get(&conn) {
+                let _ = w.send(encode(&encode_header(orig, &msg), &[]));
+            }
+        }
+    }
+
     fn checkpoint_frozen(self: &Arc<Self>, image: &std::path::Path) -> Result<(), String> {
         let (cid, generation) = {
             let c = lock(&self.container);
@@ -293,9 +390,8 @@ impl Shim {
             let _ = self.internal(&Request::Thaw { after_fork: None }, &[]);
             return Err(e.to_string());
         }
-        {
-            let mut c = lock(&self.container);
-            let _ = c.child.wait();
+        if let Some(child) = lock(&self.container).child.as_mut() {
+            let _ = child.wait();
         }
         self.cfg.runsc.delete(&cid);
         let next = generation + 1;

@@ -59,6 +59,16 @@ fn tmp_dir(images: &Path, stem: &str) -> PathBuf {
     images.join(format!("tmp-{stem}-{:08x}", rand::random::<u32>()))
 }
 
+/// The id of the image for `recipe` with `agent`, whether or not it is built.
+pub fn image_id(recipe: &Recipe, agent: &Path) -> Result<String> {
+    Ok(id_of(&recipe.hash(), &hash_file(agent)?))
+}
+
+fn id_of(base_hash: &str, agent_hash: &str) -> String {
+    let image_hash = hex::encode(Sha256::digest(format!("{base_hash}\n{agent_hash}").as_bytes()));
+    format!("img-{}", &image_hash[..16])
+}
+
 /// Returns the image for `recipe` with `agent` installed, building what the cache lacks.
 /// `progress` receives one line per step.
 pub fn ensure_image(
@@ -71,8 +81,7 @@ pub fn ensure_image(
     std::fs::create_dir_all(images).map_err(|e| Error::io(images, e))?;
     let base_hash = recipe.hash();
     let agent_hash = hash_file(agent)?;
-    let image_hash = hex::encode(Sha256::digest(format!("{base_hash}\n{agent_hash}").as_bytes()));
-    let id = format!("img-{}", &image_hash[..16]);
+    let id = id_of(&base_hash, &agent_hash);
     let image_dir = images.join(&id);
     if image_dir.join("rootfs").is_dir() {
         return Ok(Image { id, rootfs: image_dir.join("rootfs"), built: false });

@@ -15,5 +15,5 @@
 mod build;
 mod recipe;
 
-pub use build::{ensure_image, Image};
+pub use build::{ensure_image, image_id, Image};
 pub use recipe::Recipe;

@@ -49,6 +49,10 @@ pub trait Backend: Send + Sync {
     /// the sandbox keeps running. Returns the bytes written.
     fn snapshot(&self, dir: &Path, dest: &Path) -> Result<u64>;
 
+    /// Returns the running sandbox in `dir` to the snapshot in `src`, which was taken of this
+    /// same sandbox: processes, memory and files. On failure the sandbox is unchanged.
+    fn rollback(&self, dir: &Path, src: &Path) -> Result<()>;
+
     /// Starts a new sandbox from the snapshot in `src`, gives it a fresh identity and returns
     /// what the after-fork hook did.
     fn restore(&self, src: &Path, plan: &SandboxPlan) -> Result<HookReport>;

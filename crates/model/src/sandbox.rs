@@ -138,6 +138,8 @@ pub struct Sandbox {
     pub parent_snapshot: Option<SnapshotId>,
     /// Its limits.
     pub limits: Limits,
+    /// Step-history mode: every exec ends with a checkpoint.
+    pub history: bool,
 }
 
 /// Why a snapshot was taken.
@@ -198,4 +200,8 @@ pub struct Snapshot {
     pub size_bytes: u64,
     /// The source's limits, which its children inherit.
     pub limits: Limits,
+    /// When it may be garbage-collected, milliseconds since the Unix epoch.
+    pub expires_ms: Option<i64>,
+    /// When its data was deleted (the row stays while others name it as parent).
+    pub deleted_ms: Option<i64>,
 }

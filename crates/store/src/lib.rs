@@ -25,7 +25,8 @@ CREATE TABLE IF NOT EXISTS sandboxes(
     state TEXT NOT NULL,
     created_ms INTEGER NOT NULL,
     parent_snapshot TEXT,
-    limits TEXT NOT NULL
+    limits TEXT NOT NULL,
+    history INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS snapshots(
     id TEXT PRIMARY KEY,
@@ -37,9 +38,16 @@ CREATE TABLE IF NOT EXISTS snapshots(
     name TEXT UNIQUE,
     created_ms INTEGER NOT NULL,
     size_bytes INTEGER NOT NULL,
-    limits TEXT NOT NULL
+    limits TEXT NOT NULL,
+    expires_ms INTEGER,
+    deleted_ms INTEGER
 );
 CREATE INDEX IF NOT EXISTS snapshots_parent ON snapshots(parent);
+CREATE TABLE IF NOT EXISTS refs(
+    name TEXT PRIMARY KEY,
+    snapshot TEXT NOT NULL,
+    updated_ms INTEGER NOT NULL
+);
 ";
 
 /// A handle on the metadata database.
@@ -74,6 +82,7 @@ fn sandbox_row(r: &Row<'_>) -> rusqlite::Result<Sandbox> {
         created_ms: r.get(4)?,
         parent_snapshot: r.get::<_, Option<String>>(5)?.map(|s| conv(SnapshotId::parse(&s))).transpose()?,
         limits: parse_limits(r.get(6)?)?,
+        history: r.get::<_, i64>(7)? != 0,
     })
 }
 
@@ -89,11 +98,14 @@ fn snapshot_row(r: &Row<'_>) -> rusqlite::Result<Snapshot> {
         created_ms: r.get(7)?,
         size_bytes: r.get::<_, i64>(8)? as u64,
         limits: parse_limits(r.get(9)?)?,
+        expires_ms: r.get(10)?,
+        deleted_ms: r.get(11)?,
     })
 }
 
-const SANDBOX_COLS: &str = "id, backend, image, state, created_ms, parent_snapshot, limits";
-const SNAPSHOT_COLS: &str = "id, parent, source, backend, image, kind, name, created_ms, size_bytes, limits";
+const SANDBOX_COLS: &str = "id, backend, image, state, created_ms, parent_snapshot, limits, history";
+const SNAPSHOT_COLS: &str =
+    "id, parent, source, backend, image, kind, name, created_ms, size_bytes, limits, expires_ms, deleted_ms";
 
 impl Store {
     /// Opens (creating if needed) the database at `path`.
@@ -118,7 +130,7 @@ impl Store {
     pub fn insert_sandbox(&self, s: &Sandbox) -> Result<()> {
         self.conn
             .execute(
-                &format!("INSERT INTO sandboxes({SANDBOX_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"),
+                &format!("INSERT INTO sandboxes({SANDBOX_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"),
                 params![
                     s.id.as_str(),
                     s.backend.as_str(),
@@ -126,7 +138,8 @@ impl Store {
                     s.state.as_str(),
                     s.created_ms,
                     s.parent_snapshot.as_ref().map(|p| p.as_str()),
-                    limits_json(&s.limits)
+                    limits_json(&s.limits),
+                    s.history
                 ],
             )
             .map(drop)
@@ -174,7 +187,7 @@ impl Store {
         self.conn
             .execute(
                 &format!(
-                    "INSERT INTO snapshots({SNAPSHOT_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+                    "INSERT INTO snapshots({SNAPSHOT_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"
                 ),
                 params![
                     s.id.as_str(),
@@ -186,7 +199,9 @@ impl Store {
                     s.name,
                     s.created_ms,
                     s.size_bytes as i64,
-                    limits_json(&s.limits)
+                    limits_json(&s.limits),
+                    s.expires_ms,
+                    s.deleted_ms
                 ],
             )
             .map(drop)
@@ -207,7 +222,11 @@ impl Store {
     pub fn snapshot(&self, id_or_name: &str) -> Result<Snapshot> {
         self.conn
             .query_row(
-                &format!("SELECT {SNAPSHOT_COLS} FROM snapshots WHERE id = ?1 OR name = ?1"),
+                &format!(
+                    "SELECT {SNAPSHOT_COLS} FROM snapshots WHERE id = ?1 OR name = ?1 \
+                     OR id = (SELECT snapshot FROM refs WHERE name = ?1) \
+                     ORDER BY (id = ?1) DESC, (name = ?1) DESC LIMIT 1"
+                ),
                 [id_or_name],
                 snapshot_row,
             )
@@ -235,9 +254,89 @@ impl Store {
         rows.collect::<rusqlite::Result<Vec<_>>>().map_err(db)
     }
 
-    /// Forgets a snapshot.
+    /// Forgets a snapshot and the refs pointing at it.
     pub fn delete_snapshot(&self, id: &SnapshotId) -> Result<()> {
+        self.conn.execute("DELETE FROM refs WHERE snapshot = ?1", [id.as_str()]).map_err(db)?;
         self.conn.execute("DELETE FROM snapshots WHERE id = ?1", [id.as_str()]).map(drop).map_err(db)
+    }
+
+    /// Keeps a snapshot's row for the lineage but records that its data is gone.
+    pub fn tombstone_snapshot(&self, id: &SnapshotId, when_ms: i64) -> Result<()> {
+        self.conn.execute("DELETE FROM refs WHERE snapshot = ?1", [id.as_str()]).map_err(db)?;
+        self.conn
+            .execute(
+                "UPDATE snapshots SET deleted_ms = ?2, size_bytes = 0, name = NULL WHERE id = ?1",
+                params![id.as_str(), when_ms],
+            )
+            .map(drop)
+            .map_err(db)
+    }
+
+    /// Snapshots whose parent is `id`.
+    pub fn child_snapshots(&self, id: &SnapshotId) -> Result<Vec<Snapshot>> {
+        let mut st = self
+            .conn
+            .prepare(&format!(
+                "SELECT {SNAPSHOT_COLS} FROM snapshots WHERE parent = ?1 ORDER BY created_ms, id"
+            ))
+            .map_err(db)?;
+        let rows = st.query_map([id.as_str()], snapshot_row).map_err(db)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(db)
+    }
+
+    /// True when a sandbox or snapshot names `id` as its parent.
+    pub fn has_dependents(&self, id: &SnapshotId) -> Result<bool> {
+        self.conn
+            .query_row(
+                "SELECT EXISTS(SELECT 1 FROM snapshots WHERE parent = ?1) \
+                 OR EXISTS(SELECT 1 FROM sandboxes WHERE parent_snapshot = ?1)",
+                [id.as_str()],
+                |r| r.get::<_, bool>(0),
+            )
+            .map_err(db)
+    }
+
+    /// Records that a sandbox's current state descends from `snapshot`.
+    pub fn set_parent(&self, id: &SandboxId, snapshot: &SnapshotId) -> Result<()> {
+        self.conn
+            .execute(
+                "UPDATE sandboxes SET parent_snapshot = ?2 WHERE id = ?1",
+                params![id.as_str(), snapshot.as_str()],
+            )
+            .map(drop)
+            .map_err(db)
+    }
+
+    /// Turns step-history mode on or off for a sandbox.
+    pub fn set_history(&self, id: &SandboxId, on: bool) -> Result<()> {
+        self.conn
+            .execute("UPDATE sandboxes SET history = ?2 WHERE id = ?1", params![id.as_str(), on])
+            .map(drop)
+            .map_err(db)
+    }
+
+    /// Points ref `name` at `snapshot` (creating or moving it).
+    pub fn set_ref(&self, name: &str, snapshot: &SnapshotId, when_ms: i64) -> Result<()> {
+        self.conn
+            .execute(
+                "INSERT INTO refs(name, snapshot, updated_ms) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT(name) DO UPDATE SET snapshot = ?2, updated_ms = ?3",
+                params![name, snapshot.as_str(), when_ms],
+            )
+            .map(drop)
+            .map_err(db)
+    }
+
+    /// Removes a ref; false when there was none.
+    pub fn delete_ref(&self, name: &str) -> Result<bool> {
+        self.conn.execute("DELETE FROM refs WHERE name = ?1", [name]).map(|n| n > 0).map_err(db)
+    }
+
+    /// Every ref as (name, snapshot id), sorted by name.
+    pub fn refs(&self) -> Result<Vec<(String, String)>> {
+        let mut st = self.conn.prepare("SELECT name, snapshot FROM refs ORDER BY name").map_err(db)?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).map_err(db)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(db)
     }
 }
 
@@ -255,6 +354,7 @@ mod tests {
             created_ms: 5,
             parent_snapshot: parent,
             limits: Limits::default(),
+            history: false,
         }
     }
 
@@ -275,6 +375,8 @@ mod tests {
             created_ms: 6,
             size_bytes: 1234,
             limits: Limits::default(),
+            expires_ms: None,
+            deleted_ms: None,
         };
         store.insert_snapshot(&snap).unwrap();
         let child = sandbox(Some(snap.id.clone()));

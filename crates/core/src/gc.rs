@@ -1,0 +1,141 @@
+//! Garbage collection: finds what nothing can reach any more and frees it.
+
+use crate::engine::Engine;
+use branchbox_model::{now_ms, Error, Result, SandboxId, SnapshotId};
+use serde::Serialize;
+use std::collections::BTreeSet;
+use std::path::Path;
+
+/// What `gc` found (and freed, unless it was a dry run).
+#[derive(Debug, Default, Serialize)]
+pub struct GcReport {
+    /// Nothing was changed.
+    pub dry_run: bool,
+    /// Snapshots past their TTL.
+    pub expired_snapshots: Vec<SnapshotId>,
+    /// Expired snapshots kept because others descend from them.
+    pub kept_with_descendants: Vec<SnapshotId>,
+    /// Snapshot directories with no complete record (an interrupted snapshot).
+    pub orphan_snapshot_dirs: Vec<String>,
+    /// Sandbox records whose runtime is gone.
+    pub lost_sandboxes: Vec<SandboxId>,
+    /// Sandbox directories with no record.
+    pub orphan_sandbox_dirs: Vec<String>,
+    /// Images no sandbox or snapshot uses (only when the image cache is this data directory's own).
+    pub unused_images: Vec<String>,
+    /// Bytes freed (or that would be freed).
+    pub freed_bytes: u64,
+}
+
+fn dir_bytes(p: &Path) -> u64 {
+    let Ok(md) = p.symlink_metadata() else { return 0 };
+    if !md.is_dir() {
+        return md.len();
+    }
+    std::fs::read_dir(p).map(|rd| rd.flatten().map(|e| dir_bytes(&e.path())).sum()).unwrap_or(0)
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default()
+}
+
+fn remove(p: &Path) -> Result<()> {
+    match std::fs::remove_dir_all(p) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(p, e)),
+        _ => Ok(()),
+    }
+}
+
+/// Collects garbage in the engine's data directory.
+pub fn collect(engine: &Engine, dry_run: bool) -> Result<GcReport> {
+    let mut r = GcReport { dry_run, ..GcReport::default() };
+    let now = now_ms();
+    for s in engine.snapshots()? {
+        if s.deleted_ms.is_none() && s.expires_ms.is_some_and(|t| t <= now) {
+            if dry_run {
+                r.expired_snapshots.push(s.id);
+                continue;
+            }
+            let bytes = dir_bytes(&engine.snapshot_path(&s.id));
+            match engine.delete_snapshot(s.id.as_str(), false) {
+                Ok(_) => {
+                    r.freed_bytes += bytes;
+                    r.expired_snapshots.push(s.id);
+                }
+                Err(Error::Conflict(_)) => r.kept_with_descendants.push(s.id),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    let live: BTreeSet<String> = engine
+        .snapshots()?
+        .into_iter()
+        .filter(|s| s.deleted_ms.is_none())
+        .map(|s| s.id.to_string())
+        .collect();
+    let snap_root = engine.config().data_dir.join("snapshots");
+    for name in names(&snap_root) {
+        if !live.contains(&name) {
+            let p = snap_root.join(&name);
+            r.freed_bytes += dir_bytes(&p);
+            if !dry_run {
+                remove(&p)?;
+            }
+            r.orphan_snapshot_dirs.push(name);
+        }
+    }
+    let views = engine.list()?;
+    let known: BTreeSet<String> = views.iter().map(|v| v.sandbox.id.to_string()).collect();
+    for v in &views {
+        if !v.alive {
+            if !dry_run {
+                engine.kill(&v.sandbox.id)?;
+            }
+            r.lost_sandboxes.push(v.sandbox.id.clone());
+        }
+    }
+    let box_root = engine.config().data_dir.join("sandboxes");
+    for name in names(&box_root) {
+        if known.contains(&name) {
+            continue;
+        }
+        let p = box_root.join(&name);
+        r.freed_bytes += dir_bytes(&p);
+        if !dry_run {
+            match SandboxId::parse(&name) {
+                Ok(id) => engine.destroy_orphan(&id)?,
+                Err(_) => remove(&p)?,
+            }
+        }
+        r.orphan_sandbox_dirs.push(name);
+    }
+    collect_images(engine, dry_run, &mut r)?;
+    Ok(r)
+}
+
+/// Images are collected only when the cache belongs to this data directory: a shared cache
+/// (`BRANCHBOX_IMAGES`) may hold images of other data directories.
+fn collect_images(engine: &Engine, dry_run: bool, r: &mut GcReport) -> Result<()> {
+    let cfg = engine.config();
+    if cfg.images_dir != cfg.data_dir.join("images") {
+        return Ok(());
+    }
+    let mut used: BTreeSet<String> = engine.sandbox_records()?.into_iter().map(|s| s.image).collect();
+    used.extend(engine.snapshots()?.into_iter().filter(|s| s.deleted_ms.is_none()).map(|s| s.image));
+    if let Ok(current) = engine.current_image_id() {
+        used.insert(current);
+    }
+    for name in names(&cfg.images_dir) {
+        if name.starts_with("img-") && !used.contains(&name) {
+            let p = cfg.images_dir.join(&name);
+            r.freed_bytes += dir_bytes(&p);
+            if !dry_run {
+                remove(&p)?;
+            }
+            r.unused_images.push(name);
+        }
+    }
+    Ok(())
+}
