@@ -122,6 +122,17 @@ pub enum Error {
         /// Size the state file records.
         expected: u64,
     },
+    /// A memory layer is damaged or is not the layer its snapshot names.
+    #[error("memory layer {path} is corrupt: {reason}; take the snapshot again")]
+    LayerCorrupt {
+        /// The layer file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A checkpoint could not be completed or used.
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
     /// A running vCPU thread panicked or could not be joined.
     #[error("vCPU thread failed: {0}")]
     Thread(String),

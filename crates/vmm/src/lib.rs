@@ -10,10 +10,13 @@
 //! The design and the snapshot format are specified in `docs/microvm.md`.
 
 pub mod bench;
+pub mod checkpoint;
 pub mod devices;
+mod dirty;
 mod error;
 pub mod fork;
 pub mod hypervisor;
+pub mod layers;
 pub mod memory;
 pub mod snapshot;
 pub mod testguest;
@@ -21,6 +24,7 @@ pub mod vm;
 pub mod vstate;
 
 pub use bench::{bench_density, bench_fork, DensityBenchOptions, ForkBenchOptions};
+pub use checkpoint::{fork_live, Checkpoint, LiveFork};
 pub use error::{Error, Result};
 pub use fork::{fork, fork_paused, fork_with, ShellPool};
 pub use hypervisor::Hypervisor;

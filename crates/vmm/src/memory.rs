@@ -11,11 +11,13 @@
 //! Layer files are written once (temp file, fsync, rename) and never modified afterwards.
 
 use crate::error::{mem, Error, Result};
+use crate::layers::{Chain, LayerKind, LayerRef};
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
+use std::sync::Mutex;
 
 /// Host page size assumed for accounting and sparse writes.
 pub const PAGE_SIZE: usize = 4096;
@@ -24,6 +26,9 @@ pub const PAGE_SIZE: usize = 4096;
 pub struct GuestRam {
     addr: *mut u8,
     size: usize,
+    /// Pages the host wrote since the last [`take_host_dirty`](GuestRam::take_host_dirty):
+    /// KVM's dirty log sees only the guest's writes.
+    host_dirty: Mutex<Vec<u64>>,
 }
 
 // SAFETY: the mapping is owned by this value and only reached through it; guest accesses
@@ -55,7 +60,9 @@ impl GuestRam {
             release(addr, size);
             return Err(mem("mmap anonymous RAM")(err));
         }
-        Ok(GuestRam { addr, size })
+        let ram = GuestRam { addr, size, host_dirty: Mutex::new(Vec::new()) };
+        ram.set_forkable(0, ram.pages(), false)?;
+        Ok(ram)
     }
 
     /// Replaces the whole RAM range, in place, with a private copy-on-write view of `layer`.
@@ -77,7 +84,114 @@ impl GuestRam {
         if addr == libc::MAP_FAILED {
             return Err(mem("mmap memory layer MAP_PRIVATE")(std::io::Error::last_os_error()));
         }
+        self.set_forkable(0, self.pages(), false)
+    }
+
+    /// Replaces the whole RAM range, in place, with a private copy-on-write view of `chain`:
+    /// the base layer, then one `MAP_FIXED` mapping per run of the merged index.
+    pub fn map_chain(&mut self, chain: &Chain) -> Result<()> {
+        if chain.size() != self.size as u64 {
+            return Err(Error::Config(format!(
+                "snapshot RAM is {} bytes, this VM has {}",
+                chain.size(),
+                self.size
+            )));
+        }
+        self.map_pages_raw(0, self.pages(), &chain.base_layer().file, 0)?;
+        for run in &chain.merged().runs {
+            let layer = chain.layers().get(run.layer as usize).ok_or_else(|| {
+                Error::Config(format!(
+                    "merged index names layer {} of a {}-layer chain",
+                    run.layer,
+                    chain.layers().len()
+                ))
+            })?;
+            self.map_pages_raw(run.page, run.len, &layer.file, run.file_page)?;
+        }
+        self.set_forkable(0, self.pages(), false)
+    }
+
+    /// Maps `len` pages of `file` from file page `file_page` over guest page `page`,
+    /// private and copy-on-write, and keeps them out of forked writer processes.
+    pub fn map_pages(&self, page: u64, len: u64, file: &File, file_page: u64) -> Result<()> {
+        self.map_pages_raw(page, len, file, file_page)?;
+        self.set_forkable(page, len, false)
+    }
+
+    fn map_pages_raw(&self, page: u64, len: u64, file: &File, file_page: u64) -> Result<()> {
+        let start = self.page_range(page, len)?;
+        // SAFETY: MAP_FIXED inside the range this value owns (checked above).
+        let addr = unsafe {
+            libc::mmap(
+                self.addr.add(start).cast(),
+                len as usize * PAGE_SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_NORESERVE,
+                file.as_raw_fd(),
+                (file_page as usize * PAGE_SIZE) as libc::off_t,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return Err(mem("mmap layer pages MAP_FIXED|MAP_PRIVATE")(std::io::Error::last_os_error()));
+        }
         Ok(())
+    }
+
+    /// Drops the private copies of `len` pages from guest page `page` (`MADV_DONTNEED`):
+    /// their next access sees the layer file again.
+    pub fn drop_pages(&self, page: u64, len: u64) -> Result<()> {
+        self.advise(page, len, libc::MADV_DONTNEED, "madvise MADV_DONTNEED")
+    }
+
+    /// Whether a `fork` copies these pages into the child (`MADV_DOFORK`) or leaves them
+    /// out (`MADV_DONTFORK`, the default for all guest RAM: only a checkpoint's writer
+    /// process inherits RAM, and only the runs it writes).
+    pub fn set_forkable(&self, page: u64, len: u64, forkable: bool) -> Result<()> {
+        let advice = if forkable { libc::MADV_DOFORK } else { libc::MADV_DONTFORK };
+        self.advise(page, len, advice, "madvise MADV_DOFORK/MADV_DONTFORK")
+    }
+
+    fn advise(&self, page: u64, len: u64, advice: libc::c_int, op: &'static str) -> Result<()> {
+        let start = self.page_range(page, len)?;
+        // SAFETY: inside the range this value owns (checked above).
+        let r = unsafe { libc::madvise(self.addr.add(start).cast(), len as usize * PAGE_SIZE, advice) };
+        if r != 0 {
+            return Err(mem(op)(std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
+    fn page_range(&self, page: u64, len: u64) -> Result<usize> {
+        let bytes = len.checked_mul(PAGE_SIZE as u64).and_then(|b| usize::try_from(b).ok());
+        let gpa = page.checked_mul(PAGE_SIZE as u64);
+        match (gpa, bytes) {
+            (Some(gpa), Some(bytes)) => self.check(gpa, bytes),
+            _ => Err(out_of_range(page.saturating_mul(PAGE_SIZE as u64), usize::MAX, self.size)),
+        }
+    }
+
+    /// Number of pages of RAM.
+    pub fn pages(&self) -> u64 {
+        (self.size / PAGE_SIZE) as u64
+    }
+
+    /// Host address of guest page `page` (for the checkpoint writer); `None` outside RAM.
+    pub(crate) fn page_addr(&self, page: u64) -> Option<usize> {
+        self.page_range(page, 1).ok().map(|off| self.addr as usize + off)
+    }
+
+    /// Takes the pages the host wrote since the last call (sorted, unique).
+    pub fn take_host_dirty(&self) -> Vec<u64> {
+        let mut pages = std::mem::take(&mut *self.host_dirty.lock().unwrap_or_else(|e| e.into_inner()));
+        pages.sort_unstable();
+        pages.dedup();
+        pages
+    }
+
+    /// Guest pages that hold a private copy (written since the range was last mapped from
+    /// its layers), sorted, from `/proc/self/pagemap`.
+    pub fn private_pages(&self) -> Result<Vec<u64>> {
+        crate::dirty::private_pages(self.addr as usize, self.size)
     }
 
     /// Host address of guest-physical address 0 (what the KVM slot is registered with).
@@ -101,6 +215,16 @@ impl GuestRam {
     /// Copies `data` into guest RAM at `gpa`.
     pub fn write(&self, gpa: u64, data: &[u8]) -> Result<()> {
         let start = self.check(gpa, data.len())?;
+        if !data.is_empty() {
+            let first = (start / PAGE_SIZE) as u64;
+            let last = ((start + data.len() - 1) / PAGE_SIZE) as u64;
+            let mut dirty = self.host_dirty.lock().unwrap_or_else(|e| e.into_inner());
+            for p in first..=last {
+                if dirty.last() != Some(&p) {
+                    dirty.push(p);
+                }
+            }
+        }
         // SAFETY: bounds checked above; the guest is not running while the host writes
         // (vCPUs run only inside `Vm::run`, which borrows the VM mutably).
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.addr.add(start), data.len()) };
@@ -130,14 +254,17 @@ impl GuestRam {
     /// Writes the whole RAM into a new layer file `dir/name`, atomically.
     ///
     /// All-zero 64 KiB runs are left as holes, so a mostly empty guest gives a sparse file.
-    pub fn write_layer(&self, dir: &Path, name: &str) -> Result<()> {
+    /// Returns the CRC-32 of the whole image, which the snapshot records for verification.
+    pub fn write_layer(&self, dir: &Path, name: &str) -> Result<u32> {
         let final_path = dir.join(name);
         let tmp_path = dir.join(format!(".{name}.tmp"));
         let file = File::create(&tmp_path).map_err(mem("create memory layer temp file"))?;
         file.set_len(self.size as u64).map_err(mem("size memory layer temp file"))?;
         // SAFETY: the whole owned range, read while no vCPU runs.
         let ram = unsafe { std::slice::from_raw_parts(self.addr, self.size) };
+        let mut crc = crc32fast::Hasher::new();
         for (i, page) in ram.chunks(PAGE_SIZE * 16).enumerate() {
+            crc.update(page);
             if page.iter().all(|&b| b == 0) {
                 continue;
             }
@@ -146,12 +273,13 @@ impl GuestRam {
         file.sync_all().map_err(mem("fsync memory layer"))?;
         drop(file);
         std::fs::rename(&tmp_path, &final_path).map_err(mem("rename memory layer"))?;
-        sync_dir(dir)
+        sync_dir(dir)?;
+        Ok(crc.finalize())
     }
 
     /// Maps `size` bytes of `layer` as a private copy-on-write view at a new address.
     pub fn from_layer(layer: &File, size: usize) -> Result<GuestRam> {
-        let mut ram = GuestRam { addr: reserve(size)?, size };
+        let mut ram = GuestRam { addr: reserve(size)?, size, host_dirty: Mutex::new(Vec::new()) };
         ram.map_layer(layer)?;
         Ok(ram)
     }
@@ -246,17 +374,33 @@ pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Res
     File::open(dir)?.sync_all()
 }
 
-/// Saved state of guest RAM: the layer file that holds it, by name relative to the snapshot.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct MemoryState {
-    /// File name of the memory layer inside the snapshot directory.
-    pub layer: String,
-    /// RAM size in bytes (the layer's size).
-    pub size: u64,
+/// CRC-32 of the first `size` bytes of `file` (a base layer), read in 1 MiB chunks.
+pub(crate) fn crc_of_file(file: &File, size: u64) -> std::io::Result<u32> {
+    let mut crc = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut done = 0u64;
+    while done < size {
+        let n = buf.len().min((size - done) as usize);
+        let chunk = &mut buf[..n];
+        file.read_exact_at(chunk, done)?;
+        crc.update(chunk);
+        done += n as u64;
+    }
+    Ok(crc.finalize())
 }
 
-/// A fresh layer name: unique per process and moment, never a path.
-fn new_layer_name() -> String {
+/// Saved state of guest RAM: the chain of layer files that holds it, by name relative to
+/// the snapshot directory.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct MemoryState {
+    /// RAM size in bytes.
+    pub size: u64,
+    /// The layers, base first, then deltas oldest first.
+    pub layers: Vec<LayerRef>,
+}
+
+/// A fresh layer name with `ext`: unique per process and moment, never a path.
+pub(crate) fn new_layer_name(ext: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
@@ -264,20 +408,22 @@ fn new_layer_name() -> String {
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
     let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-    format!("mem-{nanos:x}-{:x}-{seq}.layer", std::process::id())
+    format!("mem-{nanos:x}-{:x}-{seq}.{ext}", std::process::id())
 }
 
 impl crate::snapshot::Snapshottable for GuestRam {
     type State = MemoryState;
 
-    /// Freezes RAM into a new layer and re-maps this VM's own RAM onto it, so the source and
-    /// its children share every clean page from now on.
+    /// Records the layer chain the checkpoint prepared for this RAM (the checkpoint code
+    /// writes the layers: the base inline, deltas in a writer process).
     fn save(&mut self, ctx: &mut crate::snapshot::SaveContext) -> Result<MemoryState> {
-        let layer = new_layer_name();
-        self.write_layer(ctx.dir(), &layer)?;
-        let file = File::open(ctx.dir().join(&layer)).map_err(mem("open new memory layer"))?;
-        self.map_layer(&file)?;
-        Ok(MemoryState { layer, size: self.size as u64 })
+        let layers = ctx.layers().to_vec();
+        match layers.first() {
+            Some(LayerRef { kind: LayerKind::Base { .. }, .. }) => {
+                Ok(MemoryState { size: self.size as u64, layers })
+            }
+            _ => Err(Error::Config("a snapshot was saved without a base memory layer".into())),
+        }
     }
 
     fn restore(&mut self, state: &MemoryState, ctx: &crate::snapshot::RestoreContext) -> Result<()> {
@@ -287,6 +433,6 @@ impl crate::snapshot::Snapshottable for GuestRam {
                 state.size, self.size
             )));
         }
-        self.map_layer(ctx.layer())
+        self.map_chain(ctx.chain())
     }
 }

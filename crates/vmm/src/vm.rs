@@ -3,13 +3,14 @@
 //! The order of construction is fixed by what this host measured (HOST.md): VM, RAM slot,
 //! then the in-kernel irqchip and PIT, then vCPUs.
 
+use crate::checkpoint::Lineage;
 use crate::devices::doorbell::{Doorbell, DOORBELL_BASE, DOORBELL_LEN};
-use crate::devices::{Bus, DeviceState};
+use crate::devices::{Bus, BusState, DeviceState};
 use crate::error::{kvm, Error, Result};
 use crate::hypervisor::Hypervisor;
 use crate::memory::GuestRam;
 use crate::snapshot::{format, MachineState, RestoreContext, SaveContext, Snapshot, Snapshottable};
-use crate::vstate::{PauseHandle, RunOutcome, Vcpu, VmCore};
+use crate::vstate::{PauseHandle, RunOutcome, Vcpu, VcpuState, VmCore, VmState};
 use kvm_bindings::kvm_userspace_memory_region;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -36,6 +37,17 @@ pub struct Vm {
     mmio: Bus,
     pio: Bus,
     config: VmConfig,
+    /// The layers under this VM's RAM and what was dirtied since; `None` while its RAM is
+    /// still anonymous (booted, never snapshotted).
+    pub(crate) lineage: Option<Lineage>,
+}
+
+/// Everything a VM's state holds except memory: VM-wide, vCPU and device state.
+pub(crate) struct CpuState {
+    pub vm: VmState,
+    pub vcpus: Vec<VcpuState>,
+    pub mmio: BusState,
+    pub pio: BusState,
 }
 
 impl Vm {
@@ -75,7 +87,7 @@ impl Vm {
             .collect::<Result<Vec<_>>>()?;
         let mut mmio = Bus::default();
         mmio.insert(DOORBELL_BASE, DOORBELL_LEN, Box::<Doorbell>::default())?;
-        Ok(Vm { vcpus, core, ram, mmio, pio: Bus::default(), config })
+        Ok(Vm { vcpus, core, ram, mmio, pio: Bus::default(), config, lineage: None })
     }
 
     /// Builds a fresh VM ready for a guest to be installed: a shell whose vCPUs get the
@@ -92,6 +104,7 @@ impl Vm {
     /// private copy-on-write view of the snapshot's layer, nothing is copied.
     pub fn restore_into(mut shell: Vm, snapshot: &Snapshot) -> Result<Vm> {
         shell.restore(snapshot.state(), snapshot.context())?;
+        shell.lineage = Some(Lineage::new(snapshot.dir(), snapshot.chain()));
         Ok(shell)
     }
 
@@ -110,6 +123,63 @@ impl Vm {
     /// Guest RAM.
     pub fn ram(&self) -> &GuestRam {
         &self.ram
+    }
+
+    /// Guest RAM, for re-pointing its layers.
+    pub(crate) fn ram_mut(&mut self) -> &mut GuestRam {
+        &mut self.ram
+    }
+
+    /// Turns KVM dirty page logging of the RAM slot on or off (re-registers the slot with
+    /// only its flags changed; turning it on starts an empty log).
+    pub(crate) fn set_dirty_logging(&mut self, on: bool) -> Result<()> {
+        let region = kvm_userspace_memory_region {
+            slot: 0,
+            flags: if on { kvm_bindings::KVM_MEM_LOG_DIRTY_PAGES } else { 0 },
+            guest_phys_addr: 0,
+            memory_size: self.config.mem_size,
+            userspace_addr: self.ram.host_addr(),
+        };
+        // SAFETY: the same region as registered at creation; only the flags change.
+        unsafe { self.core.fd().set_user_memory_region(region) }
+            .map_err(kvm("KVM_SET_USER_MEMORY_REGION (dirty log)"))
+    }
+
+    /// Guest pages KVM logged as written since the last call (dirty logging must be on).
+    pub(crate) fn take_dirty_log(&self) -> Result<Vec<u64>> {
+        let size = usize::try_from(self.config.mem_size)
+            .map_err(|_| Error::Config("RAM size does not fit".into()))?;
+        let bitmap = self.core.fd().get_dirty_log(0, size).map_err(kvm("KVM_GET_DIRTY_LOG"))?;
+        Ok(crate::dirty::bitmap_pages(&bitmap))
+    }
+
+    /// Saves the VM-wide, vCPU and device state; the VM is paused.
+    pub(crate) fn save_cpu(&mut self) -> Result<CpuState> {
+        // A device's and vCPU's save never writes files: the context's directory is unused.
+        let ctx = &mut SaveContext::new(Path::new("."), Vec::new());
+        // vCPUs first: saving completes any access left pending by the last exit, which may
+        // still change device state.
+        let vcpus = self.vcpus.iter_mut().map(|v| v.save(ctx)).collect::<Result<Vec<_>>>()?;
+        Ok(CpuState { vm: self.core.save(ctx)?, vcpus, mmio: self.mmio.save(ctx)?, pio: self.pio.save(ctx)? })
+    }
+
+    /// Restores the VM-wide, vCPU and device parts of a saved state.
+    pub(crate) fn restore_cpu(
+        &mut self,
+        vm: &VmState,
+        vcpus: &[VcpuState],
+        buses: (&BusState, &BusState),
+        ctx: &RestoreContext,
+    ) -> Result<()> {
+        if vcpus.len() != self.vcpus.len() {
+            return Err(Error::Config(format!("{} vCPU states for {} vCPUs", vcpus.len(), self.vcpus.len())));
+        }
+        self.core.restore(vm, ctx)?;
+        for (vcpu, s) in self.vcpus.iter_mut().zip(vcpus) {
+            vcpu.restore(s, ctx)?;
+        }
+        self.mmio.restore(buses.0, ctx)?;
+        self.pio.restore(buses.1, ctx)
     }
 
     /// The KVM VM and its VM-wide devices.
@@ -131,7 +201,7 @@ impl Vm {
     pub fn doorbell(&mut self) -> Result<crate::devices::doorbell::DoorbellState> {
         // A device's state is only reachable through its `save`; the doorbell writes no file,
         // so the context's directory is never used.
-        let mut ctx = SaveContext::new(Path::new("."));
+        let mut ctx = SaveContext::new(Path::new("."), Vec::new());
         match self.mmio.device_at(DOORBELL_BASE) {
             Some(dev) => match dev.save(&mut ctx)? {
                 DeviceState::Doorbell(s) => Ok(s),
@@ -151,16 +221,12 @@ impl Vm {
         vcpu.run(&mut self.mmio, &mut self.pio)
     }
 
-    /// Takes a snapshot of this paused VM into the existing directory `dir`: a new memory
-    /// layer plus the state file, both written atomically. Afterwards this VM's own RAM is a
-    /// copy-on-write view of the new layer, shared with every child forked from it.
+    /// Takes a snapshot of this paused VM into the existing directory `dir` as its default
+    /// snapshot (`vm.state`) and waits until it is durable. The first snapshot of a VM
+    /// writes a full memory layer; later ones into the same directory write a delta layer.
+    /// Afterwards this VM's RAM is a copy-on-write view shared with every child.
     pub fn snapshot(&mut self, dir: &Path) -> Result<()> {
-        let mut ctx = SaveContext::new(dir);
-        let state = self.save(&mut ctx)?;
-        let bytes = format::encode(&state)?;
-        let path = dir.join(crate::snapshot::STATE_FILE);
-        crate::memory::write_atomic(dir, crate::snapshot::STATE_FILE, &bytes)
-            .map_err(|source| Error::SnapshotIo { path, op: "write", source })
+        self.checkpoint(dir, crate::snapshot::DEFAULT_NAME)?.wait().map(|_| ())
     }
 }
 
@@ -168,15 +234,13 @@ impl Snapshottable for Vm {
     type State = MachineState;
 
     fn save(&mut self, ctx: &mut SaveContext) -> Result<MachineState> {
-        // vCPUs first: saving completes any access left pending by the last exit, which may
-        // still change device state.
-        let vcpus = self.vcpus.iter_mut().map(|v| v.save(ctx)).collect::<Result<Vec<_>>>()?;
+        let cpu = self.save_cpu()?;
         Ok(MachineState {
             config: self.config,
-            vm: self.core.save(ctx)?,
-            vcpus,
-            mmio: self.mmio.save(ctx)?,
-            pio: self.pio.save(ctx)?,
+            vm: cpu.vm,
+            vcpus: cpu.vcpus,
+            mmio: cpu.mmio,
+            pio: cpu.pio,
             memory: self.ram.save(ctx)?,
         })
     }
@@ -189,11 +253,6 @@ impl Snapshottable for Vm {
             )));
         }
         self.ram.restore(&state.memory, ctx)?;
-        self.core.restore(&state.vm, ctx)?;
-        for (vcpu, s) in self.vcpus.iter_mut().zip(&state.vcpus) {
-            vcpu.restore(s, ctx)?;
-        }
-        self.mmio.restore(&state.mmio, ctx)?;
-        self.pio.restore(&state.pio, ctx)
+        self.restore_cpu(&state.vm, &state.vcpus, (&state.mmio, &state.pio), ctx)
     }
 }

@@ -26,7 +26,7 @@ use std::path::Path;
 /// First bytes of every state file.
 pub const MAGIC: [u8; 8] = *b"BBXVMST\0";
 /// The one format version this build reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 32;
 /// Largest payload accepted (a few vCPUs' state is tens of KiB).
@@ -128,17 +128,21 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<MachineState> {
 
 /// Checks what the decoder cannot: references and sizes that must make sense.
 fn validate(state: &MachineState) -> std::result::Result<(), String> {
-    let layer = &state.memory.layer;
-    let plain = !layer.is_empty()
-        && layer.len() <= 255
-        && layer != "."
-        && layer != ".."
-        && !layer.contains('/')
-        && !layer.contains('\0');
-    if !plain {
-        return Err(format!(
-            "memory layer name {layer:?} is not a plain file name inside the snapshot directory"
-        ));
+    let layers = &state.memory.layers;
+    if layers.is_empty() || layers.len() > crate::layers::MAX_LAYERS {
+        return Err(format!("{} memory layers (1..={} allowed)", layers.len(), crate::layers::MAX_LAYERS));
+    }
+    for (i, layer) in layers.iter().enumerate() {
+        let name = &layer.name;
+        if !plain_name(name) {
+            return Err(format!(
+                "memory layer name {name:?} is not a plain file name inside the snapshot directory"
+            ));
+        }
+        let is_base = matches!(layer.kind, crate::layers::LayerKind::Base { .. });
+        if is_base != (i == 0) {
+            return Err("the first memory layer must be the base and only the first".into());
+        }
     }
     let size = state.memory.size;
     if size == 0 || size > MAX_RAM || size % crate::memory::PAGE_SIZE as u64 != 0 {
@@ -160,6 +164,16 @@ fn validate(state: &MachineState) -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// Whether `name` is a plain file name: no directory part, not `.`/`..`, no NUL.
+pub fn plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 255
+        && name != "."
+        && name != ".."
+        && !name.contains('/')
+        && !name.contains('\0')
+}
+
 /// Reads and decodes a state file, refusing files larger than any valid one.
 pub fn read_state_file(path: &Path) -> Result<MachineState> {
     let io = |op| move |source| Error::SnapshotIo { path: path.to_path_buf(), op, source };
@@ -173,6 +187,7 @@ pub fn read_state_file(path: &Path) -> Result<MachineState> {
 mod tests {
     use super::*;
     use crate::devices::BusState;
+    use crate::layers::{LayerKind, LayerRef};
     use crate::memory::MemoryState;
     use crate::vm::VmConfig;
     use crate::vstate::{VcpuState, VmState};
@@ -195,7 +210,10 @@ mod tests {
                 msrs: vec![Default::default(); 5],
                 events: Default::default(),
             }],
-            memory: MemoryState { layer: "mem.layer".into(), size: 8 << 20 },
+            memory: MemoryState {
+                size: 8 << 20,
+                layers: vec![LayerRef { name: "mem.layer".into(), kind: LayerKind::Base { crc32: 1 } }],
+            },
             mmio: BusState { devices: vec![] },
             pio: BusState { devices: vec![] },
         }
@@ -225,7 +243,7 @@ mod tests {
     fn layer_names_that_leave_the_directory_are_refused() {
         for name in ["../x", "/etc/passwd", "", "..", "a/b"] {
             let mut s = sample();
-            s.memory.layer = name.into();
+            s.memory.layers[0].name = name.into();
             let err = decode(p(), &encode(&s).unwrap()).unwrap_err();
             assert!(matches!(err, Error::SnapshotCorrupt { .. }), "{name}: {err:?}");
         }

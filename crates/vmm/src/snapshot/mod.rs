@@ -1,7 +1,8 @@
 //! Snapshots: one trait every stateful part implements, and the file that holds them all.
 //!
-//! A snapshot is a directory with a state file ([`STATE_FILE`], format in [`format`]) and the
-//! memory layer files it names by relative name. The state is a tree that mirrors the VM:
+//! A snapshot directory (a store) holds state files (`<name>.state`, format in [`format`];
+//! [`STATE_FILE`] is the default one) and the memory layer files they name by relative name;
+//! checkpoints of one VM share the layers of their chain in one directory. The state is a tree that mirrors the VM:
 //! [`MachineState`] holds the VM-wide KVM state, every vCPU's state, the memory's layer
 //! reference and every device's state, each produced by that part's [`Snapshottable`] impl.
 
@@ -9,6 +10,7 @@ pub mod format;
 
 use crate::devices::BusState;
 use crate::error::{Error, Result};
+use crate::layers::{Chain, LayerRef};
 use crate::memory::MemoryState;
 use crate::vm::VmConfig;
 use crate::vstate::{VcpuState, VmState};
@@ -17,8 +19,12 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// Name of the state file inside a snapshot directory.
+/// Name of the default state file inside a snapshot directory.
 pub const STATE_FILE: &str = "vm.state";
+/// Name of the snapshot [`STATE_FILE`] holds.
+pub const DEFAULT_NAME: &str = "vm";
+/// Extension of state files.
+pub const STATE_EXT: &str = "state";
 
 /// A part of a VM whose state a snapshot must carry.
 ///
@@ -33,32 +39,43 @@ pub trait Snapshottable {
     fn restore(&mut self, state: &Self::State, ctx: &RestoreContext) -> Result<()>;
 }
 
-/// Where a snapshot being taken writes its files.
+/// Where a snapshot being taken writes its files, and the memory layers it will name.
 pub struct SaveContext {
     dir: PathBuf,
+    layers: Vec<LayerRef>,
 }
 
 impl SaveContext {
-    /// A context writing into the existing directory `dir`.
-    pub fn new(dir: &Path) -> SaveContext {
-        SaveContext { dir: dir.to_path_buf() }
+    /// A context writing into the existing directory `dir`, naming memory `layers`.
+    pub fn new(dir: &Path, layers: Vec<LayerRef>) -> SaveContext {
+        SaveContext { dir: dir.to_path_buf(), layers }
     }
 
     /// The snapshot directory.
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+
+    /// The memory layers (base first) the checkpoint prepared.
+    pub fn layers(&self) -> &[LayerRef] {
+        &self.layers
+    }
 }
 
-/// The opened files a restore reads from, shared by every child of one snapshot.
+/// The opened layer chain a restore maps, shared by every child of one snapshot.
 pub struct RestoreContext {
-    layer: Arc<File>,
+    chain: Arc<Chain>,
 }
 
 impl RestoreContext {
-    /// The memory layer the restored RAM maps.
+    /// The memory layer chain the restored RAM maps.
+    pub fn chain(&self) -> &Chain {
+        &self.chain
+    }
+
+    /// The base memory layer file.
     pub fn layer(&self) -> &File {
-        &self.layer
+        &self.chain.base_layer().file
     }
 }
 
@@ -79,32 +96,73 @@ pub struct MachineState {
     pub pio: BusState,
 }
 
-/// A snapshot opened for restoring: its state parsed and checked, its memory layer opened.
+/// A snapshot opened for restoring: its state parsed and checked, its layer chain opened
+/// and its merged page index built.
 ///
-/// Opening is done once; every child forked from it reuses the parsed state and the open
-/// layer file, so the spawn path neither parses nor opens anything.
+/// Opening is done once; every child forked from it reuses the parsed state, the open
+/// layer files and the index, so the spawn path neither parses nor opens anything.
 pub struct Snapshot {
     dir: PathBuf,
+    name: String,
     state: MachineState,
     ctx: RestoreContext,
 }
 
+/// Whether `name` can name a snapshot: letters, digits, `-` and `_`, 1 to 128 of them.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// File name of the state file of snapshot `name`.
+pub fn state_file_name(name: &str) -> String {
+    format!("{name}.{STATE_EXT}")
+}
+
 impl Snapshot {
-    /// Reads and checks `dir/vm.state` and opens the memory layer it names.
+    /// Reads and checks `dir/vm.state` and opens the memory layers it names.
     pub fn open(dir: &Path) -> Result<Snapshot> {
-        let path = dir.join(STATE_FILE);
-        let state = format::read_state_file(&path)?;
-        let layer_path = dir.join(&state.memory.layer);
-        let layer = File::open(&layer_path)
-            .map_err(|source| Error::LayerMissing { path: layer_path.clone(), source })?;
-        let found = layer
-            .metadata()
-            .map_err(|source| Error::LayerMissing { path: layer_path.clone(), source })?
-            .len();
-        if found != state.memory.size {
-            return Err(Error::LayerSize { path: layer_path, found, expected: state.memory.size });
+        Snapshot::open_named(dir, DEFAULT_NAME)
+    }
+
+    /// Reads and checks `dir/<name>.state` and opens the memory layers it names.
+    pub fn open_named(dir: &Path, name: &str) -> Result<Snapshot> {
+        if !valid_name(name) {
+            return Err(Error::Config(format!("{name:?} is not a snapshot name (letters, digits, - and _)")));
         }
-        Ok(Snapshot { dir: dir.to_path_buf(), state, ctx: RestoreContext { layer: Arc::new(layer) } })
+        let path = dir.join(state_file_name(name));
+        let state = format::read_state_file(&path)?;
+        let chain = Chain::open(dir, &state.memory.layers, state.memory.size)?;
+        Ok(Snapshot::from_parts(dir, name, state, Arc::new(chain)))
+    }
+
+    /// A snapshot whose state and chain are already in memory (a checkpoint just taken).
+    pub(crate) fn from_parts(dir: &Path, name: &str, state: MachineState, chain: Arc<Chain>) -> Snapshot {
+        Snapshot { dir: dir.to_path_buf(), name: name.to_string(), state, ctx: RestoreContext { chain } }
+    }
+
+    /// Names of the complete snapshots in `dir`, sorted: state files that parse and whose
+    /// layers are all present and well-formed. Leftovers of an interrupted write (`.tmp`
+    /// files, layers no state file names) are not snapshots and are not listed.
+    pub fn list(dir: &Path) -> Result<Vec<String>> {
+        let entries = std::fs::read_dir(dir).map_err(|source| Error::SnapshotIo {
+            path: dir.to_path_buf(),
+            op: "list",
+            source,
+        })?;
+        let mut names = Vec::new();
+        for entry in entries.flatten() {
+            let file = entry.file_name();
+            let Some(name) = file.to_str().and_then(|f| f.strip_suffix(&format!(".{STATE_EXT}"))) else {
+                continue;
+            };
+            if valid_name(name) && Snapshot::open_named(dir, name).is_ok() {
+                names.push(name.to_string());
+            }
+        }
+        names.sort();
+        Ok(names)
     }
 
     /// The snapshot directory.
@@ -112,13 +170,29 @@ impl Snapshot {
         &self.dir
     }
 
+    /// The snapshot's name (its state file is `<name>.state`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// The parsed machine state.
     pub fn state(&self) -> &MachineState {
         &self.state
     }
 
-    /// The opened files restores read from.
+    /// The opened layers restores map.
     pub fn context(&self) -> &RestoreContext {
         &self.ctx
+    }
+
+    /// The opened memory layer chain.
+    pub fn chain(&self) -> &Arc<Chain> {
+        &self.ctx.chain
+    }
+
+    /// Reads every layer of the chain in full and checks its checksum (on demand; reads all
+    /// of RAM, so never on the spawn path).
+    pub fn verify(&self) -> Result<()> {
+        self.ctx.chain.verify()
     }
 }

@@ -1,0 +1,422 @@
+//! Time travel for one VM: checkpoint in place, roll back in place, branch a live VM.
+//!
+//! A VM's RAM is a `MAP_PRIVATE` view of a layer chain plus private copies of the pages
+//! written since; [`Lineage`] tracks which chain the mapping shows (`mapped`), which chain
+//! the next checkpoint extends (`head`) and which pages may be private.
+//!
+//! - **Checkpoint**: the first one of a VM writes a full base layer (inline). Later ones
+//!   take the pages dirtied since the previous checkpoint, save CPU and device state, and
+//!   `fork` a writer process that writes the delta layer and state file from memory as it
+//!   was at that instant (`layers::writer`); the VM may run again as soon as this returns.
+//! - **Rollback**: restore CPU/device state (undone if KVM refuses any of it), then drop
+//!   or re-map only the pages that can differ from the target (`layers::rollback_plan`).
+//! - **Branch**: a checkpoint of a running VM, then children forked from it.
+
+use crate::dirty;
+use crate::error::{Error, Result};
+use crate::fork::{fork, ShellPool};
+use crate::layers::delta::{data_offset, encode_header, index_bytes, DeltaHeader};
+use crate::layers::writer::{WritePlan, Writer};
+use crate::layers::{rollback_plan, Chain, LayerKind, LayerRef, OpenLayer, RemapOp};
+use crate::memory::{new_layer_name, write_atomic, PAGE_SIZE};
+use crate::snapshot::{
+    format, state_file_name, valid_name, MachineState, SaveContext, Snapshot, Snapshottable,
+};
+use crate::vm::Vm;
+use std::ffi::CString;
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The layers under a VM's RAM and what it dirtied since they were mapped.
+pub(crate) struct Lineage {
+    /// Directory holding the chain's layers.
+    dir: PathBuf,
+    /// The chain the next checkpoint extends.
+    head: Arc<Chain>,
+    /// The chain the RAM mapping shows (apart from private copies).
+    mapped: Arc<Chain>,
+    /// Pages written since `mapped` was mapped that earlier checkpoints already harvested
+    /// from the dirty log (sorted): they may hold private copies.
+    dirty: Vec<u64>,
+    /// Whether KVM dirty logging is on; off until the first delta checkpoint, which takes
+    /// its dirty set from `/proc/self/pagemap` instead (valid while `head` is `mapped`).
+    logging: bool,
+}
+
+impl Lineage {
+    /// A VM whose RAM was just mapped from `chain` in `dir`.
+    pub(crate) fn new(dir: &Path, chain: &Arc<Chain>) -> Lineage {
+        Lineage {
+            dir: dir.to_path_buf(),
+            head: Arc::clone(chain),
+            mapped: Arc::clone(chain),
+            dirty: Vec::new(),
+            logging: false,
+        }
+    }
+}
+
+/// A checkpoint just taken: its VM may run again; its layer may still be being written.
+pub struct Checkpoint {
+    dir: PathBuf,
+    name: String,
+    pause: Duration,
+    pages: u64,
+    state: MachineState,
+    chain: Arc<Chain>,
+    writer: Option<Writer>,
+}
+
+impl Checkpoint {
+    /// The snapshot name (state file `<name>.state` in the directory).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How long the VM had to stay paused for this checkpoint.
+    pub fn pause(&self) -> Duration {
+        self.pause
+    }
+
+    /// Pages the checkpoint's new layer holds (all of RAM for a base layer).
+    pub fn pages(&self) -> u64 {
+        self.pages
+    }
+
+    /// Waits until the layer's content is complete (not yet durable) and returns the
+    /// snapshot, ready to fork or roll back to.
+    pub fn ready(&mut self) -> Result<Snapshot> {
+        if let Some(w) = &mut self.writer {
+            w.ready()?;
+        }
+        Ok(self.snapshot())
+    }
+
+    /// Waits until the layer and the state file are durable and named (listed by
+    /// [`Snapshot::list`]) and returns the snapshot.
+    pub fn wait(mut self) -> Result<Snapshot> {
+        if let Some(w) = &mut self.writer {
+            w.wait()?;
+        }
+        Ok(self.snapshot())
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        Snapshot::from_parts(&self.dir, &self.name, self.state.clone(), Arc::clone(&self.chain))
+    }
+}
+
+/// A random 64-bit id for a new delta layer.
+fn random_id() -> Result<u64> {
+    let mut b = [0u8; 8];
+    // SAFETY: fills the 8-byte buffer.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != 8 {
+        return Err(Error::Memory { op: "getrandom", source: std::io::Error::last_os_error() });
+    }
+    Ok(u64::from_le_bytes(b))
+}
+
+fn cstr(dir_relative: String) -> Result<CString> {
+    CString::new(dir_relative).map_err(|_| Error::Config("a file name contains NUL".into()))
+}
+
+fn io(op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
+    move |source| Error::Memory { op, source }
+}
+
+/// Joins runs whose gaps are at most `gap` pages: fewer `madvise` calls and VMA splits
+/// around the writer's fork, for a few clean pages' page tables copied.
+fn fork_ranges(runs: &[(u64, u64)], gap: u64) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &(p, l) in runs {
+        match out.last_mut() {
+            Some((s, len)) if *s + *len + gap >= p => *len = p + l - *s,
+            _ => out.push((p, l)),
+        }
+    }
+    out
+}
+
+impl Vm {
+    /// Freezes this paused VM into snapshot `name` in `dir` and returns as soon as the VM
+    /// may run again. The VM's first checkpoint (or one into another directory than its
+    /// layers) writes a full base layer before returning; later ones write only the pages
+    /// dirtied since the previous checkpoint, in a delta layer written after the return
+    /// from memory captured now. [`Checkpoint::wait`] makes it durable.
+    pub fn checkpoint(&mut self, dir: &Path, name: &str) -> Result<Checkpoint> {
+        let start = Instant::now();
+        if !valid_name(name) {
+            return Err(Error::Config(format!("{name:?} is not a snapshot name (letters, digits, - and _)")));
+        }
+        match self.lineage.take() {
+            Some(lineage) if lineage.dir == dir => self.checkpoint_delta(lineage, name, start),
+            other => {
+                let logging = other.as_ref().is_some_and(|l| l.logging);
+                self.lineage = other;
+                self.checkpoint_full(dir, name, start, logging)
+            }
+        }
+    }
+
+    fn checkpoint_full(
+        &mut self,
+        dir: &Path,
+        name: &str,
+        start: Instant,
+        logging: bool,
+    ) -> Result<Checkpoint> {
+        let cpu = self.save_cpu()?;
+        let layer = new_layer_name("layer");
+        let crc32 = self.ram().write_layer(dir, &layer)?;
+        let path = dir.join(&layer);
+        let file = File::open(&path).map_err(|source| Error::LayerMissing { path: path.clone(), source })?;
+        let kind = LayerKind::Base { crc32 };
+        let open = OpenLayer { name: layer, path, file, kind, data_page: 0 };
+        let chain = Arc::new(Chain::base(self.config().mem_size, Arc::new(open)));
+        self.ram_mut().map_chain(&chain)?;
+        let mut lineage = Lineage::new(dir, &chain);
+        lineage.logging = logging;
+        self.lineage = Some(lineage);
+        self.ram().take_host_dirty();
+        if logging {
+            // The mapping now equals the new layer: start the next dirty set empty.
+            self.take_dirty_log()?;
+        }
+        let state = MachineState {
+            config: self.config(),
+            vm: cpu.vm,
+            vcpus: cpu.vcpus,
+            mmio: cpu.mmio,
+            pio: cpu.pio,
+            memory: crate::memory::MemoryState { size: chain.size(), layers: chain.refs() },
+        };
+        let bytes = format::encode(&state)?;
+        let state_name = state_file_name(name);
+        write_atomic(dir, &state_name, &bytes).map_err(|source| Error::SnapshotIo {
+            path: dir.join(&state_name),
+            op: "write",
+            source,
+        })?;
+        Ok(Checkpoint {
+            dir: dir.to_path_buf(),
+            name: name.to_string(),
+            pause: start.elapsed(),
+            pages: self.ram().pages(),
+            state,
+            chain,
+            writer: None,
+        })
+    }
+
+    /// Pages written since the head checkpoint: the dirty log, or while logging is off
+    /// (head is still what is mapped) the private pages; then logging starts.
+    fn dirty_since_head(&mut self, lineage: &mut Lineage) -> Result<Vec<u64>> {
+        let host = self.ram().take_host_dirty();
+        if lineage.logging {
+            return Ok(dirty::union(&self.take_dirty_log()?, &host));
+        }
+        let private = self.ram().private_pages()?;
+        self.set_dirty_logging(true)?;
+        lineage.logging = true;
+        Ok(dirty::union(&private, &host))
+    }
+
+    fn checkpoint_delta(&mut self, mut lineage: Lineage, name: &str, start: Instant) -> Result<Checkpoint> {
+        let result = self.write_delta(&mut lineage, name, start);
+        self.lineage = Some(lineage);
+        result
+    }
+
+    fn write_delta(&mut self, lineage: &mut Lineage, name: &str, start: Instant) -> Result<Checkpoint> {
+        let dir = lineage.dir.clone();
+        let layer = new_layer_name("delta");
+        let id = random_id()?;
+        let mut refs: Vec<LayerRef> = lineage.head.refs();
+        refs.push(LayerRef { name: layer.clone(), kind: LayerKind::Delta { id } });
+        // CPU state first: saving completes a pending guest access, which may write memory.
+        let state = self.save(&mut SaveContext::new(&dir, refs))?;
+        let pages = self.dirty_since_head(lineage)?;
+        lineage.dirty = dirty::union(&lineage.dirty, &pages);
+        let n = pages.len() as u64;
+        let data_off = data_offset(n);
+        let index = index_bytes(&pages);
+        let raw_index = index.get(..pages.len() * 8).unwrap_or(&[]);
+        let header = encode_header(&DeltaHeader {
+            ram_size: self.config().mem_size,
+            pages: n,
+            data_off,
+            id,
+            index_crc: crc32fast::hash(raw_index),
+            data_crc: 0,
+        });
+        let layer_tmp = format!(".{layer}.tmp");
+        let delta = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(dir.join(&layer_tmp))
+            .map_err(io("create delta layer temp file"))?;
+        delta.set_len(data_off + n * PAGE_SIZE as u64).map_err(io("size delta layer temp file"))?;
+        let bytes = format::encode(&state)?;
+        let state_name = state_file_name(name);
+        let state_tmp = format!(".{state_name}.tmp");
+        let state_file = File::create(dir.join(&state_tmp)).map_err(io("create state temp file"))?;
+        let runs = dirty::runs(&pages);
+        let ram_runs = runs
+            .iter()
+            .map(|&(p, l)| {
+                let addr = self
+                    .ram()
+                    .page_addr(p)
+                    .ok_or_else(|| Error::Config(format!("dirty page {p} outside RAM")))?;
+                Ok((addr, l as usize * PAGE_SIZE))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let plan = WritePlan {
+            dir: File::open(&dir).map_err(io("open snapshot directory"))?,
+            delta: delta.try_clone().map_err(io("duplicate delta descriptor"))?,
+            header,
+            index,
+            data_off,
+            runs: ram_runs,
+            delta_names: (cstr(layer_tmp)?, cstr(layer.clone())?),
+            state: (state_file, bytes, cstr(state_tmp)?, cstr(state_name)?),
+        };
+        let shared = fork_ranges(&runs, 64);
+        for &(p, l) in &shared {
+            self.ram().set_forkable(p, l, true)?;
+        }
+        let writer = Writer::spawn(&plan);
+        for &(p, l) in &shared {
+            self.ram().set_forkable(p, l, false)?;
+        }
+        let writer = writer?;
+        let open = OpenLayer {
+            name: layer.clone(),
+            path: dir.join(&layer),
+            file: delta,
+            kind: LayerKind::Delta { id },
+            data_page: data_off / PAGE_SIZE as u64,
+        };
+        let chain = Arc::new(Chain::extend(&lineage.head, Arc::new(open), Arc::new(pages)));
+        lineage.head = Arc::clone(&chain);
+        Ok(Checkpoint {
+            dir,
+            name: name.to_string(),
+            pause: start.elapsed(),
+            pages: n,
+            state,
+            chain,
+            writer: Some(writer),
+        })
+    }
+
+    /// Returns this paused VM, in place, to snapshot `to` (one of its checkpoints, or any
+    /// snapshot of the same shape): CPU, device and memory state. Memory work is
+    /// proportional to the pages dirtied since the mapping was last re-pointed plus the
+    /// delta pages of the two chains, not to RAM size. If KVM refuses the target's CPU or
+    /// device state, the VM's own state is put back and the VM is unchanged.
+    pub fn rollback(&mut self, to: &Snapshot) -> Result<()> {
+        let target = to.state();
+        if target.config != self.config() {
+            return Err(Error::Config(format!(
+                "snapshot is for a VM shaped {:?}, this VM is {:?}",
+                target.config,
+                self.config()
+            )));
+        }
+        let now = self.save_cpu()?;
+        if let Err(e) = self.restore_cpu(&target.vm, &target.vcpus, (&target.mmio, &target.pio), to.context())
+        {
+            let undo = self.restore_cpu(&now.vm, &now.vcpus, (&now.mmio, &now.pio), to.context());
+            return Err(match undo {
+                Ok(()) => e,
+                Err(u) => {
+                    Error::Checkpoint(format!("rollback failed ({e}) and so did putting the VM back ({u})"))
+                }
+            });
+        }
+        let chain = to.chain();
+        let lineage = self.lineage.take();
+        let logging = lineage.as_ref().is_some_and(|l| l.logging);
+        let result = match lineage {
+            Some(l) if l.mapped.base_layer().name == chain.base_layer().name => {
+                let mut dirty = dirty::union(&l.dirty, &self.ram().take_host_dirty());
+                if l.logging {
+                    dirty = dirty::union(&dirty, &self.take_dirty_log()?);
+                } else {
+                    dirty = dirty::union(&dirty, &self.ram().private_pages()?);
+                }
+                self.apply(&rollback_plan(&l.mapped, chain, &dirty), chain)
+            }
+            _ => {
+                self.ram().take_host_dirty();
+                if logging {
+                    self.take_dirty_log()?;
+                }
+                self.ram_mut().map_chain(chain)
+            }
+        };
+        let mut lineage = Lineage::new(to.dir(), chain);
+        lineage.logging = logging;
+        self.lineage = Some(lineage);
+        result
+    }
+
+    fn apply(&self, ops: &[RemapOp], chain: &Chain) -> Result<()> {
+        for op in ops {
+            match *op {
+                RemapOp::Drop { page, len } => self.ram().drop_pages(page, len)?,
+                RemapOp::Map { page, len, layer, file_page } => {
+                    let file = &chain
+                        .layers()
+                        .get(layer as usize)
+                        .ok_or_else(|| Error::Config(format!("rollback plan names missing layer {layer}")))?
+                        .file;
+                    self.ram().map_pages(page, len, file, file_page)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A branch of a running VM: the checkpoint taken of it and the children forked from it.
+pub struct LiveFork {
+    /// The checkpoint (call [`Checkpoint::wait`] to make it durable).
+    pub checkpoint: Checkpoint,
+    /// The snapshot the children came from.
+    pub snapshot: Snapshot,
+    /// Each child, or why it failed.
+    pub children: Vec<Result<Vm>>,
+}
+
+/// Forks `n` children of `source` (paused by the caller) through checkpoint `name` in
+/// `dir`. The source may run again once this returns; its pause is
+/// `checkpoint.pause()`. A caller running the source on another thread resumes it right
+/// after [`Vm::checkpoint`] and forks from [`Checkpoint::ready`] itself.
+pub fn fork_live(
+    source: &mut Vm,
+    dir: &Path,
+    name: &str,
+    n: usize,
+    pool: &mut ShellPool,
+) -> Result<LiveFork> {
+    let mut checkpoint = source.checkpoint(dir, name)?;
+    let snapshot = checkpoint.ready()?;
+    let children = fork(&snapshot, n, pool);
+    Ok(LiveFork { checkpoint, snapshot, children })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fork_ranges;
+
+    #[test]
+    fn close_runs_share_a_fork_range() {
+        assert_eq!(fork_ranges(&[(0, 2), (10, 1), (200, 3)], 64), vec![(0, 11), (200, 3)]);
+    }
+}
