@@ -2,6 +2,7 @@
 //! in-memory overlay, which checkpoints capture with the processes), the agent as process 1,
 //! no network, and the sandbox's limits.
 
+use branchbox_image::STATX_COMPAT_IN_IMAGE;
 use branchbox_model::{Error, Limits, Result};
 use serde_json::json;
 use std::path::Path;
@@ -39,6 +40,7 @@ pub fn write(bundle: &Path, rootfs: &Path, hostname: &str, limits: &Limits, cgro
                 "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 "HOME=/root",
                 "LANG=C.UTF-8",
+                format!("LD_PRELOAD={STATX_COMPAT_IN_IMAGE}"),
                 "PYTHONUNBUFFERED=1"
             ],
             "cwd": "/",

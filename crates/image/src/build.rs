@@ -21,6 +21,10 @@ pub struct Image {
 
 /// Where images install the agent.
 const AGENT_IN_IMAGE: &str = "usr/local/bin/branchbox-agent";
+/// Where images install the statx compatibility library (`compat/statx_compat.c`).
+pub const STATX_COMPAT_IN_IMAGE: &str = "/usr/local/lib/branchbox/libbranchbox-statx.so";
+/// The compiled compatibility library.
+const STATX_COMPAT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libbranchbox-statx.so"));
 
 /// Holds an exclusive lock on the image directory while alive (closing the file releases it).
 struct DirLock {
@@ -44,14 +48,16 @@ impl DirLock {
     }
 }
 
-fn hash_file(path: &Path) -> Result<String> {
-    let bytes = std::fs::read(path).map_err(|e| {
+/// Hash of everything installed on top of the base: the agent and the compat library.
+fn payload_hash(path: &Path) -> Result<String> {
+    let mut bytes = std::fs::read(path).map_err(|e| {
         Error::Unavailable(format!(
             "the agent binary {} cannot be read ({e}); build it with `cargo build --release -p branchbox-agent` \
              or set BRANCHBOX_AGENT",
             path.display()
         ))
     })?;
+    bytes.extend_from_slice(STATX_COMPAT);
     Ok(hex::encode(Sha256::digest(&bytes)))
 }
 
@@ -61,7 +67,7 @@ fn tmp_dir(images: &Path, stem: &str) -> PathBuf {
 
 /// The id of the image for `recipe` with `agent`, whether or not it is built.
 pub fn image_id(recipe: &Recipe, agent: &Path) -> Result<String> {
-    Ok(id_of(&recipe.hash(), &hash_file(agent)?))
+    Ok(id_of(&recipe.hash(), &payload_hash(agent)?))
 }
 
 fn id_of(base_hash: &str, agent_hash: &str) -> String {
@@ -80,7 +86,7 @@ pub fn ensure_image(
 ) -> Result<Image> {
     std::fs::create_dir_all(images).map_err(|e| Error::io(images, e))?;
     let base_hash = recipe.hash();
-    let agent_hash = hash_file(agent)?;
+    let agent_hash = payload_hash(agent)?;
     let id = id_of(&base_hash, &agent_hash);
     let image_dir = images.join(&id);
     if image_dir.join("rootfs").is_dir() {
@@ -110,6 +116,12 @@ pub fn ensure_image(
         // change the cached base.
         let _ = std::fs::remove_file(&dest);
         std::fs::copy(agent, &dest).map_err(|e| Error::io(&dest, e))?;
+        let compat = tmp.join("rootfs").join(STATX_COMPAT_IN_IMAGE.trim_start_matches('/'));
+        if let Some(dir) = compat.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        }
+        let _ = std::fs::remove_file(&compat);
+        std::fs::write(&compat, STATX_COMPAT).map_err(|e| Error::io(&compat, e))?;
         let meta = serde_json::json!({"base": base_hash, "agent_sha256": agent_hash, "recipe": recipe});
         std::fs::write(tmp.join("image.json"), meta.to_string()).map_err(|e| Error::io(&tmp, e))?;
         std::fs::rename(&tmp, &image_dir).map_err(|e| Error::io(&image_dir, e))

@@ -15,5 +15,5 @@
 mod build;
 mod recipe;
 
-pub use build::{ensure_image, image_id, Image};
+pub use build::{ensure_image, image_id, Image, STATX_COMPAT_IN_IMAGE};
 pub use recipe::Recipe;
