@@ -1,0 +1,252 @@
+//! Commands: run to completion (collected, or streamed as server-sent events), background
+//! processes (start, list, signal, wait).
+
+use super::extract::{check_map, sandbox_id, sandbox_path, seconds, ApiJson};
+use super::sandboxes::db_err;
+use super::types::*;
+use crate::error::{ApiError, ApiResult, ErrorBody};
+use crate::state::AppState;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::Json;
+use base64::Engine as _;
+use branchbox_model::SandboxId;
+use branchbox_protocol::{Command, ExecSpec, ExitStatus, OutStream};
+use futures_util::Stream;
+use std::convert::Infallible;
+
+/// Largest command description (argv, shell line, environment, cwd); the agent protocol's
+/// frame header is 64 KiB and the spec travels in it.
+const MAX_SPEC_BYTES: usize = 48 * 1024;
+
+/// Builds the agent's spec from a request and the sandbox's environment.
+fn spec(st: &AppState, id: &SandboxId, req: &RunCommand) -> ApiResult<ExecSpec> {
+    let cmd = match (&req.cmd, &req.argv) {
+        (Some(line), None) if !line.trim().is_empty() => Command::Shell(line.clone()),
+        (None, Some(argv)) if argv.first().is_some_and(|a| !a.is_empty()) => Command::Argv(argv.clone()),
+        _ => return Err(ApiError::invalid("give exactly one of cmd (a non-empty shell line) or argv (a non-empty list)")),
+    };
+    let extra = req.envs.clone().unwrap_or_default();
+    check_map("envs", &extra, true)?;
+    let mut s = ExecSpec::new(cmd);
+    s.env = st.db().get(id).map_err(db_err)?.map(|m| m.envs).unwrap_or_default();
+    s.env.extend(extra);
+    s.cwd = req.cwd.as_deref().map(sandbox_path).transpose()?;
+    let t = seconds("timeout", req.timeout.unwrap_or(st.cfg.default_exec_timeout_s as f64), st.cfg.max_exec_timeout_s)?;
+    s.timeout_ms = Some(t.as_millis().max(1) as u64);
+    s.output_cap = Some(st.cfg.max_output_bytes);
+    if serde_json::to_vec(&s).map(|v| v.len()).unwrap_or(usize::MAX) > MAX_SPEC_BYTES {
+        return Err(ApiError::too_large(format!(
+            "the command, its environment and cwd take more than {MAX_SPEC_BYTES} bytes; put long scripts in a file"
+        )));
+    }
+    let has_nul = match &s.cmd {
+        Command::Argv(a) => a.iter().any(|x| x.contains('\0')),
+        Command::Shell(l) => l.contains('\0'),
+    };
+    if has_nul {
+        return Err(ApiError::invalid("commands must not contain NUL bytes"));
+    }
+    Ok(s)
+}
+
+/// Runs a command to completion and returns its output.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commands", tag = "commands",
+    params(("id" = String, Path, description = "sandbox id")), request_body = RunCommand,
+    responses((status = 200, body = CommandResult, description = "the command ended (any exit code)"),
+              (status = "4XX", body = ErrorBody, description = "bad command, not found, paused (409)")))]
+pub async fn run(State(st): State<AppState>, Path(id): Path<String>, ApiJson(req): ApiJson<RunCommand>) -> ApiResult<Json<CommandResult>> {
+    let id = sandbox_id(&id)?;
+    let out = st
+        .blocking(move |engine, st| {
+            let spec = spec(st, &id, &req)?;
+            let mut conn = engine.connect(&id)?;
+            let out = conn.exec(spec, req.stdin.as_deref().map(str::as_bytes))?;
+            Ok(CommandResult::new(&out.stdout, &out.stderr, &out.status))
+        })
+        .await?;
+    Ok(Json(out))
+}
+
+/// How a streamed command ended (the `exit` event).
+#[derive(serde::Serialize)]
+struct ExitEvent {
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+    timed_out: bool,
+    truncated: bool,
+    duration_ms: u64,
+}
+
+fn exit_event(s: &ExitStatus) -> Event {
+    let e = ExitEvent {
+        exit_code: s.code,
+        signal: s.signal,
+        timed_out: s.timed_out,
+        truncated: s.truncated,
+        duration_ms: s.duration_ms,
+    };
+    Event::default().event("exit").data(serde_json::to_string(&e).unwrap_or_default())
+}
+
+fn error_event(e: &ApiError) -> Event {
+    Event::default().event("error").data(serde_json::to_string(&e.body()).unwrap_or_default())
+}
+
+/// Runs a command and streams its output as server-sent events: `stdout` and `stderr` events
+/// carry `{"data": <base64 bytes>}`, then one `exit` event carries `{exit_code, signal,
+/// timed_out, truncated, duration_ms}` (or one `error` event carries `{"error": {...}}`).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commands/stream", tag = "commands",
+    params(("id" = String, Path, description = "sandbox id")), request_body = RunCommand,
+    responses((status = 200, content_type = "text/event-stream", body = String, description = "stdout/stderr events, then exit"),
+              (status = "4XX", body = ErrorBody, description = "bad command, not found, paused (409)")))]
+pub async fn run_stream(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<RunCommand>,
+) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
+    let id = sandbox_id(&id)?;
+    // Connect before answering, so a missing or paused sandbox gets its status code rather
+    // than an error event.
+    let (mut conn, spec) = st
+        .blocking(move |engine, st| {
+            let spec = spec(st, &id, &req)?;
+            Ok((engine.connect(&id)?, (spec, req.stdin)))
+        })
+        .await?;
+    let (spec, stdin) = spec;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(64);
+    tokio::task::spawn_blocking(move || {
+        // Closing our end of the agent connection when the client goes away ends the wait
+        // for output instead of holding a thread until the command's own timeout.
+        let shut = conn.stream_mut().try_clone().ok();
+        let mut gone = false;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let mut input = stdin.as_deref().map(str::as_bytes);
+        let r = conn.exec_streaming(
+            spec,
+            input.as_mut().map(|s| s as &mut dyn std::io::Read),
+            &mut |which, chunk| {
+                if gone {
+                    return;
+                }
+                let name = if which == OutStream::Stdout { "stdout" } else { "stderr" };
+                let data = serde_json::json!({ "data": b64.encode(chunk) }).to_string();
+                if tx.blocking_send(Ok(Event::default().event(name).data(data))).is_err() {
+                    gone = true;
+                    if let Some(s) = &shut {
+                        let _ = s.shutdown(std::net::Shutdown::Both);
+                    }
+                }
+            },
+        );
+        let last = match r {
+            Ok(status) => exit_event(&status),
+            Err(e) => error_event(&ApiError::from(e)),
+        };
+        let _ = tx.blocking_send(Ok(last));
+    });
+    Ok(Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).keep_alive(KeepAlive::default()))
+}
+
+/// Starts a background process.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/processes", tag = "commands",
+    params(("id" = String, Path, description = "sandbox id")), request_body = RunCommand,
+    responses((status = 201, body = ProcessStarted), (status = "4XX", body = ErrorBody, description = "bad command, not found, paused (409)")))]
+pub async fn start_process(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<RunCommand>,
+) -> ApiResult<(StatusCode, Json<ProcessStarted>)> {
+    let id = sandbox_id(&id)?;
+    if req.stdin.is_some() {
+        return Err(ApiError::invalid("background processes take no stdin; write it to a file and redirect"));
+    }
+    let pid = st
+        .blocking(move |engine, st| {
+            let mut spec = spec(st, &id, &req)?;
+            // A background process lives until killed; the command timeout applies only when asked.
+            if req.timeout.is_none() {
+                spec.timeout_ms = None;
+            }
+            Ok(engine.connect(&id)?.spawn(spec)?)
+        })
+        .await?;
+    Ok((StatusCode::CREATED, Json(ProcessStarted { pid })))
+}
+
+/// Lists background processes.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/processes", tag = "commands",
+    params(("id" = String, Path, description = "sandbox id")),
+    responses((status = 200, body = Vec<ProcessInfo>), (status = "4XX", body = ErrorBody, description = "not found, paused (409)")))]
+pub async fn list_processes(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Vec<ProcessInfo>>> {
+    let id = sandbox_id(&id)?;
+    let procs = st.blocking(move |engine, _| Ok(engine.connect(&id)?.list_procs()?)).await?;
+    Ok(Json(
+        procs
+            .into_iter()
+            .map(|p| ProcessInfo {
+                pid: p.pid,
+                argv: match p.cmd {
+                    Command::Argv(a) => a,
+                    Command::Shell(s) => vec!["/bin/sh".into(), "-c".into(), s],
+                },
+                running: p.exit.is_none(),
+                exit_code: p.exit.as_ref().and_then(|e| e.code),
+                signal: p.exit.as_ref().and_then(|e| e.signal),
+            })
+            .collect(),
+    ))
+}
+
+fn pid(s: &str) -> ApiResult<i32> {
+    s.parse::<i32>()
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| ApiError::bad_request("invalid_id", format!("{s:?} is not a process id (a positive integer)")))
+}
+
+/// Sends a signal to a background process (or its process group).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/signal", tag = "commands",
+    params(("id" = String, Path, description = "sandbox id"), ("pid" = String, Path, description = "process id")),
+    request_body = SendSignal,
+    responses((status = 204, description = "sent"), (status = "4XX", body = ErrorBody, description = "bad signal, no such process")))]
+pub async fn signal(
+    State(st): State<AppState>,
+    Path((id, p)): Path<(String, String)>,
+    ApiJson(req): ApiJson<SendSignal>,
+) -> ApiResult<StatusCode> {
+    let id = sandbox_id(&id)?;
+    let p = pid(&p)?;
+    if !(1..=64).contains(&req.signal) {
+        return Err(ApiError::invalid(format!("signal {} is out of range (1-64)", req.signal)));
+    }
+    st.blocking(move |engine, _| Ok(engine.connect(&id)?.signal(p, req.signal, req.group)?)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Waits for a background process to exit and returns its result (and forgets it).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/wait", tag = "commands",
+    params(("id" = String, Path, description = "sandbox id"), ("pid" = String, Path, description = "process id")),
+    request_body = WaitProcess,
+    responses((status = 200, body = WaitResult), (status = "4XX", body = ErrorBody, description = "bad timeout, no such process")))]
+pub async fn wait(
+    State(st): State<AppState>,
+    Path((id, p)): Path<(String, String)>,
+    ApiJson(req): ApiJson<WaitProcess>,
+) -> ApiResult<Json<WaitResult>> {
+    let id = sandbox_id(&id)?;
+    let p = pid(&p)?;
+    let t = seconds("timeout", req.timeout.unwrap_or(st.cfg.default_exec_timeout_s as f64), st.cfg.max_exec_timeout_s)?;
+    let out = st
+        .blocking(move |engine, _| {
+            let r = engine.connect(&id)?.wait(p, Some(t.as_millis().max(1) as u64))?;
+            Ok(match r {
+                None => WaitResult { running: true, result: None },
+                Some(o) => WaitResult { running: false, result: Some(CommandResult::new(&o.stdout, &o.stderr, &o.status)) },
+            })
+        })
+        .await?;
+    Ok(Json(out))
+}

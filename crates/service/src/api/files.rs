@@ -1,0 +1,227 @@
+//! Files in a sandbox: read and write as streamed bodies, list, stat, remove, rename, mkdir.
+
+use super::extract::{sandbox_id, sandbox_path, ApiJson, ApiQuery};
+use super::types::*;
+use super::AuditNote;
+use crate::error::{ApiError, ApiResult, ErrorBody};
+use crate::state::AppState;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use branchbox_protocol::FileKind;
+use futures_util::TryStreamExt;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// A `Write` that hands file data to the response body as it arrives, up to a limit.
+struct ChannelSink {
+    tx: tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
+    left: u64,
+}
+
+impl Write for ChannelSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if buf.len() as u64 > self.left {
+            return Err(std::io::Error::other("the file grew past the download limit while it was read"));
+        }
+        self.left -= buf.len() as u64;
+        self.tx
+            .blocking_send(Ok(Bytes::copy_from_slice(buf)))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away"))?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Reads a file; the body is its bytes, streamed.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "files",
+    params(("id" = String, Path, description = "sandbox id"), PathQuery),
+    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>, description = "the file's bytes"),
+              (status = "4XX", body = ErrorBody, description = "no such file (404), a directory (422), over the download limit (413)")))]
+pub async fn read(State(st): State<AppState>, Path(id): Path<String>, ApiQuery(q): ApiQuery<PathQuery>) -> ApiResult<Response> {
+    let id = sandbox_id(&id)?;
+    let path = sandbox_path(&q.path)?;
+    let limit = st.cfg.max_download_bytes;
+    // Stat first, so a missing file, a directory or an oversized file gets its status code
+    // before the body starts.
+    let (mut conn, size, path) = st
+        .blocking(move |engine, _| {
+            let mut conn = engine.connect(&id)?;
+            let s = conn.stat(&path)?;
+            if s.kind == FileKind::Dir {
+                return Err(ApiError::invalid(format!("{path} is a directory; list it with GET .../files/list")));
+            }
+            if s.size > limit {
+                return Err(ApiError::too_large(format!(
+                    "{path} has {} bytes, over the download limit of {limit}; read it in parts with a command (e.g. split)",
+                    s.size
+                )));
+            }
+            Ok((conn, s.size, path))
+        })
+        .await?;
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tokio::task::spawn_blocking(move || {
+        let mut sink = ChannelSink { tx: tx.clone(), left: limit };
+        if let Err(e) = conn.read_file(&path, &mut sink) {
+            // An error after the head was sent can only cut the body short; the client sees a
+            // truncated transfer (its length no longer matches).
+            let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+        }
+    });
+    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let mut r = (StatusCode::OK, [(header::CONTENT_TYPE, "application/octet-stream")], body).into_response();
+    r.headers_mut().insert("x-file-size", size.into());
+    Ok(r)
+}
+
+/// Writes a file from the request body (streamed; replaced atomically).
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/files", tag = "files",
+    params(("id" = String, Path, description = "sandbox id"), WriteQuery),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "the file's bytes"),
+    responses((status = 200, body = Written), (status = "4XX", body = ErrorBody, description = "bad path or mode, over the upload limit (413)")))]
+pub async fn write(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<WriteQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<(Extension<AuditNote>, Json<Written>)> {
+    let id = sandbox_id(&id)?;
+    let path = sandbox_path(&q.path)?;
+    let mode = match q.mode.as_deref() {
+        None => None,
+        Some(m) => Some(
+            u32::from_str_radix(m, 8)
+                .ok()
+                .filter(|v| *v <= 0o7777)
+                .ok_or_else(|| ApiError::invalid(format!("mode {m:?} is not octal permission bits (e.g. 644)")))?,
+        ),
+    };
+    let limit = st.cfg.max_upload_bytes;
+    let too_large = || ApiError::too_large(format!("the upload is over the limit of {limit} bytes; split the file"));
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    let over = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(AtomicU64::new(0));
+    let (o2, s2) = (over.clone(), seen.clone());
+    let stream = body.into_data_stream().map_err(std::io::Error::other).and_then(move |chunk: Bytes| {
+        let total = s2.fetch_add(chunk.len() as u64, Ordering::Relaxed) + chunk.len() as u64;
+        let r = if total > limit {
+            o2.store(true, Ordering::Relaxed);
+            Err(std::io::Error::other("upload limit"))
+        } else {
+            Ok(chunk)
+        };
+        std::future::ready(r)
+    });
+    let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream));
+    let p2 = path.clone();
+    let parents = q.parents.unwrap_or(true);
+    let r = st
+        .blocking(move |engine, _| {
+            let mut conn = engine.connect(&id)?;
+            let mut reader = reader;
+            Ok(conn.write_file(&p2, &mut reader, mode, false, parents)?)
+        })
+        .await;
+    if over.load(Ordering::Relaxed) {
+        return Err(too_large());
+    }
+    let size = r?;
+    let n = AuditNote { detail: Some(format!("wrote {size} bytes to {path}")), ..Default::default() };
+    Ok((Extension(n), Json(Written { path, size })))
+}
+
+/// Lists a directory.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/list", tag = "files",
+    params(("id" = String, Path, description = "sandbox id"), PathQuery),
+    responses((status = 200, body = Vec<EntryInfo>), (status = "4XX", body = ErrorBody, description = "no such directory")))]
+pub async fn list(State(st): State<AppState>, Path(id): Path<String>, ApiQuery(q): ApiQuery<PathQuery>) -> ApiResult<Json<Vec<EntryInfo>>> {
+    let id = sandbox_id(&id)?;
+    let path = sandbox_path(&q.path)?;
+    let out = st
+        .blocking(move |engine, _| {
+            let entries = engine.connect(&id)?.list_dir(&path)?;
+            let base = path.trim_end_matches('/');
+            Ok(entries.iter().map(|e| EntryInfo::new(e, format!("{base}/{}", e.name))).collect())
+        })
+        .await?;
+    Ok(Json(out))
+}
+
+/// Stats a path (a final symlink is not followed).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/stat", tag = "files",
+    params(("id" = String, Path, description = "sandbox id"), PathQuery),
+    responses((status = 200, body = EntryInfo), (status = "4XX", body = ErrorBody, description = "no such path (404)")))]
+pub async fn stat(State(st): State<AppState>, Path(id): Path<String>, ApiQuery(q): ApiQuery<PathQuery>) -> ApiResult<Json<EntryInfo>> {
+    let id = sandbox_id(&id)?;
+    let path = sandbox_path(&q.path)?;
+    let out = st
+        .blocking(move |engine, _| {
+            let s = engine.connect(&id)?.stat(&path)?;
+            Ok(EntryInfo::new(&s, path))
+        })
+        .await?;
+    Ok(Json(out))
+}
+
+/// Removes a file, or a directory (`recursive` for a non-empty one).
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/files", tag = "files",
+    params(("id" = String, Path, description = "sandbox id"), RemoveQuery),
+    responses((status = 204, description = "removed"), (status = "4XX", body = ErrorBody, description = "no such path (404)")))]
+pub async fn remove(State(st): State<AppState>, Path(id): Path<String>, ApiQuery(q): ApiQuery<RemoveQuery>) -> ApiResult<StatusCode> {
+    let id = sandbox_id(&id)?;
+    let path = sandbox_path(&q.path)?;
+    let recursive = q.recursive.unwrap_or(false);
+    st.blocking(move |engine, _| Ok(engine.connect(&id)?.remove(&path, recursive)?)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Renames a path.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files/rename", tag = "files",
+    params(("id" = String, Path, description = "sandbox id")), request_body = RenamePath,
+    responses((status = 204, description = "renamed"), (status = "4XX", body = ErrorBody, description = "no such path (404)")))]
+pub async fn rename(State(st): State<AppState>, Path(id): Path<String>, ApiJson(req): ApiJson<RenamePath>) -> ApiResult<StatusCode> {
+    let id = sandbox_id(&id)?;
+    let (from, to) = (sandbox_path(&req.from)?, sandbox_path(&req.to)?);
+    st.blocking(move |engine, _| Ok(engine.connect(&id)?.rename(&from, &to)?)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Whether `mkdir` made the directory.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct Made {
+    /// False when it existed already.
+    pub created: bool,
+}
+
+/// Creates a directory.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files/mkdir", tag = "files",
+    params(("id" = String, Path, description = "sandbox id")), request_body = MakeDir,
+    responses((status = 200, body = Made), (status = "4XX", body = ErrorBody, description = "exists as a file (409), bad path")))]
+pub async fn mkdir(State(st): State<AppState>, Path(id): Path<String>, ApiJson(req): ApiJson<MakeDir>) -> ApiResult<Json<Made>> {
+    let id = sandbox_id(&id)?;
+    let path = sandbox_path(&req.path)?;
+    let parents = req.parents.unwrap_or(true);
+    let created = st
+        .blocking(move |engine, _| {
+            let mut conn = engine.connect(&id)?;
+            let existed = conn.stat(&path).is_ok_and(|s| s.kind == FileKind::Dir);
+            if existed && parents {
+                return Ok(false);
+            }
+            conn.mkdir(&path, parents)?;
+            Ok(true)
+        })
+        .await?;
+    Ok(Json(Made { created }))
+}

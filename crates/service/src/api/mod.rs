@@ -1,0 +1,226 @@
+//! The HTTP API: routes, the OpenAPI document generated from them, and the layers every request
+//! passes (metrics, authentication, audit, time limit).
+//!
+//! Routes are registered through `utoipa-axum`, so the OpenAPI document at `/openapi.json` is
+//! built from the same handler list the router serves and cannot drift from it.
+
+pub mod commands;
+pub mod extract;
+pub mod files;
+pub mod sandboxes;
+pub mod snapshots;
+pub mod system;
+pub mod types;
+
+use crate::auth::Caller;
+use crate::db::AuditEntry;
+use crate::error::{ApiError, ErrorBody, ErrorCodeTag};
+use crate::state::AppState;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{Method, StatusCode};
+use axum::middleware::{from_fn_with_state, Next};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use std::time::Instant;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::OpenApi as OpenApiDoc;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+/// What a state-changing handler tells the audit log beyond the route and status.
+#[derive(Debug, Clone, Default)]
+pub struct AuditNote {
+    /// The sandbox acted on or created.
+    pub sandbox: Option<String>,
+    /// The snapshot created, used or deleted.
+    pub snapshot: Option<String>,
+    /// The parent (source sandbox of a fork, snapshot a sandbox came from).
+    pub parent: Option<String>,
+    /// Anything else worth keeping.
+    pub detail: Option<String>,
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "branchbox",
+        description = "Sandboxes for AI agents that fork, snapshot, checkpoint and roll back. \
+                       Every route but /healthz needs `Authorization: Bearer <token>`; errors are \
+                       `{\"error\": {\"code\", \"message\"}}` (docs/service.md lists the codes)."
+    ),
+    components(schemas(ErrorBody)),
+    modifiers(&Security)
+)]
+struct ApiDoc;
+
+struct Security;
+
+impl utoipa::Modify for Security {
+    fn modify(&self, api: &mut OpenApiDoc) {
+        let comps = api.components.get_or_insert_with(Default::default);
+        comps.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// Builds the router and its OpenAPI document.
+pub fn router(st: AppState) -> (Router, OpenApiDoc) {
+    // Operations bounded by the request time limit (everything but commands and file streams,
+    // which carry their own limits).
+    let control = OpenApiRouter::new()
+        .routes(routes!(sandboxes::create, sandboxes::list))
+        .routes(routes!(sandboxes::get, sandboxes::kill))
+        .routes(routes!(sandboxes::pause))
+        .routes(routes!(sandboxes::connect))
+        .routes(routes!(sandboxes::set_timeout))
+        .routes(routes!(sandboxes::fork))
+        .routes(routes!(snapshots::take))
+        .routes(routes!(snapshots::checkpoint, snapshots::checkpoints))
+        .routes(routes!(snapshots::rollback))
+        .routes(routes!(snapshots::list))
+        .routes(routes!(snapshots::get, snapshots::delete))
+        .routes(routes!(system::lineage))
+        .routes(routes!(system::audit))
+        .routes(routes!(system::metrics))
+        .routes(routes!(commands::list_processes))
+        .routes(routes!(commands::signal))
+        .routes(routes!(files::list))
+        .routes(routes!(files::stat))
+        .routes(routes!(files::rename))
+        .routes(routes!(files::mkdir))
+        .layer(from_fn_with_state(st.clone(), time_limit));
+    let streams = OpenApiRouter::new()
+        .routes(routes!(commands::run))
+        .routes(routes!(commands::run_stream))
+        .routes(routes!(commands::start_process))
+        .routes(routes!(commands::wait))
+        .routes(routes!(files::read, files::write, files::remove));
+    let authed = control
+        .merge(streams)
+        .layer(from_fn_with_state(st.clone(), audit))
+        .layer(from_fn_with_state(st.clone(), authenticate));
+    let open = OpenApiRouter::new().routes(routes!(system::healthz));
+    let (router, mut api) =
+        OpenApiRouter::with_openapi(ApiDoc::openapi()).merge(authed).merge(open).split_for_parts();
+    for (path, item) in api.paths.paths.iter_mut() {
+        let needs_token = path != "/healthz";
+        for op in [&mut item.get, &mut item.put, &mut item.post, &mut item.delete].into_iter().flatten() {
+            op.security = Some(if needs_token {
+                vec![utoipa::openapi::security::SecurityRequirement::new("bearer", Vec::<String>::new())]
+            } else {
+                Vec::new()
+            });
+        }
+    }
+    let doc = api.clone();
+    let served = api.to_json().unwrap_or_default();
+    let openapi_route = Router::new()
+        .route(
+            "/openapi.json",
+            axum::routing::get(move || async move { ([("content-type", "application/json")], served) }),
+        )
+        .layer(from_fn_with_state(st.clone(), authenticate));
+    let router = router
+        .merge(openapi_route)
+        .fallback(|| async { ApiError::not_found("no such route; GET /openapi.json lists them") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this route does not take that method; GET /openapi.json lists what it takes",
+            )
+        })
+        .layer(axum::extract::DefaultBodyLimit::max(st.cfg.max_json_bytes))
+        .layer(from_fn_with_state(st.clone(), count))
+        .with_state(st);
+    (router, doc)
+}
+
+async fn authenticate(State(st): State<AppState>, mut req: Request, next: Next) -> Response {
+    let caller = match &st.tokens {
+        None => Caller("anonymous".into()),
+        Some(tokens) => match tokens.authenticate(req.headers()) {
+            Ok(c) => c,
+            Err(e) => return e.into_response(),
+        },
+    };
+    req.extensions_mut().insert(caller);
+    next.run(req).await
+}
+
+async fn time_limit(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let limit = st.cfg.request_timeout;
+    match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "timeout",
+            format!(
+                "the operation did not finish within {} s; it may still complete, so check the sandbox or \
+                 snapshot before retrying",
+                limit.as_secs()
+            ),
+        )
+        .into_response(),
+    }
+}
+
+fn route_of(req: &Request) -> String {
+    req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_string()).unwrap_or_else(|| "unmatched".into())
+}
+
+async fn count(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let (method, route, t) = (req.method().to_string(), route_of(&req), Instant::now());
+    let r = next.run(req).await;
+    st.metrics.request(&method, &route, r.status().as_u16(), t.elapsed());
+    r
+}
+
+/// The `{id}` or `{snapshot}` segment of a path, when the route has one.
+fn path_object(path: &str, collection: &str) -> Option<String> {
+    path.strip_prefix(collection)?.split('/').next().filter(|s| !s.is_empty()).map(str::to_string)
+}
+
+async fn audit(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    if matches!(*req.method(), Method::GET | Method::HEAD) {
+        return next.run(req).await;
+    }
+    let who = req.extensions().get::<Caller>().map(|c| c.0.clone()).unwrap_or_default();
+    let action = format!("{} {}", req.method(), route_of(&req));
+    let path = req.uri().path().to_string();
+    let r = next.run(req).await;
+    let note = r.extensions().get::<AuditNote>().cloned().unwrap_or_default();
+    let entry = AuditEntry {
+        seq: 0,
+        at_ms: 0,
+        who,
+        action,
+        status: r.status().as_u16(),
+        code: r.extensions().get::<ErrorCodeTag>().map(|c| c.0.to_string()),
+        sandbox: note.sandbox.or_else(|| path_object(&path, "/v1/sandboxes/")),
+        snapshot: note.snapshot.or_else(|| path_object(&path, "/v1/snapshots/")),
+        parent: note.parent,
+        detail: note.detail,
+    };
+    let st2 = st.clone();
+    let written = tokio::task::spawn_blocking(move || st2.db().audit(branchbox_model::now_ms(), &entry)).await;
+    if !matches!(written, Ok(Ok(()))) {
+        tracing::error!("could not write an audit record: {written:?}");
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::path_object;
+
+    #[test]
+    fn audit_finds_the_object_in_the_path() {
+        assert_eq!(path_object("/v1/sandboxes/sbx-1/fork", "/v1/sandboxes/").as_deref(), Some("sbx-1"));
+        assert_eq!(path_object("/v1/sandboxes", "/v1/sandboxes/"), None);
+        assert_eq!(path_object("/v1/snapshots/warm", "/v1/snapshots/").as_deref(), Some("warm"));
+    }
+}

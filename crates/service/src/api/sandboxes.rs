@@ -1,0 +1,304 @@
+//! Sandboxes: create (from the template or a snapshot), list, get, kill, pause, connect,
+//! timeout, fork.
+
+use super::extract::{check_map, sandbox_id, seconds, snapshot_ref, ApiJson, ApiQuery};
+use super::types::*;
+use super::AuditNote;
+use crate::auth::Caller;
+use crate::db::SandboxMeta;
+use crate::error::{ApiError, ApiResult, ErrorBody, ErrorDetail};
+use crate::state::AppState;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::{Extension, Json};
+use branchbox_core::{BackendChoice, Engine};
+use branchbox_model::{now_ms, BackendKind, Limits, Sandbox, SandboxId};
+use std::collections::BTreeMap;
+
+type Noted<T> = ApiResult<(StatusCode, Extension<AuditNote>, Json<T>)>;
+
+fn note(sandbox: &str) -> AuditNote {
+    AuditNote { sandbox: Some(sandbox.to_string()), ..Default::default() }
+}
+
+/// The sandbox's record and liveness, or 404.
+pub(crate) fn info(engine: &Engine, st: &AppState, id: &SandboxId) -> ApiResult<SandboxInfo> {
+    let views = engine.list()?;
+    let v = views.iter().find(|v| &v.sandbox.id == id).ok_or_else(|| {
+        ApiError::from(branchbox_model::Error::not_found("sandbox", id.as_str(), "GET /v1/sandboxes lists them"))
+    })?;
+    let meta = st.db().get(id).map_err(db_err)?;
+    Ok(SandboxInfo::from_view(v, meta))
+}
+
+pub(crate) fn db_err(e: rusqlite::Error) -> ApiError {
+    ApiError::internal(format!("the service database failed: {e}"))
+}
+
+fn limits(st: &AppState, r: &CreateSandbox) -> Option<Limits> {
+    if r.memory_mib.is_none() && r.cpus.is_none() && r.pids.is_none() {
+        return None;
+    }
+    let d = st.cfg.engine.limits;
+    Some(Limits {
+        memory_mib: r.memory_mib.unwrap_or(d.memory_mib),
+        cpus: r.cpus.unwrap_or(d.cpus),
+        pids: r.pids.unwrap_or(d.pids),
+    })
+}
+
+/// Creates a sandbox from the default template, or from a snapshot.
+#[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", request_body = CreateSandbox,
+    responses((status = 201, body = SandboxInfo, description = "created and running"),
+              (status = "4XX", body = ErrorBody, description = "bad request, unknown snapshot, conflict"),
+              (status = 503, body = ErrorBody, description = "at capacity or backend unavailable")))]
+pub async fn create(
+    State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiJson(req): ApiJson<CreateSandbox>,
+) -> Noted<SandboxInfo> {
+    if let Some(t) = req.template.as_deref().filter(|t| *t != "default") {
+        return Err(ApiError::not_found(format!(
+            "template {:?} does not exist; leave it out (or use \"default\"), or start from a snapshot with snapshot_id",
+            t.chars().take(64).collect::<String>()
+        )));
+    }
+    let snapshot = req.snapshot_id.as_deref().map(snapshot_ref).transpose()?;
+    let lim = limits(&st, &req);
+    if snapshot.is_some() && lim.is_some() {
+        return Err(ApiError::invalid(
+            "a sandbox restored from a snapshot keeps the snapshot's limits; leave out memory_mib, cpus and pids",
+        ));
+    }
+    let timeout = seconds("timeout", req.timeout.unwrap_or(st.cfg.default_timeout_s as f64), st.cfg.max_timeout_s)?;
+    let metadata = req.metadata.unwrap_or_default();
+    let envs = req.envs.unwrap_or_default();
+    check_map("metadata", &metadata, false)?;
+    check_map("envs", &envs, true)?;
+    let choice = match req.backend.unwrap_or_default() {
+        BackendName::Auto => BackendChoice::Auto,
+        BackendName::Gvisor => BackendChoice::Exactly(BackendKind::Gvisor),
+        BackendName::Microvm => BackendChoice::Exactly(BackendKind::Microvm),
+    };
+    let meta = SandboxMeta {
+        metadata,
+        envs,
+        expires_ms: None,
+        on_timeout: req.on_timeout.unwrap_or_default(),
+        timeout_ms: timeout.as_millis() as i64,
+        created_by: caller.0,
+    };
+    let out = st
+        .blocking(move |engine, st| {
+            let _held = st.reserve(engine, 1)?;
+            let sandbox = match &snapshot {
+                Some(s) => engine.restore(s)?.sandbox,
+                None => engine.create(choice, lim, &mut |_| {})?,
+            };
+            let meta = SandboxMeta { expires_ms: Some(now_ms() + meta.timeout_ms), ..meta };
+            st.db().put(&sandbox.id, &meta).map_err(db_err)?;
+            Ok(SandboxInfo::new(&sandbox, true, Some(meta)))
+        })
+        .await?;
+    let n = AuditNote { sandbox: Some(out.id.clone()), parent: out.parent_snapshot.clone(), ..Default::default() };
+    Ok((StatusCode::CREATED, Extension(n), Json(out)))
+}
+
+fn metadata_filter(q: &Option<String>) -> ApiResult<BTreeMap<String, String>> {
+    let Some(q) = q else { return Ok(BTreeMap::new()) };
+    if q.len() > 8192 {
+        return Err(ApiError::invalid("the metadata filter must be at most 8192 bytes"));
+    }
+    Ok(form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+}
+
+/// Lists sandboxes, optionally only those with given metadata or state.
+#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", params(ListSandboxes),
+    responses((status = 200, body = Vec<SandboxInfo>), (status = "4XX", body = ErrorBody, description = "bad query")))]
+pub async fn list(State(st): State<AppState>, ApiQuery(q): ApiQuery<ListSandboxes>) -> ApiResult<Json<Vec<SandboxInfo>>> {
+    let want = metadata_filter(&q.metadata)?;
+    let out = st
+        .blocking(move |engine, st| {
+            let views = engine.list()?;
+            let db = st.db();
+            let mut out = Vec::new();
+            for v in &views {
+                let info = SandboxInfo::from_view(v, db.get(&v.sandbox.id).map_err(db_err)?);
+                let meta_ok = want.iter().all(|(k, val)| info.metadata.get(k) == Some(val));
+                if meta_ok && q.state.is_none_or(|s| s == info.state) {
+                    out.push(info);
+                }
+            }
+            Ok(out)
+        })
+        .await?;
+    Ok(Json(out))
+}
+
+/// One sandbox.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id")),
+    responses((status = 200, body = SandboxInfo), (status = "4XX", body = ErrorBody, description = "bad id or not found")))]
+pub async fn get(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<SandboxInfo>> {
+    let id = sandbox_id(&id)?;
+    Ok(Json(st.blocking(move |engine, st| info(engine, st, &id)).await?))
+}
+
+/// Destroys a sandbox and everything it had.
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id")),
+    responses((status = 204, description = "destroyed"), (status = "4XX", body = ErrorBody, description = "bad id or not found")))]
+pub async fn kill(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<StatusCode> {
+    let id = sandbox_id(&id)?;
+    st.blocking(move |engine, st| {
+        engine.kill(&id)?;
+        st.db().remove(id.as_str()).map_err(db_err)
+    })
+    .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Pauses a running sandbox; its timeout stops until `connect` resumes it.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/pause", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id")),
+    responses((status = 200, body = SandboxInfo), (status = "4XX", body = ErrorBody, description = "not found, or not running (409)")))]
+pub async fn pause(State(st): State<AppState>, Path(id): Path<String>) -> Noted<SandboxInfo> {
+    let id = sandbox_id(&id)?;
+    let n = note(id.as_str());
+    let out = st
+        .blocking(move |engine, st| {
+            engine.pause(&id)?;
+            st.db().set_expiry(&id, None, None).map_err(db_err)?;
+            info(engine, st, &id)
+        })
+        .await?;
+    Ok((StatusCode::OK, Extension(n), Json(out)))
+}
+
+/// Connects to a sandbox: resumes it when paused and restarts its timeout.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/connect", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id")),
+    request_body = ConnectSandbox,
+    responses((status = 200, body = SandboxInfo), (status = "4XX", body = ErrorBody, description = "not found, or lost (409)")))]
+pub async fn connect(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<ConnectSandbox>,
+) -> Noted<SandboxInfo> {
+    let id = sandbox_id(&id)?;
+    let timeout = req.timeout.map(|t| seconds("timeout", t, st.cfg.max_timeout_s)).transpose()?;
+    let n = note(id.as_str());
+    let default_ms = (st.cfg.default_timeout_s * 1000) as i64;
+    let out = st
+        .blocking(move |engine, st| {
+            let s = engine.sandbox(&id)?;
+            if s.state == branchbox_model::SandboxState::Paused {
+                engine.resume(&id)?;
+            }
+            let current = info(engine, st, &id)?;
+            if current.state == StateName::Lost {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "lost",
+                    format!("sandbox {id} is lost (its runtime is gone); DELETE /v1/sandboxes/{id} removes its record"),
+                ));
+            }
+            renew(st, &s, timeout.map(|t| t.as_millis() as i64), default_ms)?;
+            info(engine, st, &id)
+        })
+        .await?;
+    Ok((StatusCode::OK, Extension(n), Json(out)))
+}
+
+/// Restarts a sandbox's timeout from now (with `ms`, or the length it had).
+fn renew(st: &AppState, s: &Sandbox, ms: Option<i64>, default_ms: i64) -> ApiResult<()> {
+    let db = st.db();
+    match db.get(&s.id).map_err(db_err)? {
+        Some(m) => {
+            let len = ms.unwrap_or(m.timeout_ms);
+            db.set_expiry(&s.id, Some(now_ms() + len), Some(len)).map_err(db_err)
+        }
+        // A sandbox made outside the service (e.g. by the CLI) gets a record on first contact.
+        None => {
+            let len = ms.unwrap_or(default_ms);
+            let m = SandboxMeta { expires_ms: Some(now_ms() + len), timeout_ms: len, ..Default::default() };
+            db.put(&s.id, &m).map_err(db_err)
+        }
+    }
+}
+
+/// Sets a sandbox's timeout, counted from now.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/timeout", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id")),
+    request_body = SetTimeout,
+    responses((status = 200, body = SandboxInfo), (status = "4XX", body = ErrorBody, description = "bad timeout or not found")))]
+pub async fn set_timeout(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<SetTimeout>,
+) -> Noted<SandboxInfo> {
+    let id = sandbox_id(&id)?;
+    let t = seconds("timeout", req.timeout, st.cfg.max_timeout_s)?;
+    let n = AuditNote { detail: Some(format!("timeout {} s", t.as_secs_f64())), ..note(id.as_str()) };
+    let out = st
+        .blocking(move |engine, st| {
+            let s = engine.sandbox(&id)?;
+            renew(st, &s, Some(t.as_millis() as i64), 0)?;
+            info(engine, st, &id)
+        })
+        .await?;
+    Ok((StatusCode::OK, Extension(n), Json(out)))
+}
+
+/// Forks a running sandbox into `count` children continuing from its current state; the
+/// source keeps running. Each child succeeds or fails on its own.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id")),
+    request_body = ForkSandbox,
+    responses((status = 200, body = ForkResult, description = "the fork point and one result per child"),
+              (status = "4XX", body = ErrorBody, description = "bad count, not found, not running (409)"),
+              (status = 503, body = ErrorBody, description = "at capacity")))]
+pub async fn fork(
+    State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<ForkSandbox>,
+) -> Noted<ForkResult> {
+    let id = sandbox_id(&id)?;
+    let n = req.count.unwrap_or(1) as usize;
+    let max = st.cfg.engine.max_fork;
+    if n == 0 || n > max {
+        return Err(ApiError::invalid(format!("count {n} is out of range: ask for 1 to {max} children")));
+    }
+    let src = id.clone();
+    let out = st
+        .blocking(move |engine, st| {
+            let _held = st.reserve(engine, n)?;
+            let outcome = engine.fork(&id, n)?;
+            let parent = st.db().get(&id).map_err(db_err)?.unwrap_or_default();
+            let mut children = Vec::new();
+            for c in &outcome.children {
+                children.push(match c {
+                    Ok(started) => {
+                        let meta = SandboxMeta {
+                            expires_ms: Some(now_ms() + parent.timeout_ms.max(1000)),
+                            timeout_ms: parent.timeout_ms.max(1000),
+                            created_by: caller.0.clone(),
+                            ..parent.clone()
+                        };
+                        st.db().put(&started.sandbox.id, &meta).map_err(db_err)?;
+                        ForkChild { ok: true, sandbox: Some(SandboxInfo::new(&started.sandbox, true, Some(meta))), error: None }
+                    }
+                    Err(e) => ForkChild {
+                        ok: false,
+                        sandbox: None,
+                        error: Some(ErrorDetail { code: e.code().into(), message: e.to_string() }),
+                    },
+                });
+            }
+            Ok(ForkResult { snapshot: (&outcome.snapshot).into(), children })
+        })
+        .await?;
+    let ids: Vec<&str> = out.children.iter().filter_map(|c| c.sandbox.as_ref().map(|s| s.id.as_str())).collect();
+    let n = AuditNote {
+        sandbox: Some(src.to_string()),
+        snapshot: Some(out.snapshot.id.clone()),
+        parent: Some(src.to_string()),
+        detail: Some(format!("children: {}", ids.join(","))),
+    };
+    Ok((StatusCode::OK, Extension(n), Json(out)))
+}

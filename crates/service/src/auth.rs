@@ -1,0 +1,167 @@
+//! Bearer tokens: generated at first start into `<data>/service/token` (mode 0600), compared in
+//! constant time, identified in the audit log by a short id derived from the token's hash (never
+//! the token itself).
+
+use crate::error::ApiError;
+use axum::http::{header, HeaderMap, StatusCode};
+use sha2::{Digest, Sha256};
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+/// Who made a request: the id of the token it carried.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller(pub String);
+
+/// The accepted tokens.
+#[derive(Clone)]
+pub struct Tokens {
+    digests: Vec<[u8; 32]>,
+}
+
+/// Longest token line accepted from the token file or a header.
+const MAX_TOKEN: usize = 512;
+
+fn digest(token: &[u8]) -> [u8; 32] {
+    Sha256::digest(token).into()
+}
+
+/// The audit id of a token: `tok-` and the first 12 hex digits of its SHA-256.
+pub fn token_id(token: &str) -> String {
+    format!("tok-{}", &hex::encode(digest(token.as_bytes()))[..12])
+}
+
+/// Compares two digests in time independent of where they differ.
+fn equal_ct(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl Tokens {
+    /// Accepts exactly these tokens.
+    pub fn new<'a>(tokens: impl IntoIterator<Item = &'a str>) -> Tokens {
+        Tokens { digests: tokens.into_iter().map(|t| digest(t.as_bytes())).collect() }
+    }
+
+    /// Loads the token file (one token per line), creating it with a fresh random token when it
+    /// does not exist.
+    pub fn load_or_create(path: &Path) -> anyhow::Result<Tokens> {
+        if !path.exists() {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            let token = format!("bbx_{}", hex::encode(rand::random::<[u8; 24]>()));
+            let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
+            f.write_all(format!("{token}\n").as_bytes())?;
+            f.sync_all()?;
+        }
+        let mode = std::fs::metadata(path)?.permissions().mode();
+        if mode & 0o077 != 0 {
+            anyhow::bail!(
+                "{} is readable by other users (mode {:o}); run `chmod 600 {}`",
+                path.display(),
+                mode & 0o777,
+                path.display()
+            );
+        }
+        let text = std::fs::read_to_string(path)?;
+        let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+        if lines.is_empty() || lines.iter().any(|l| l.len() > MAX_TOKEN || l.len() < 16) {
+            anyhow::bail!("{} must hold one token of 16 to {MAX_TOKEN} characters per line", path.display());
+        }
+        Ok(Tokens::new(lines))
+    }
+
+    /// Checks a presented token against every accepted one; every comparison runs in full so the
+    /// time taken says nothing about which bytes matched.
+    pub fn check(&self, presented: &str) -> Option<Caller> {
+        let d = digest(presented.as_bytes());
+        let mut ok = false;
+        for known in &self.digests {
+            ok |= equal_ct(known, &d);
+        }
+        ok.then(|| Caller(token_id(presented)))
+    }
+
+    /// Authenticates a request from its `Authorization: Bearer` header.
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
+        let unauthorized = |why: &str| {
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                format!("{why}; send `Authorization: Bearer <token>` with the token from <data>/service/token"),
+            )
+        };
+        let value = headers.get(header::AUTHORIZATION).ok_or_else(|| unauthorized("no token"))?;
+        let value = value.to_str().map_err(|_| unauthorized("the Authorization header is not text"))?;
+        let token = value
+            .strip_prefix("Bearer ")
+            .or_else(|| value.strip_prefix("bearer "))
+            .map(str::trim)
+            .filter(|t| !t.is_empty() && t.len() <= MAX_TOKEN)
+            .ok_or_else(|| unauthorized("the Authorization header is not `Bearer <token>`"))?;
+        self.check(token).ok_or_else(|| unauthorized("the token is not valid"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn headers(v: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(header::AUTHORIZATION, HeaderValue::from_str(v).unwrap());
+        h
+    }
+
+    #[test]
+    fn only_the_exact_token_is_accepted() {
+        let t = Tokens::new(["secret-token-0123456789"]);
+        assert!(t.check("secret-token-0123456789").is_some());
+        for bad in ["", "secret-token-012345678", "secret-token-01234567890", "SECRET-TOKEN-0123456789"] {
+            assert!(t.check(bad).is_none(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn constant_time_compare_detects_any_differing_byte() {
+        let a = digest(b"x");
+        for i in 0..32 {
+            let mut b = a;
+            b[i] ^= 1;
+            assert!(!equal_ct(&a, &b));
+        }
+        assert!(equal_ct(&a, &a));
+    }
+
+    #[test]
+    fn authorization_header_must_be_bearer_with_a_known_token() {
+        let t = Tokens::new(["secret-token-0123456789"]);
+        let ok = t.authenticate(&headers("Bearer secret-token-0123456789")).unwrap();
+        assert_eq!(ok, Caller(token_id("secret-token-0123456789")));
+        for bad in ["secret-token-0123456789", "Basic secret-token-0123456789", "Bearer ", "Bearer wrong"] {
+            let e = t.authenticate(&headers(bad)).unwrap_err();
+            assert_eq!((e.status.as_u16(), e.code), (401, "unauthorized"), "{bad:?}");
+        }
+        assert_eq!(t.authenticate(&HeaderMap::new()).unwrap_err().status.as_u16(), 401);
+    }
+
+    #[test]
+    fn token_file_is_created_private_and_reloads_the_same_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("service/token");
+        Tokens::load_or_create(&path).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        let token = std::fs::read_to_string(&path).unwrap().trim().to_string();
+        assert!(Tokens::load_or_create(&path).unwrap().check(&token).is_some());
+    }
+
+    #[test]
+    fn token_file_readable_by_others_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, "0123456789abcdef0123\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(Tokens::load_or_create(&path).is_err());
+    }
+}

@@ -1,0 +1,61 @@
+//! The service's settings: where the data lives and every limit a client runs into.
+
+use branchbox_core::Config as EngineConfig;
+use std::time::Duration;
+
+/// Settings of one branchboxd.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// The engine's configuration (data directory, runsc, agent, shim).
+    pub engine: EngineConfig,
+    /// Most sandboxes (running or paused) at once; more answer 503.
+    pub max_sandboxes: usize,
+    /// Largest JSON request body.
+    pub max_json_bytes: usize,
+    /// Largest file upload.
+    pub max_upload_bytes: u64,
+    /// Largest file download.
+    pub max_download_bytes: u64,
+    /// Most output bytes (stdout and stderr together) one command returns.
+    pub max_output_bytes: u64,
+    /// Sandbox timeout when the creator names none, seconds.
+    pub default_timeout_s: u64,
+    /// Longest sandbox timeout, seconds.
+    pub max_timeout_s: u64,
+    /// Longest command run time, seconds.
+    pub max_exec_timeout_s: u64,
+    /// Command run time when the caller names none, seconds.
+    pub default_exec_timeout_s: u64,
+    /// Time limit of every request that is not a command or a file stream.
+    pub request_timeout: Duration,
+    /// Require a bearer token (on unless explicitly turned off).
+    pub auth: bool,
+    /// How often the TTL task looks for expired sandboxes.
+    pub ttl_tick: Duration,
+}
+
+impl ServiceConfig {
+    /// Defaults over an engine configuration.
+    pub fn new(engine: EngineConfig) -> ServiceConfig {
+        ServiceConfig {
+            engine,
+            max_sandboxes: 64,
+            max_json_bytes: 1 << 20,
+            max_upload_bytes: 512 << 20,
+            max_download_bytes: 512 << 20,
+            max_output_bytes: 16 << 20,
+            default_timeout_s: 300,
+            max_timeout_s: 24 * 3600,
+            max_exec_timeout_s: 3600,
+            default_exec_timeout_s: 60,
+            request_timeout: Duration::from_secs(600),
+            auth: true,
+            ttl_tick: Duration::from_millis(500),
+        }
+    }
+
+    /// `<data>/service`, the service's own directory.
+    pub fn service_dir(&self) -> std::path::PathBuf {
+        self.engine.data_dir.join("service")
+    }
+}

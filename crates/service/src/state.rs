@@ -1,0 +1,135 @@
+//! Shared state of the running service: configuration, tokens, a pool of engines, the service
+//! database, admission (the sandbox cap) and metrics.
+//!
+//! An `Engine` holds a SQLite connection, which may move between threads but not be shared, so
+//! engine work runs on the blocking pool with an engine taken from a small pool (opening one
+//! per request would work too; reuse saves the open).
+
+use crate::auth::Tokens;
+use crate::config::ServiceConfig;
+use crate::db::ServiceDb;
+use crate::error::{ApiError, ApiResult};
+use crate::metrics::Metrics;
+use axum::http::StatusCode;
+use branchbox_core::Engine;
+use branchbox_model::SandboxState;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Shared state, cheap to clone.
+#[derive(Clone)]
+pub struct AppState(Arc<Inner>);
+
+/// What [`AppState`] holds.
+pub struct Inner {
+    /// Settings.
+    pub cfg: ServiceConfig,
+    /// Accepted tokens; `None` when authentication is off.
+    pub tokens: Option<Tokens>,
+    /// Metrics.
+    pub metrics: Metrics,
+    engines: Mutex<Vec<Engine>>,
+    db: Mutex<ServiceDb>,
+    /// Sandboxes admitted but not yet recorded by the engine.
+    pending: Mutex<usize>,
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Capacity held for sandboxes being created; released when dropped (by then the engine has
+/// recorded them, or they failed).
+pub struct Reservation {
+    state: AppState,
+    n: usize,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let mut p = lock(&self.state.pending);
+        *p = p.saturating_sub(self.n);
+    }
+}
+
+impl AppState {
+    /// Opens the service's database and checks the engine's data directory.
+    pub fn open(cfg: ServiceConfig, tokens: Option<Tokens>) -> anyhow::Result<AppState> {
+        let dir = cfg.service_dir();
+        std::fs::create_dir_all(&dir)?;
+        let db = ServiceDb::open(&dir.join("service.db"))?;
+        let engine = Engine::open(cfg.engine.clone())?;
+        Ok(AppState(Arc::new(Inner {
+            cfg,
+            tokens,
+            metrics: Metrics::default(),
+            engines: Mutex::new(vec![engine]),
+            db: Mutex::new(db),
+            pending: Mutex::new(0),
+        })))
+    }
+
+    /// The service database, locked.
+    pub fn db(&self) -> MutexGuard<'_, ServiceDb> {
+        lock(&self.db)
+    }
+
+    fn take_engine(&self) -> ApiResult<Engine> {
+        if let Some(e) = lock(&self.engines).pop() {
+            return Ok(e);
+        }
+        Ok(Engine::open(self.cfg.engine.clone())?)
+    }
+
+    fn put_engine(&self, e: Engine) {
+        let mut pool = lock(&self.engines);
+        // Enough for steady load; a burst opens more and the extra ones are simply dropped.
+        if pool.len() < 16 {
+            pool.push(e);
+        }
+    }
+
+    /// Runs `f` with an engine on the blocking pool.
+    pub async fn blocking<T, F>(&self, f: F) -> ApiResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Engine, &AppState) -> ApiResult<T> + Send + 'static,
+    {
+        let st = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let engine = st.take_engine()?;
+            let r = f(&engine, &st);
+            st.put_engine(engine);
+            r
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("a worker failed: {e}; the request was not completed")))?
+    }
+
+    /// Admits `n` new sandboxes or answers 503 when that would pass the cap. Counts what the
+    /// engine records (running or paused; lost ones hold nothing) plus admissions in flight.
+    pub fn reserve(&self, engine: &Engine, n: usize) -> ApiResult<Reservation> {
+        let mut pending = lock(&self.pending);
+        let live = engine.list()?.iter().filter(|v| v.sandbox.state != SandboxState::Lost).count();
+        let max = self.cfg.max_sandboxes;
+        if live + *pending + n > max {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "at_capacity",
+                format!(
+                    "the service runs {} of at most {max} sandboxes and cannot start {n} more; kill some \
+                     (DELETE /v1/sandboxes/{{id}}) or retry later",
+                    live + *pending
+                ),
+            ));
+        }
+        *pending += n;
+        Ok(Reservation { state: self.clone(), n })
+    }
+}
