@@ -178,30 +178,43 @@ impl Shim {
 
     /// Sends a request of the shim's own to the current agent and waits for its terminal answer.
     fn internal(&self, req: &Request, body: &[u8]) -> Result<RawFrame, String> {
-        self.internal_via(req, body, None)
-    }
-
-    /// As [`Shim::internal`], to the agent behind `stdin` when given (a container that is not
-    /// current yet).
-    fn internal_via(
-        &self,
-        req: &Request,
-        body: &[u8],
-        stdin: Option<&mut ChildStdin>,
-    ) -> Result<RawFrame, String> {
         let gid = self.next_id.fetch_add(1, Ordering::SeqCst);
         let (tx, rx) = sync_channel(4);
         lock(&self.routes).by_gid.insert(gid, Route::Internal(tx));
-        let header = encode_header(gid, req);
-        let sent = match stdin {
-            Some(pipe) => write_raw(pipe, &header, body).map_err(|e| e.to_string()),
-            None => self.send_to_agent(&header, body).map_err(|e| e.to_string()),
-        };
-        let r = sent
+        let r = self
+            .send_to_agent(&encode_header(gid, req), body)
             .map_err(|e| format!("agent pipe: {e}"))
             .and_then(|()| rx.recv_timeout(AGENT_WAIT).map_err(|_| "the agent did not answer".to_string()));
         lock(&self.routes).by_gid.remove(&gid);
         r
+    }
+
+    /// Sends a request to a container that is not current yet and waits for the answer, giving
+    /// up as soon as that container's runsc process exits (a bad image fails fast).
+    fn internal_to(&self, req: &Request, target: &mut Container) -> Result<RawFrame, String> {
+        let gid = self.next_id.fetch_add(1, Ordering::SeqCst);
+        let (tx, rx) = sync_channel(4);
+        lock(&self.routes).by_gid.insert(gid, Route::Internal(tx));
+        let result = (|| {
+            write_raw(&mut target.stdin, &encode_header(gid, req), &[])
+                .map_err(|e| format!("agent pipe: {e}"))?;
+            let deadline = std::time::Instant::now() + AGENT_WAIT;
+            loop {
+                match rx.recv_timeout(Duration::from_millis(50)) {
+                    Ok(frame) => return Ok(frame),
+                    Err(_) if std::time::Instant::now() > deadline => {
+                        return Err("the agent did not answer".into())
+                    }
+                    Err(_) => {
+                        if let Some(Ok(Some(status))) = target.child.as_mut().map(|c| c.try_wait()) {
+                            return Err(format!("runsc exited ({status}); see shim.log"));
+                        }
+                    }
+                }
+            }
+        })();
+        lock(&self.routes).by_gid.remove(&gid);
+        result
     }
 
     /// Stops a container the shim started. Its `runsc run` process lingers for seconds after
@@ -337,7 +350,7 @@ impl Shim {
         let (mut target, stdout) =
             spawn_container(&self.cfg, next, Some(&image)).map_err(|e| format!("runsc restore: {e}"))?;
         self.start_reader(stdout, next);
-        if let Err(e) = self.internal_via(&Request::Thaw { after_fork: None }, &[], Some(&mut target.stdin)) {
+        if let Err(e) = self.internal_to(&Request::Thaw { after_fork: None }, &mut target) {
             self.retire(&mut target);
             return Err(format!("the checkpoint did not come up ({e}); the sandbox is unchanged"));
         }

@@ -130,3 +130,47 @@ pub fn runsc_containers() -> String {
         .expect("runsc list");
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// A Python process that keeps a counter in memory only and reports it on request: it writes
+/// the counter to /tmp/count whenever /tmp/ask appears. A child that reports a count at or
+/// above the source's count at the fork instant continued from the source's memory.
+pub const COUNTER: &str = r#"
+import os, time
+n = 0
+while True:
+    n += 1
+    if os.path.exists('/tmp/ask'):
+        os.remove('/tmp/ask')
+        open('/tmp/count.tmp', 'w').write(str(n))
+        os.rename('/tmp/count.tmp', '/tmp/count')
+    time.sleep(0.01)
+"#;
+
+pub fn put_text(s: &Sandbox, path: &str, text: &str) {
+    let mut child = bb()
+        .args(["files", "put", &s.0, "-", path])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    use std::io::Write;
+    child.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("write");
+    assert!(child.wait().expect("wait").success());
+}
+
+pub fn ask_count(s: &Sandbox) -> u64 {
+    s.sh("rm -f /tmp/count; touch /tmp/ask");
+    let mut value = 0;
+    eventually("the counter to answer", || match s.sh_output("cat /tmp/count 2>/dev/null") {
+        out if out.status.success() && !out.stdout.is_empty() => {
+            value = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(0);
+            value > 0
+        }
+        _ => false,
+    });
+    value
+}
+
+pub fn counter_pid(s: &Sandbox) -> String {
+    s.sh("pgrep -x python3").trim().to_string()
+}
