@@ -1,21 +1,46 @@
-//! Runs the fork and density benchmarks and prints their reports as JSON, one per line.
-//! `--short` runs the CI-sized version; `--workers N` sets the fork threads. The CLI's
-//! `branchbox bench` calls the same functions.
+//! Runs the microVM benchmarks and prints their reports as JSON, one per line.
+//! `--short` runs the CI-sized version; `--workers N` sets the fork threads; `--only NAME`
+//! (fork, density, checkpoint, rollback, branch, chain) runs one. The CLI's `branchbox
+//! bench` calls the same functions.
 
-use branchbox_vmm::{bench_density, bench_fork, DensityBenchOptions, ForkBenchOptions};
+use branchbox_model::bench::Report;
+use branchbox_vmm::{
+    bench_branch, bench_chain, bench_checkpoint, bench_density, bench_fork, bench_rollback,
+    BranchBenchOptions, ChainBenchOptions, CheckpointBenchOptions, DensityBenchOptions, ForkBenchOptions,
+    RollbackBenchOptions,
+};
+
+type Bench = Box<dyn Fn() -> branchbox_vmm::Result<Report>>;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let short = std::env::args().any(|a| a == "--short");
-    let (mut fork, density) = if short {
-        (ForkBenchOptions::short(), DensityBenchOptions::short())
-    } else {
-        (ForkBenchOptions::default(), DensityBenchOptions::default())
-    };
     let args: Vec<String> = std::env::args().collect();
+    let short = args.iter().any(|a| a == "--short");
+    let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).cloned();
+    let mut fork = if short { ForkBenchOptions::short() } else { ForkBenchOptions::default() };
     if let Some(w) = args.iter().position(|a| a == "--workers") {
         fork.workers = args.get(w + 1).ok_or("--workers needs a number")?.parse()?;
     }
-    for report in [bench_fork(&fork)?, bench_density(&density)?] {
+    let pick = |s, d| if short { s } else { d };
+    let (density, checkpoint, rollback, branch, chain) = (
+        pick(DensityBenchOptions::short(), DensityBenchOptions::default()),
+        pick(CheckpointBenchOptions::short(), CheckpointBenchOptions::default()),
+        pick(RollbackBenchOptions::short(), RollbackBenchOptions::default()),
+        pick(BranchBenchOptions::short(), BranchBenchOptions::default()),
+        pick(ChainBenchOptions::short(), ChainBenchOptions::default()),
+    );
+    let benches: Vec<(&str, Bench)> = vec![
+        ("fork", Box::new(move || bench_fork(&fork))),
+        ("density", Box::new(move || bench_density(&density))),
+        ("checkpoint", Box::new(move || bench_checkpoint(&checkpoint))),
+        ("rollback", Box::new(move || bench_rollback(&rollback))),
+        ("branch", Box::new(move || bench_branch(&branch))),
+        ("chain", Box::new(move || bench_chain(&chain))),
+    ];
+    for (name, run) in benches {
+        if only.as_deref().is_some_and(|o| o != name) {
+            continue;
+        }
+        let report = run()?;
         println!("{}", serde_json::to_string(&report)?);
         eprintln!("{}", report.summary);
     }

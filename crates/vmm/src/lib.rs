@@ -23,7 +23,11 @@ pub mod testguest;
 pub mod vm;
 pub mod vstate;
 
-pub use bench::{bench_density, bench_fork, DensityBenchOptions, ForkBenchOptions};
+pub use bench::{
+    bench_branch, bench_chain, bench_checkpoint, bench_density, bench_fork, bench_rollback,
+    BranchBenchOptions, ChainBenchOptions, CheckpointBenchOptions, DensityBenchOptions, ForkBenchOptions,
+    RollbackBenchOptions,
+};
 pub use checkpoint::{fork_live, Checkpoint, LiveFork};
 pub use error::{Error, Result};
 pub use fork::{fork, fork_paused, fork_with, ShellPool};

@@ -1,6 +1,15 @@
-//! Benchmarks of fork and density, as library calls the CLI wraps (`branchbox bench fork
-//! --backend microvm`, `branchbox bench density`). Each returns a [`Report`] with the
-//! reference measured in the same run; nothing here asserts a timing.
+//! Benchmarks of fork, density, checkpoint, rollback, live branch and chain spawn, as
+//! library calls the CLI wraps (`branchbox bench fork --backend microvm`, ...). Each returns
+//! a [`Report`] with the reference measured in the same run; nothing here asserts a timing.
+
+mod branch;
+mod timetravel;
+
+pub use branch::{bench_branch, BranchBenchOptions};
+pub use timetravel::{
+    bench_chain, bench_checkpoint, bench_rollback, ChainBenchOptions, CheckpointBenchOptions,
+    RollbackBenchOptions,
+};
 
 use crate::error::{kvm, Error, Result};
 use crate::fork::{fork_with, ShellPool};
