@@ -1,0 +1,50 @@
+"""branchbox: sandboxes for AI agents that fork, snapshot, checkpoint and roll back.
+
+`Sandbox` is the synchronous client, `AsyncSandbox` the asyncio one; both talk to a running
+`branchboxd` over HTTP (settings from arguments, `BRANCHBOX_URL`/`BRANCHBOX_TOKEN`, or the
+service's files in the data directory).
+"""
+
+from .async_sandbox import AsyncCommandHandle, AsyncSandbox
+from .exceptions import (
+    AuthenticationError,
+    BranchboxError,
+    CapacityError,
+    CommandExitException,
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+    PayloadTooLargeError,
+    PermissionDeniedError,
+    ServerError,
+    ServiceUnavailableError,
+    TimeoutException,
+)
+from .models import CommandResult, EntryInfo, Lineage, ProcessInfo, SandboxInfo, SnapshotInfo, WriteInfo
+from .sandbox import CommandHandle, Sandbox
+
+__all__ = [
+    "AsyncCommandHandle",
+    "AsyncSandbox",
+    "AuthenticationError",
+    "BranchboxError",
+    "CapacityError",
+    "CommandExitException",
+    "CommandHandle",
+    "CommandResult",
+    "ConflictError",
+    "EntryInfo",
+    "InvalidArgumentError",
+    "Lineage",
+    "NotFoundError",
+    "PayloadTooLargeError",
+    "PermissionDeniedError",
+    "ProcessInfo",
+    "Sandbox",
+    "SandboxInfo",
+    "ServerError",
+    "ServiceUnavailableError",
+    "SnapshotInfo",
+    "TimeoutException",
+    "WriteInfo",
+]

@@ -1,0 +1,187 @@
+"""The HTTP calls, described once: each function returns a `Call` that the sync and async
+clients send with their own transport; answers are checked here too."""
+
+from __future__ import annotations
+
+import base64
+import codecs
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+from urllib.parse import quote, urlencode
+
+import httpx
+
+from .exceptions import BranchboxError, CommandExitException, from_response
+from .models import CommandResult
+
+#: Extra seconds a command's HTTP request waits beyond the command's own timeout.
+COMMAND_MARGIN = 30.0
+
+
+@dataclass
+class Call:
+    """One HTTP request."""
+
+    method: str
+    path: str
+    json: Any = None
+    params: Optional[Dict[str, Any]] = None
+    content: Any = None
+    timeout: Optional[float] = None
+    headers: Optional[Dict[str, str]] = None
+
+
+def _q(s: str) -> str:
+    return quote(s, safe="")
+
+
+def sandbox_path(sandbox_id: str, rest: str = "") -> str:
+    return f"/v1/sandboxes/{_q(sandbox_id)}{rest}"
+
+
+def create(
+    template: Optional[str],
+    snapshot_id: Optional[str],
+    timeout: Optional[float],
+    on_timeout: Optional[str],
+    metadata: Optional[Mapping[str, str]],
+    envs: Optional[Mapping[str, str]],
+    backend: Optional[str],
+    memory_mib: Optional[int],
+    cpus: Optional[int],
+    pids: Optional[int],
+) -> Call:
+    body = {
+        "template": template,
+        "snapshot_id": snapshot_id,
+        "timeout": timeout,
+        "on_timeout": on_timeout,
+        "metadata": dict(metadata) if metadata is not None else None,
+        "envs": dict(envs) if envs is not None else None,
+        "backend": backend,
+        "memory_mib": memory_mib,
+        "cpus": cpus,
+        "pids": pids,
+    }
+    return Call("POST", "/v1/sandboxes", json={k: v for k, v in body.items() if v is not None})
+
+
+def list_sandboxes(metadata: Optional[Mapping[str, str]], state: Optional[str]) -> Call:
+    params: Dict[str, Any] = {}
+    if metadata:
+        params["metadata"] = urlencode(dict(metadata))
+    if state:
+        params["state"] = state
+    return Call("GET", "/v1/sandboxes", params=params)
+
+
+def command_body(
+    cmd: Union[str, Sequence[str]],
+    envs: Optional[Mapping[str, str]],
+    cwd: Optional[str],
+    timeout: Optional[float],
+    stdin: Optional[str] = None,
+) -> Dict[str, Any]:
+    body: Dict[str, Any] = {"cmd": cmd} if isinstance(cmd, str) else {"argv": list(cmd)}
+    if envs:
+        body["envs"] = dict(envs)
+    if cwd is not None:
+        body["cwd"] = cwd
+    if timeout is not None:
+        body["timeout"] = timeout
+    if stdin is not None:
+        body["stdin"] = stdin
+    return body
+
+
+def command_http_timeout(timeout: Optional[float], default: float = 60.0) -> float:
+    return (timeout if timeout is not None else default) + COMMAND_MARGIN
+
+
+def raise_for(r: httpx.Response) -> None:
+    """Raises the typed exception for an error answer."""
+    if r.status_code < 400:
+        return
+    code, message = None, r.reason_phrase or f"HTTP {r.status_code}"
+    try:
+        err = r.json()["error"]
+        code, message = err.get("code"), err.get("message", message)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        pass
+    raise from_response(r.status_code, code, message)
+
+
+def check_exit(result: CommandResult, cmd: Union[str, Sequence[str]]) -> CommandResult:
+    """Returns the result, or raises `CommandExitException` when the command failed."""
+    if result.exit_code == 0:
+        return result
+    if result.timed_out:
+        why = "timed out and its process group was killed"
+    elif result.exit_code is None:
+        why = f"was killed by signal {result.signal}"
+    else:
+        why = f"exited with code {result.exit_code}"
+    shown = cmd if isinstance(cmd, str) else " ".join(cmd)
+    raise CommandExitException(
+        f"command {shown[:200]!r} {why}: {result.stderr[-500:]}",
+        stdout=result.stdout,
+        stderr=result.stderr,
+        exit_code=result.exit_code,
+        signal=result.signal,
+        timed_out=result.timed_out,
+    )
+
+
+class StreamDecoder:
+    """Turns the server-sent events of a streamed command into callbacks and a result."""
+
+    def __init__(self, on_stdout: Optional[Callable[[str], Any]], on_stderr: Optional[Callable[[str], Any]]) -> None:
+        self.callbacks = {"stdout": on_stdout, "stderr": on_stderr}
+        self.decoders = {k: codecs.getincrementaldecoder("utf-8")("replace") for k in self.callbacks}
+        self.text: Dict[str, List[str]] = {"stdout": [], "stderr": []}
+        self.result: Optional[CommandResult] = None
+        self._event = "message"
+        self._data: List[str] = []
+
+    def _emit(self, name: str, text: str) -> None:
+        if not text:
+            return
+        self.text[name].append(text)
+        cb = self.callbacks.get(name)
+        if cb is not None:
+            cb(text)
+
+    def _dispatch(self) -> None:
+        event, data = self._event, "\n".join(self._data)
+        self._event, self._data = "message", []
+        if not data:
+            return
+        payload = json.loads(data)
+        if event in ("stdout", "stderr"):
+            self._emit(event, self.decoders[event].decode(base64.b64decode(payload["data"])))
+        elif event == "exit":
+            for name, dec in self.decoders.items():
+                self._emit(name, dec.decode(b"", final=True))
+            self.result = CommandResult.parse(payload, "".join(self.text["stdout"]), "".join(self.text["stderr"]))
+        elif event == "error":
+            err = payload.get("error", {})
+            raise BranchboxError(err.get("message", "the command failed"), status=None, code=err.get("code"))
+
+    def feed_line(self, line: str) -> None:
+        """Feeds one line of the event stream (without its line ending)."""
+        if line == "":
+            self._dispatch()
+        elif line.startswith(":"):
+            return
+        elif line.startswith("event:"):
+            self._event = line[6:].strip()
+        elif line.startswith("data:"):
+            self._data.append(line[5:].lstrip(" "))
+
+    def finish(self) -> CommandResult:
+        """The result, once the stream ended."""
+        self._dispatch()
+        if self.result is None:
+            raise BranchboxError("the command's output stream ended before its exit status", code="stream_cut")
+        return self.result

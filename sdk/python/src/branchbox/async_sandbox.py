@@ -1,0 +1,339 @@
+"""The asynchronous client: `AsyncSandbox`, the same surface as `Sandbox` with awaitables."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence, Union
+
+import httpx
+
+from . import _api
+from ._config import ConnectionConfig
+from .exceptions import BranchboxError, NotFoundError, ServiceUnavailableError, TimeoutException, from_response
+from .models import CommandResult, EntryInfo, Lineage, ProcessInfo, SandboxInfo, SnapshotInfo, WriteInfo
+
+
+class _AsyncHttp:
+    """One async connection pool to the service."""
+
+    def __init__(self, cfg: ConnectionConfig) -> None:
+        self.cfg = cfg
+        self.client = httpx.AsyncClient(base_url=cfg.api_url, headers=cfg.headers(), timeout=cfg.request_timeout)
+
+    def _request(self, c: _api.Call) -> httpx.Request:
+        timeout = c.timeout if c.timeout is not None else self.cfg.request_timeout
+        return self.client.build_request(
+            c.method, c.path, json=c.json, params=c.params, content=c.content, headers=c.headers,
+            timeout=httpx.Timeout(timeout, connect=10.0),
+        )
+
+    async def call(self, c: _api.Call) -> httpx.Response:
+        try:
+            r = await self.client.send(self._request(c))
+        except httpx.TimeoutException as e:
+            raise TimeoutException(f"{c.method} {c.path} did not answer in time: {e}") from e
+        except httpx.TransportError as e:
+            raise ServiceUnavailableError(f"cannot reach the branchbox service at {self.cfg.api_url}: {e}") from e
+        _api.raise_for(r)
+        return r
+
+    @asynccontextmanager
+    async def stream(self, c: _api.Call) -> AsyncIterator[httpx.Response]:
+        try:
+            r = await self.client.send(self._request(c), stream=True)
+        except httpx.TimeoutException as e:
+            raise TimeoutException(f"{c.method} {c.path} did not answer in time: {e}") from e
+        except httpx.TransportError as e:
+            raise ServiceUnavailableError(f"cannot reach the branchbox service at {self.cfg.api_url}: {e}") from e
+        try:
+            if r.status_code >= 400:
+                await r.aread()
+                _api.raise_for(r)
+            yield r
+        except httpx.TimeoutException as e:
+            raise TimeoutException(f"{c.method} {c.path} stopped sending in time: {e}") from e
+        except httpx.TransportError as e:
+            raise ServiceUnavailableError(f"the connection to {self.cfg.api_url} broke: {e}") from e
+        finally:
+            await r.aclose()
+
+
+class AsyncCommandHandle:
+    """A background process started with `commands.run(..., background=True)`."""
+
+    def __init__(self, sandbox: "AsyncSandbox", pid: int, cmd: Union[str, Sequence[str]]) -> None:
+        self._sandbox, self.pid, self._cmd = sandbox, pid, cmd
+
+    async def wait(self, timeout: Optional[float] = 60.0) -> CommandResult:
+        """Waits for it to exit; raises `CommandExitException` on failure, `TimeoutException` when still running."""
+        c = _api.Call("POST", _api.sandbox_path(self._sandbox.sandbox_id, f"/processes/{self.pid}/wait"),
+                      json={"timeout": timeout}, timeout=_api.command_http_timeout(timeout))
+        d = (await self._sandbox._http.call(c)).json()
+        if d["running"]:
+            raise TimeoutException(f"process {self.pid} was still running after {timeout} s")
+        return _api.check_exit(CommandResult.parse(d["result"]), self._cmd)
+
+    async def kill(self) -> bool:
+        """Kills it (SIGKILL); False when it no longer exists."""
+        return await self._sandbox.commands.kill(self.pid)
+
+
+class AsyncCommands:
+    """Commands in one sandbox."""
+
+    def __init__(self, sandbox: "AsyncSandbox") -> None:
+        self._s = sandbox
+
+    async def run(
+        self,
+        cmd: Union[str, Sequence[str]],
+        background: Optional[bool] = None,
+        envs: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        timeout: Optional[float] = 60.0,
+        on_stdout: Optional[Callable[[str], Any]] = None,
+        on_stderr: Optional[Callable[[str], Any]] = None,
+        stdin: Optional[str] = None,
+    ) -> Any:
+        """As `Sandbox.commands.run`: a `CommandResult`, or an `AsyncCommandHandle` with `background=True`."""
+        sid = self._s.sandbox_id
+        if background:
+            body = _api.command_body(cmd, envs, cwd, None, None)
+            if timeout is not None:
+                body["timeout"] = timeout
+            r = await self._s._http.call(_api.Call("POST", _api.sandbox_path(sid, "/processes"), json=body))
+            return AsyncCommandHandle(self._s, r.json()["pid"], cmd)
+        body = _api.command_body(cmd, envs, cwd, timeout, stdin)
+        http_timeout = _api.command_http_timeout(timeout)
+        if on_stdout is None and on_stderr is None:
+            c = _api.Call("POST", _api.sandbox_path(sid, "/commands"), json=body, timeout=http_timeout)
+            return _api.check_exit(CommandResult.parse((await self._s._http.call(c)).json()), cmd)
+        dec = _api.StreamDecoder(on_stdout, on_stderr)
+        c = _api.Call("POST", _api.sandbox_path(sid, "/commands/stream"), json=body, timeout=http_timeout)
+        async with self._s._http.stream(c) as r:
+            async for line in r.aiter_lines():
+                dec.feed_line(line)
+        return _api.check_exit(dec.finish(), cmd)
+
+    async def list(self) -> List[ProcessInfo]:
+        """Background processes."""
+        r = await self._s._http.call(_api.Call("GET", _api.sandbox_path(self._s.sandbox_id, "/processes")))
+        return [ProcessInfo.parse(p) for p in r.json()]
+
+    async def send_signal(self, pid: int, signal: int, group: bool = True) -> None:
+        """Sends a signal to a background process (by default to its whole process group)."""
+        await self._s._http.call(_api.Call("POST", _api.sandbox_path(self._s.sandbox_id, f"/processes/{int(pid)}/signal"),
+                                           json={"signal": signal, "group": group}))
+
+    async def kill(self, pid: int) -> bool:
+        """Kills a background process and its group; False when it no longer exists."""
+        try:
+            await self.send_signal(pid, 9)
+            return True
+        except NotFoundError:
+            return False
+
+
+class AsyncFiles:
+    """Files in one sandbox."""
+
+    def __init__(self, sandbox: "AsyncSandbox") -> None:
+        self._s = sandbox
+
+    def _path(self, rest: str = "") -> str:
+        return _api.sandbox_path(self._s.sandbox_id, f"/files{rest}")
+
+    async def read(self, path: str, format: str = "text") -> Union[str, bytes]:
+        """Reads a file as text (UTF-8) or, with `format="bytes"`, as bytes; streamed."""
+        parts = []
+        async with self._s._http.stream(_api.Call("GET", self._path(), params={"path": path})) as r:
+            async for chunk in r.aiter_bytes():
+                parts.append(chunk)
+        data = b"".join(parts)
+        return data if format == "bytes" else data.decode("utf-8", "replace")
+
+    async def write(self, path: str, data: Union[str, bytes], mode: Optional[int] = None) -> WriteInfo:
+        """Writes a file (replacing it atomically); creates missing parent directories."""
+        params: Dict[str, Any] = {"path": path}
+        if mode is not None:
+            params["mode"] = format(mode, "o")
+        content = data.encode() if isinstance(data, str) else bytes(data)
+        r = await self._s._http.call(_api.Call("PUT", self._path(), params=params, content=content,
+                                               headers={"content-type": "application/octet-stream"}))
+        d = r.json()
+        return WriteInfo(d["path"], int(d["size"]))
+
+    async def list(self, path: str) -> List[EntryInfo]:
+        """Entries of a directory."""
+        r = await self._s._http.call(_api.Call("GET", self._path("/list"), params={"path": path}))
+        return [EntryInfo.parse(e) for e in r.json()]
+
+    async def get_info(self, path: str) -> EntryInfo:
+        """Metadata of a path."""
+        r = await self._s._http.call(_api.Call("GET", self._path("/stat"), params={"path": path}))
+        return EntryInfo.parse(r.json())
+
+    async def exists(self, path: str) -> bool:
+        """True when the path exists."""
+        try:
+            await self.get_info(path)
+            return True
+        except NotFoundError:
+            return False
+
+    async def remove(self, path: str, recursive: bool = True) -> None:
+        """Removes a file or a directory (with its contents unless `recursive=False`)."""
+        await self._s._http.call(_api.Call("DELETE", self._path(), params={"path": path, "recursive": str(recursive).lower()}))
+
+    async def rename(self, old_path: str, new_path: str) -> EntryInfo:
+        """Renames a path; returns the renamed entry."""
+        await self._s._http.call(_api.Call("POST", self._path("/rename"), json={"from": old_path, "to": new_path}))
+        return await self.get_info(new_path)
+
+    async def make_dir(self, path: str) -> bool:
+        """Creates a directory and its parents; False when it existed already."""
+        r = await self._s._http.call(_api.Call("POST", self._path("/mkdir"), json={"path": path, "parents": True}))
+        return bool(r.json()["created"])
+
+
+class AsyncSandbox:
+    """A sandbox behind a branchbox service, for asyncio. Use `await AsyncSandbox.create()`."""
+
+    def __init__(self, sandbox_id: str, http: _AsyncHttp, info: Optional[SandboxInfo] = None) -> None:
+        self.sandbox_id = sandbox_id
+        self._http = http
+        self._info = info
+        self.commands = AsyncCommands(self)
+        self.files = AsyncFiles(self)
+
+    def __repr__(self) -> str:
+        return f"AsyncSandbox({self.sandbox_id!r})"
+
+    @classmethod
+    async def create(
+        cls,
+        template: Optional[str] = None,
+        timeout: Optional[float] = None,
+        metadata: Optional[Mapping[str, str]] = None,
+        envs: Optional[Mapping[str, str]] = None,
+        backend: str = "auto",
+        *,
+        snapshot_id: Optional[str] = None,
+        on_timeout: str = "kill",
+        memory_mib: Optional[int] = None,
+        cpus: Optional[int] = None,
+        pids: Optional[int] = None,
+        api_url: Optional[str] = None,
+        token: Optional[str] = None,
+        request_timeout: Optional[float] = None,
+    ) -> "AsyncSandbox":
+        """As `Sandbox.create`."""
+        http = _AsyncHttp(ConnectionConfig.resolve(api_url, token, request_timeout))
+        c = _api.create(template, snapshot_id, timeout, on_timeout, metadata, envs, backend, memory_mib, cpus, pids)
+        info = SandboxInfo.parse((await http.call(c)).json())
+        return cls(info.sandbox_id, http, info)
+
+    @classmethod
+    async def connect(cls, sandbox_id: str, timeout: Optional[float] = None, *, api_url: Optional[str] = None,
+                      token: Optional[str] = None, request_timeout: Optional[float] = None) -> "AsyncSandbox":
+        """As `Sandbox.connect`."""
+        http = _AsyncHttp(ConnectionConfig.resolve(api_url, token, request_timeout))
+        body = {} if timeout is None else {"timeout": timeout}
+        r = await http.call(_api.Call("POST", _api.sandbox_path(sandbox_id, "/connect"), json=body))
+        info = SandboxInfo.parse(r.json())
+        return cls(info.sandbox_id, http, info)
+
+    @classmethod
+    async def list(cls, metadata: Optional[Mapping[str, str]] = None, state: Optional[str] = None, *,
+                   api_url: Optional[str] = None, token: Optional[str] = None) -> List[SandboxInfo]:
+        """As `Sandbox.list`."""
+        http = _AsyncHttp(ConnectionConfig.resolve(api_url, token))
+        try:
+            return [SandboxInfo.parse(d) for d in (await http.call(_api.list_sandboxes(metadata, state))).json()]
+        finally:
+            await http.client.aclose()
+
+    async def get_info(self) -> SandboxInfo:
+        """The sandbox's state, metadata and timeout now."""
+        self._info = SandboxInfo.parse((await self._http.call(_api.Call("GET", _api.sandbox_path(self.sandbox_id)))).json())
+        return self._info
+
+    async def is_running(self) -> bool:
+        """True while it is running."""
+        try:
+            return (await self.get_info()).state == "running"
+        except NotFoundError:
+            return False
+
+    async def kill(self) -> bool:
+        """Destroys the sandbox; False when it was already gone."""
+        try:
+            await self._http.call(_api.Call("DELETE", _api.sandbox_path(self.sandbox_id)))
+            return True
+        except NotFoundError:
+            return False
+
+    async def pause(self) -> SandboxInfo:
+        """Pauses it; `AsyncSandbox.connect(id)` resumes it."""
+        r = await self._http.call(_api.Call("POST", _api.sandbox_path(self.sandbox_id, "/pause")))
+        return SandboxInfo.parse(r.json())
+
+    async def resume(self, timeout: Optional[float] = None) -> SandboxInfo:
+        """Resumes a paused sandbox and restarts its timeout."""
+        body = {} if timeout is None else {"timeout": timeout}
+        r = await self._http.call(_api.Call("POST", _api.sandbox_path(self.sandbox_id, "/connect"), json=body))
+        return SandboxInfo.parse(r.json())
+
+    async def set_timeout(self, timeout: float) -> None:
+        """Sets the timeout to `timeout` seconds from now."""
+        await self._http.call(_api.Call("POST", _api.sandbox_path(self.sandbox_id, "/timeout"), json={"timeout": timeout}))
+
+    async def fork(self, count: int = 1) -> List[Union["AsyncSandbox", BranchboxError]]:
+        """Forks `count` children; one AsyncSandbox or exception per child."""
+        r = await self._http.call(_api.Call("POST", _api.sandbox_path(self.sandbox_id, "/fork"), json={"count": count}))
+        out: List[Union[AsyncSandbox, BranchboxError]] = []
+        for c in r.json()["children"]:
+            if c["ok"]:
+                info = SandboxInfo.parse(c["sandbox"])
+                out.append(AsyncSandbox(info.sandbox_id, self._http, info))
+            else:
+                err = c.get("error") or {}
+                out.append(from_response(500, err.get("code"), err.get("message", "the child did not start")))
+        return out
+
+    async def create_snapshot(self, name: Optional[str] = None) -> SnapshotInfo:
+        """Captures the full state; the sandbox keeps running."""
+        body = {} if name is None else {"name": name}
+        r = await self._http.call(_api.Call("POST", _api.sandbox_path(self.sandbox_id, "/snapshots"), json=body))
+        return SnapshotInfo.parse(r.json())
+
+    async def checkpoint(self, name: Optional[str] = None) -> SnapshotInfo:
+        """Takes a checkpoint to roll back to later."""
+        body = {} if name is None else {"name": name}
+        r = await self._http.call(_api.Call("POST", _api.sandbox_path(self.sandbox_id, "/checkpoints"), json=body))
+        return SnapshotInfo.parse(r.json())
+
+    async def checkpoints(self) -> List[SnapshotInfo]:
+        """This sandbox's checkpoints, oldest first."""
+        r = await self._http.call(_api.Call("GET", _api.sandbox_path(self.sandbox_id, "/checkpoints")))
+        return [SnapshotInfo.parse(d) for d in r.json()]
+
+    async def rollback(self, checkpoint_id: str) -> SandboxInfo:
+        """Returns this sandbox, in place, to a checkpoint."""
+        c = _api.Call("POST", _api.sandbox_path(self.sandbox_id, "/rollback"), json={"checkpoint": checkpoint_id})
+        return SandboxInfo.parse((await self._http.call(c)).json())
+
+    async def lineage(self) -> Lineage:
+        """The part of the lineage connected to this sandbox."""
+        r = await self._http.call(_api.Call("GET", "/v1/lineage", params={"sandbox": self.sandbox_id}))
+        return Lineage.parse(r.json())
+
+    async def close(self) -> None:
+        """Closes the connection pool (the sandbox keeps running)."""
+        await self._http.client.aclose()
+
+    async def __aenter__(self) -> "AsyncSandbox":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.kill()

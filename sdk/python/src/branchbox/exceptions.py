@@ -1,0 +1,105 @@
+"""Typed exceptions: one class per kind of failure, each carrying the service's stable code."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+class BranchboxError(Exception):
+    """Any failure reported by the SDK or the service."""
+
+    def __init__(self, message: str, *, status: Optional[int] = None, code: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.code = code
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(status={self.status!r}, code={self.code!r}, message={self.message!r})"
+
+
+class AuthenticationError(BranchboxError):
+    """The token is missing or wrong (401)."""
+
+
+class InvalidArgumentError(BranchboxError):
+    """The request was malformed (400) or a value is not acceptable (422)."""
+
+
+class NotFoundError(BranchboxError):
+    """No such sandbox, snapshot, file or route (404)."""
+
+
+class ConflictError(BranchboxError):
+    """The object's state does not allow the operation, e.g. a paused sandbox (409)."""
+
+
+class PermissionDeniedError(BranchboxError):
+    """The sandbox refused a file operation (403)."""
+
+
+class PayloadTooLargeError(BranchboxError):
+    """A body or stream is over the service's limit (413)."""
+
+
+class CapacityError(BranchboxError):
+    """The service runs as many sandboxes as it may (503, code `at_capacity`)."""
+
+
+class ServiceUnavailableError(BranchboxError):
+    """The service or a backend is unavailable (503), or cannot be reached at all."""
+
+
+class TimeoutException(BranchboxError):
+    """A request or operation did not finish in time."""
+
+
+class ServerError(BranchboxError):
+    """The service failed (5xx)."""
+
+
+class CommandExitException(BranchboxError):
+    """A command ended with a non-zero exit code, a signal or its timeout."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        stdout: str,
+        stderr: str,
+        exit_code: Optional[int],
+        signal: Optional[int] = None,
+        timed_out: bool = False,
+    ) -> None:
+        super().__init__(message, code="command_exit")
+        self.stdout = stdout
+        self.stderr = stderr
+        self.exit_code = exit_code
+        self.signal = signal
+        self.timed_out = timed_out
+
+    @property
+    def error(self) -> str:
+        """Standard error of the command."""
+        return self.stderr
+
+
+_BY_STATUS = {
+    400: InvalidArgumentError,
+    401: AuthenticationError,
+    403: PermissionDeniedError,
+    404: NotFoundError,
+    409: ConflictError,
+    413: PayloadTooLargeError,
+    422: InvalidArgumentError,
+    503: ServiceUnavailableError,
+    504: TimeoutException,
+}
+
+
+def from_response(status: int, code: Optional[str], message: str) -> BranchboxError:
+    """The exception for an error answer of the service."""
+    if status == 503 and code == "at_capacity":
+        return CapacityError(message, status=status, code=code)
+    cls = _BY_STATUS.get(status, ServerError if status >= 500 else BranchboxError)
+    return cls(message, status=status, code=code)

@@ -1,0 +1,169 @@
+"""What the service returns, as typed objects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Dict, List, Optional
+
+
+def _time(ms: Optional[int]) -> Optional[datetime]:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    """A sandbox as the service sees it."""
+
+    sandbox_id: str
+    state: str
+    backend: str
+    image: str
+    started_at: datetime
+    parent_snapshot: Optional[str]
+    metadata: Dict[str, str]
+    end_at: Optional[datetime]
+    on_timeout: str
+    limits: Dict[str, int]
+    created_by: Optional[str]
+
+    @staticmethod
+    def parse(d: Dict[str, Any]) -> "SandboxInfo":
+        return SandboxInfo(
+            sandbox_id=d["id"],
+            state=d["state"],
+            backend=d["backend"],
+            image=d["image"],
+            started_at=_time(d["created_ms"]) or datetime.now(timezone.utc),
+            parent_snapshot=d.get("parent_snapshot"),
+            metadata=dict(d.get("metadata") or {}),
+            end_at=_time(d.get("expires_ms")),
+            on_timeout=d.get("on_timeout", "kill"),
+            limits=dict(d.get("limits") or {}),
+            created_by=d.get("created_by"),
+        )
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """An immutable snapshot (or checkpoint, or fork point)."""
+
+    snapshot_id: str
+    kind: str
+    name: Optional[str]
+    parent: Optional[str]
+    source: Optional[str]
+    created_at: datetime
+    size_bytes: int
+    deleted: bool
+
+    @staticmethod
+    def parse(d: Dict[str, Any]) -> "SnapshotInfo":
+        return SnapshotInfo(
+            snapshot_id=d["id"],
+            kind=d["kind"],
+            name=d.get("name"),
+            parent=d.get("parent"),
+            source=d.get("source"),
+            created_at=_time(d["created_ms"]) or datetime.now(timezone.utc),
+            size_bytes=int(d.get("size_bytes", 0)),
+            deleted=bool(d.get("deleted", False)),
+        )
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """How a command ended, with its output."""
+
+    stdout: str
+    stderr: str
+    exit_code: Optional[int]
+    signal: Optional[int] = None
+    timed_out: bool = False
+    truncated: bool = False
+    duration_ms: int = 0
+
+    @property
+    def error(self) -> str:
+        """Standard error."""
+        return self.stderr
+
+    @staticmethod
+    def parse(d: Dict[str, Any], stdout: Optional[str] = None, stderr: Optional[str] = None) -> "CommandResult":
+        return CommandResult(
+            stdout=d.get("stdout", "") if stdout is None else stdout,
+            stderr=d.get("stderr", "") if stderr is None else stderr,
+            exit_code=d.get("exit_code"),
+            signal=d.get("signal"),
+            timed_out=bool(d.get("timed_out", False)),
+            truncated=bool(d.get("truncated", False)),
+            duration_ms=int(d.get("duration_ms", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """A background process."""
+
+    pid: int
+    argv: List[str]
+    running: bool
+    exit_code: Optional[int]
+    signal: Optional[int]
+
+    @staticmethod
+    def parse(d: Dict[str, Any]) -> "ProcessInfo":
+        return ProcessInfo(d["pid"], list(d["argv"]), bool(d["running"]), d.get("exit_code"), d.get("signal"))
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    """A file or directory in a sandbox."""
+
+    name: str
+    path: str
+    type: str
+    size: int
+    mode: int
+    modified_time: datetime
+
+    @staticmethod
+    def parse(d: Dict[str, Any]) -> "EntryInfo":
+        return EntryInfo(
+            name=d["name"],
+            path=d["path"],
+            type=d["kind"],
+            size=int(d["size"]),
+            mode=int(d["mode"]),
+            modified_time=datetime.fromtimestamp(d["mtime_ns"] / 1e9, tz=timezone.utc),
+        )
+
+
+@dataclass(frozen=True)
+class WriteInfo:
+    """A file written."""
+
+    path: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """Snapshots and sandboxes joined by their parent edges."""
+
+    snapshots: List[Dict[str, Any]] = field(default_factory=list)
+    sandboxes: List[Dict[str, Any]] = field(default_factory=list)
+
+    def parent_of(self, node_id: str) -> Optional[str]:
+        """The parent of a snapshot (its source sandbox) or of a sandbox (its parent snapshot)."""
+        for s in self.snapshots:
+            if s["id"] == node_id:
+                return s.get("source")
+        for b in self.sandboxes:
+            if b["id"] == node_id:
+                return b.get("parent_snapshot")
+        return None
+
+    @staticmethod
+    def parse(d: Dict[str, Any]) -> "Lineage":
+        return Lineage(snapshots=list(d.get("snapshots", [])), sandboxes=list(d.get("sandboxes", [])))
