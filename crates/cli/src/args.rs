@@ -213,6 +213,20 @@ pub enum Cmd {
     },
 }
 
+/// Options of the time-travel benchmarks.
+#[derive(Debug, Args)]
+pub struct TravelArgs {
+    /// Backend to measure.
+    #[arg(long, value_enum, default_value_t = BackendArg::Gvisor)]
+    pub backend: BackendArg,
+    /// Timed runs per figure (gvisor).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// A short version for CI.
+    #[arg(long)]
+    pub short: bool,
+}
+
 /// Ref subcommands.
 #[derive(Debug, Subcommand)]
 pub enum RefCmd {
@@ -301,6 +315,14 @@ pub enum BenchCmd {
         #[arg(long)]
         short: bool,
     },
+    /// Checkpoint in place with 1, 10, 100 MiB dirtied since the last one.
+    Checkpoint(TravelArgs),
+    /// Rollback in place with 1, 10, 100 MiB dirtied since the checkpoint.
+    Rollback(TravelArgs),
+    /// Ten one-child branches in a row from a live source, with its pause window.
+    Branch(TravelArgs),
+    /// Spawn from snapshots at chain depth 0, 1, 2, 3.
+    Chain(TravelArgs),
     /// Host memory each idle microVM child adds (synthetic guest).
     Density {
         /// Guest RAM of the parent, MiB.

@@ -1,8 +1,11 @@
 //! One function per subcommand.
 
-use crate::args::{BackendArg, BenchCmd, Cli, Cmd, CreateArgs, ExecArgs, FilesCmd, ImageCmd, RefCmd};
+use crate::args::{
+    BackendArg, BenchCmd, Cli, Cmd, CreateArgs, ExecArgs, FilesCmd, ImageCmd, RefCmd, TravelArgs,
+};
 use crate::output::{print, Progress};
 use anyhow::{anyhow, bail, Context, Result};
+use branchbox_core::bench_travel::{self, Travel};
 use branchbox_core::{bench, host, BackendChoice, Config, Engine, SnapshotOptions};
 use branchbox_model::{BackendKind, Limits, SandboxId, SnapshotKind};
 use branchbox_protocol::{Command, ExecSpec, ExitStatus, OutStream};
@@ -460,6 +463,33 @@ fn doctor(cfg: &Config, json: bool) -> Result<i32> {
     Ok(if runsc.is_ok() || blocker.is_none() { 0 } else { 1 })
 }
 
+/// A time-travel benchmark on the chosen backend.
+fn travel(engine: &Engine, which: Travel, t: &TravelArgs) -> Result<branchbox_model::bench::Report> {
+    use branchbox_vmm as vmm;
+    fn pick<T: Default>(short: bool, s: fn() -> T) -> T {
+        if short {
+            s()
+        } else {
+            T::default()
+        }
+    }
+    Ok(match (t.backend, which) {
+        (BackendArg::Microvm, Travel::Checkpoint) => {
+            vmm::bench_checkpoint(&pick(t.short, vmm::CheckpointBenchOptions::short))?
+        }
+        (BackendArg::Microvm, Travel::Rollback) => {
+            vmm::bench_rollback(&pick(t.short, vmm::RollbackBenchOptions::short))?
+        }
+        (BackendArg::Microvm, Travel::Branch) => {
+            vmm::bench_branch(&pick(t.short, vmm::BranchBenchOptions::short))?
+        }
+        (BackendArg::Microvm, Travel::Chain) => {
+            vmm::bench_chain(&pick(t.short, vmm::ChainBenchOptions::short))?
+        }
+        (_, which) => bench_travel::run(engine, which, if t.short { 1 } else { t.runs.max(1) }, t.short)?,
+    })
+}
+
 fn bench_cmd(engine: &Engine, cmd: BenchCmd, json: bool) -> Result<i32> {
     let report = match cmd {
         BenchCmd::Exec { runs } => bench::exec(engine, runs.max(1))?,
@@ -482,6 +512,10 @@ fn bench_cmd(engine: &Engine, cmd: BenchCmd, json: bool) -> Result<i32> {
             }
             branchbox_vmm::bench_fork(&o)?
         }
+        BenchCmd::Checkpoint(t) => travel(engine, Travel::Checkpoint, &t)?,
+        BenchCmd::Rollback(t) => travel(engine, Travel::Rollback, &t)?,
+        BenchCmd::Branch(t) => travel(engine, Travel::Branch, &t)?,
+        BenchCmd::Chain(t) => travel(engine, Travel::Chain, &t)?,
         BenchCmd::Density { mib, children, short } => {
             let o = if short {
                 branchbox_vmm::DensityBenchOptions::short()

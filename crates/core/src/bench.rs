@@ -17,7 +17,7 @@ pub fn memory_holder(mib: u64) -> ExecSpec {
     ExecSpec::new(Command::Argv(vec!["python3".into(), "-c".into(), code]))
 }
 
-fn host_facts(engine: &Engine) -> serde_json::Value {
+pub(crate) fn host_facts(engine: &Engine) -> serde_json::Value {
     let kvm = crate::host::detect_kvm();
     serde_json::json!({
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
@@ -26,7 +26,7 @@ fn host_facts(engine: &Engine) -> serde_json::Value {
     })
 }
 
-fn stats(samples: &[Duration]) -> Result<Stats> {
+pub(crate) fn stats(samples: &[Duration]) -> Result<Stats> {
     Stats::from_durations(samples)
         .ok_or_else(|| Error::InvalidInput("a benchmark needs at least one run".into()))
 }
