@@ -200,3 +200,46 @@ pub fn mkdir(path: &str, parents: bool) -> Result<(), Failure> {
     let p = check_path(path)?;
     if parents { fs::create_dir_all(&p) } else { fs::create_dir(&p) }.map_err(ctx(&p))
 }
+
+/// Most entries a walk returns.
+pub const MAX_WALK: usize = 2_000_000;
+
+/// Walks the tree under `root` without following symlinks or entering `exclude`, handing
+/// batches of JSON lines to `emit`; returns the number of entries.
+pub fn walk(root: &str, exclude: &[String], emit: &mut dyn FnMut(&[u8])) -> Result<u64, Failure> {
+    let root = check_path(root)?;
+    let exclude: Vec<PathBuf> = exclude.iter().map(PathBuf::from).collect();
+    let mut stack = vec![root];
+    let mut batch: Vec<u8> = Vec::new();
+    let mut count = 0u64;
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = fs::read_dir(&dir) else { continue };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if exclude.iter().any(|x| x == &path) {
+                continue;
+            }
+            let Ok(md) = path.symlink_metadata() else { continue };
+            if md.is_dir() {
+                stack.push(path.clone());
+            }
+            let st = stat_of(path.to_string_lossy().into_owned(), &md);
+            if let Ok(line) = serde_json::to_vec(&st) {
+                batch.extend_from_slice(&line);
+                batch.push(b'\n');
+            }
+            count += 1;
+            if count as usize >= MAX_WALK {
+                return Err(Failure::new(ErrorCode::BadRequest, format!("more than {MAX_WALK} entries")));
+            }
+            if batch.len() >= CHUNK / 2 {
+                emit(&batch);
+                batch.clear();
+            }
+        }
+    }
+    if !batch.is_empty() {
+        emit(&batch);
+    }
+    Ok(count)
+}

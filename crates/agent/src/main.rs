@@ -189,6 +189,10 @@ impl Agent {
                 files::list(&path).map(|(entries, truncated)| Response::Entries { entries, truncated })
             }
             Request::Stat { path } => files::stat(&path).map(Response::Stat),
+            Request::Walk { path, exclude } => {
+                files::walk(&path, &exclude, &mut |c| self.out.send(id, &Response::Data, c))
+                    .map(|size| Response::FileEnd { size })
+            }
             Request::Remove { path, recursive } => files::remove(&path, recursive).map(|()| Response::Ok),
             Request::Rename { from, to } => files::rename(&from, &to).map(|()| Response::Ok),
             Request::Mkdir { path, parents } => files::mkdir(&path, parents).map(|()| Response::Ok),

@@ -196,3 +196,22 @@ fn malformed_and_foreign_version_requests_get_errors_not_silence() {
     assert!(matches!(r, ClientError::Agent { code: ErrorCode::UnsupportedVersion, .. }), "{r}");
     assert!(a.client.info().unwrap().pid > 0);
 }
+
+#[test]
+fn walk_lists_a_tree_with_full_paths_and_skips_excluded_directories() {
+    let mut a = agent();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap().to_string();
+    for p in ["a/b/c", "skip/deep"] {
+        std::fs::create_dir_all(dir.path().join(p)).unwrap();
+    }
+    std::fs::write(dir.path().join("a/b/c/f"), b"12345").unwrap();
+    std::fs::write(dir.path().join("skip/deep/g"), b"x").unwrap();
+    std::os::unix::fs::symlink("/etc", dir.path().join("link")).unwrap();
+    let mut entries = a.client.walk(&d, &[format!("{d}/skip")]).unwrap();
+    entries.sort_by(|x, y| x.name.cmp(&y.name));
+    let names: Vec<String> = entries.iter().map(|e| e.name.trim_start_matches(&d).to_string()).collect();
+    assert_eq!(names, vec!["/a", "/a/b", "/a/b/c", "/a/b/c/f", "/link"]);
+    assert_eq!(entries[3].size, 5);
+    assert_eq!(entries[4].kind, branchbox_protocol::FileKind::Symlink);
+}

@@ -161,6 +161,13 @@ pub enum Cmd {
     },
     /// Draw the lineage: snapshots under their parents, sandboxes under their snapshot.
     Log,
+    /// Files added, changed and removed between two snapshots.
+    Diff {
+        /// Older snapshot (id, name or ref).
+        from: String,
+        /// Newer snapshot (id, name or ref).
+        to: String,
+    },
     /// Named refs that point at snapshots (and can be moved).
     Ref {
         #[command(subcommand)]

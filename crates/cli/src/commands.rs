@@ -86,6 +86,16 @@ pub fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Cmd::Ref { command } => refs(&engine, command, json),
+        Cmd::Diff { from, to } => {
+            let d = branchbox_core::diff::diff(&engine, &from, &to)?;
+            print(json, &d, || {
+                let mut lines: Vec<String> = d.added.iter().map(|p| format!("A {p}")).collect();
+                lines.extend(d.changed.iter().map(|p| format!("M {p}")));
+                lines.extend(d.removed.iter().map(|p| format!("D {p}")));
+                lines.join("\n")
+            });
+            Ok(0)
+        }
         Cmd::Gc { dry_run } => {
             let r = branchbox_core::gc::collect(&engine, dry_run)?;
             print(json, &r, || {

@@ -265,3 +265,22 @@ fn random_walk_of_writes_checkpoints_rollbacks_and_forks_matches_a_model() {
         }
     }
 }
+
+#[test]
+fn diff_lists_files_added_changed_and_removed_between_snapshots() {
+    let s = Sandbox::new();
+    s.sh("echo keep > /root/same; echo old > /root/edit; echo bye > /root/gone");
+    let a = ok(&["snapshot", &s.0]).trim().to_string();
+    s.sh("echo new >> /root/edit; rm /root/gone; mkdir -p /srv/x; echo hi > /srv/x/new");
+    let b = ok(&["snapshot", &s.0]).trim().to_string();
+    let d = json(&["diff", &a, &b]);
+    let list = |k: &str| -> Vec<String> {
+        d[k].as_array().unwrap().iter().filter_map(|v| v.as_str()).map(str::to_string).collect()
+    };
+    assert_eq!(list("added"), vec!["/srv/x".to_string(), "/srv/x/new".to_string()]);
+    assert_eq!(list("changed"), vec!["/root/edit".to_string()]);
+    assert_eq!(list("removed"), vec!["/root/gone".to_string()]);
+    let again = json(&["diff", &b, &a]);
+    assert_eq!(again["added"], d["removed"], "the reverse diff is not the mirror image");
+    assert!(fails(&["diff", &a, "snap-0000000000000000"]).contains("not found"));
+}

@@ -547,6 +547,32 @@ impl Engine {
         branchbox_image::image_id(&Recipe::default(), &self.cfg.agent)
     }
 
+    /// The file listing of a snapshot: read from `manifest.json` beside its data, or made once
+    /// by starting the snapshot headless (unrecorded) and walking its tree.
+    pub fn manifest(&self, snap: &Snapshot) -> Result<Vec<branchbox_protocol::FileStat>> {
+        let dir = self.snapshot_dir(&snap.id);
+        let path = dir.join("manifest.json");
+        if let Ok(bytes) = std::fs::read(&path) {
+            if let Ok(entries) = serde_json::from_slice(&bytes) {
+                return Ok(entries);
+            }
+        }
+        let backend = self.backend(snap.backend)?;
+        let plan = self.plan(SandboxId::generate(), self.image_rootfs(&snap.image)?, snap.limits);
+        let walked = backend.restore(&dir, &plan).and_then(|_| {
+            let exclude: Vec<String> = crate::diff::NOT_WALKED.iter().map(|s| s.to_string()).collect();
+            backend.connect(&plan.dir)?.walk("/", &exclude).map_err(|e| Error::Backend(e.to_string()))
+        });
+        let _ = backend.destroy(&plan.id, &plan.dir);
+        let entries = walked?;
+        let tmp = dir.join("manifest.json.tmp");
+        let text = serde_json::to_vec(&entries).map_err(|e| Error::Backend(e.to_string()))?;
+        std::fs::write(&tmp, text)
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .map_err(|e| Error::io(&path, e))?;
+        Ok(entries)
+    }
+
     /// The lineage forest of every snapshot and sandbox.
     pub fn lineage(&self) -> Result<Vec<crate::lineage::Node>> {
         Ok(crate::lineage::build(self.store.snapshots()?, self.store.sandboxes()?, self.store.refs()?))

@@ -10,6 +10,7 @@
 pub mod bench;
 pub mod bench_travel;
 pub mod config;
+pub mod diff;
 pub mod engine;
 pub mod gc;
 pub mod host;

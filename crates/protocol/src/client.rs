@@ -263,6 +263,30 @@ impl<S: Read + Write> AgentClient<S> {
         }
     }
 
+    /// Walks a directory tree; every entry carries its full path in `name`.
+    pub fn walk(&mut self, path: &str, exclude: &[String]) -> Result<Vec<FileStat>, ClientError> {
+        let id =
+            self.send(Request::Walk { path: path.to_string(), exclude: exclude.to_vec() }, Vec::new())?;
+        let mut out = Vec::new();
+        let mut partial: Vec<u8> = Vec::new();
+        loop {
+            let f = self.recv(id)?;
+            match f.msg {
+                Response::Data => {
+                    partial.extend_from_slice(&f.body);
+                    while let Some(nl) = partial.iter().position(|b| *b == b'\n') {
+                        let line: Vec<u8> = partial.drain(..=nl).collect();
+                        let entry = serde_json::from_slice(&line[..line.len() - 1])
+                            .map_err(|e| ClientError::Unexpected(format!("bad walk entry: {e}")))?;
+                        out.push(entry);
+                    }
+                }
+                Response::FileEnd { .. } => return Ok(out),
+                other => return Err(unexpected(other)),
+            }
+        }
+    }
+
     /// Stats a path.
     pub fn stat(&mut self, path: &str) -> Result<FileStat, ClientError> {
         match self.call(Request::Stat { path: path.to_string() }, Vec::new())? {

@@ -122,6 +122,15 @@ pub enum Request {
         /// Absolute path.
         path: String,
     },
+    /// Walk a directory tree (without following symlinks), streaming one JSON [`FileStat`] per
+    /// line (with full paths) in `data` frames, then `file_end` with the entry count.
+    Walk {
+        /// Absolute root.
+        path: String,
+        /// Absolute paths not to descend into (e.g. `/proc`).
+        #[serde(default)]
+        exclude: Vec<String>,
+    },
     /// Stat a path (without following a final symlink).
     Stat {
         /// Absolute path.
