@@ -12,7 +12,8 @@ use crate::error::{ApiError, ApiResult};
 use crate::metrics::Metrics;
 use axum::http::StatusCode;
 use branchbox_core::Engine;
-use branchbox_model::SandboxState;
+use branchbox_model::{SandboxId, SandboxState};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Shared state, cheap to clone.
@@ -31,6 +32,10 @@ pub struct Inner {
     db: Mutex<ServiceDb>,
     /// Sandboxes admitted but not yet recorded by the engine.
     pending: Mutex<usize>,
+    /// One lock per sandbox for operations that change its runtime (pause, resume, snapshot,
+    /// fork, rollback, kill): the backend swaps containers during some of them, and two at once
+    /// on one sandbox would race each other.
+    sandbox_locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
 }
 
 impl std::ops::Deref for AppState {
@@ -72,6 +77,7 @@ impl AppState {
             engines: Mutex::new(vec![engine]),
             db: Mutex::new(db),
             pending: Mutex::new(0),
+            sandbox_locks: Mutex::new(HashMap::new()),
         })))
     }
 
@@ -110,6 +116,18 @@ impl AppState {
         })
         .await
         .map_err(|e| ApiError::internal(format!("a worker failed: {e}; the request was not completed")))?
+    }
+
+    /// Runs `f` while holding the sandbox's runtime lock (see `sandbox_locks`).
+    pub fn exclusive<T>(&self, id: &SandboxId, f: impl FnOnce() -> ApiResult<T>) -> ApiResult<T> {
+        let lock = lock(&self.sandbox_locks).entry(id.to_string()).or_default().clone();
+        let _held = lock.lock().unwrap_or_else(|p| p.into_inner());
+        f()
+    }
+
+    /// Forgets the runtime lock of a sandbox that is gone.
+    pub fn forget(&self, id: &SandboxId) {
+        lock(&self.sandbox_locks).remove(id.as_str());
     }
 
     /// Admits `n` new sandboxes or answers 503 when that would pass the cap. Counts what the

@@ -39,10 +39,17 @@ pub fn tick(engine: &Engine, st: &AppState, now: i64) -> ApiResult<Vec<(String, 
             st.db().remove(&id).map_err(db_err)?;
             continue;
         };
-        let r = match action {
-            OnTimeout::Kill => engine.kill(&sid),
-            OnTimeout::Pause => engine.pause(&sid),
-        };
+        let r = st
+            .exclusive(&sid, || {
+                Ok(match action {
+                    OnTimeout::Kill => engine.kill(&sid),
+                    OnTimeout::Pause => engine.pause(&sid),
+                })
+            })
+            .unwrap_or_else(|e| Err(Error::Backend(e.message)));
+        if r.is_ok() && action == OnTimeout::Kill {
+            st.forget(&sid);
+        }
         let outcome = match (&r, action) {
             (Ok(()), OnTimeout::Kill) | (Err(Error::NotFound { .. }), _) => {
                 st.db().remove(&id).map_err(db_err)?;

@@ -99,7 +99,7 @@ fn error_event(e: &ApiError) -> Event {
 /// timed_out, truncated, duration_ms}` (or one `error` event carries `{"error": {...}}`).
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/commands/stream", tag = "commands",
     params(("id" = String, Path, description = "sandbox id")), request_body = RunCommand,
-    responses((status = 200, content_type = "text/event-stream", body = String, description = "stdout/stderr events, then exit"),
+    responses((status = 200, content_type = "text/event-stream", body = StreamEvent, description = "stdout/stderr events, then exit"),
               (status = "4XX", body = ErrorBody, description = "bad command, not found, paused (409)")))]
 pub async fn run_stream(
     State(st): State<AppState>,

@@ -17,7 +17,7 @@ use crate::db::AuditEntry;
 use crate::error::{ApiError, ErrorBody, ErrorCodeTag};
 use crate::state::AppState;
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{Method, StatusCode};
+use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::{from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
@@ -108,6 +108,9 @@ pub fn router(st: AppState) -> (Router, OpenApiDoc) {
     for (path, item) in api.paths.paths.iter_mut() {
         let needs_token = path != "/healthz";
         for op in [&mut item.get, &mut item.put, &mut item.post, &mut item.delete].into_iter().flatten() {
+            // Handler names repeat across modules (list, get); the tag makes each id unique.
+            let tag = op.tags.as_ref().and_then(|t| t.first()).cloned().unwrap_or_default();
+            op.operation_id = op.operation_id.take().map(|id| format!("{tag}_{id}"));
             op.security = Some(if needs_token {
                 vec![utoipa::openapi::security::SecurityRequirement::new("bearer", Vec::<String>::new())]
             } else {
@@ -174,8 +177,15 @@ fn route_of(req: &Request) -> String {
 
 async fn count(State(st): State<AppState>, req: Request, next: Next) -> Response {
     let (method, route, t) = (req.method().to_string(), route_of(&req), Instant::now());
-    let r = next.run(req).await;
+    let has_body = req.headers().contains_key(header::TRANSFER_ENCODING)
+        || req.headers().get(header::CONTENT_LENGTH).is_some_and(|v| v != "0");
+    let mut r = next.run(req).await;
     st.metrics.request(&method, &route, r.status().as_u16(), t.elapsed());
+    // A request refused before its body was read leaves unread bytes on the connection; closing
+    // it (and saying so) keeps a client from sending its next request into them.
+    if has_body && r.status().as_u16() >= 400 {
+        r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     r
 }
 
@@ -222,5 +232,55 @@ mod tests {
         assert_eq!(path_object("/v1/sandboxes/sbx-1/fork", "/v1/sandboxes/").as_deref(), Some("sbx-1"));
         assert_eq!(path_object("/v1/sandboxes", "/v1/sandboxes/"), None);
         assert_eq!(path_object("/v1/snapshots/warm", "/v1/snapshots/").as_deref(), Some("warm"));
+    }
+}
+
+#[cfg(test)]
+mod route_tests {
+    use super::*;
+    use crate::config::ServiceConfig;
+    use axum::body::Body;
+    use tower::ServiceExt;
+
+    fn app() -> (tempfile::TempDir, Router, OpenApiDoc) {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = ServiceConfig::new(branchbox_core::Config::from_env(Some(dir.path())));
+        let st = AppState::open(cfg, Some(crate::auth::Tokens::new(["test-token-0123456789"]))).unwrap();
+        let (r, d) = router(st);
+        (dir, r, d)
+    }
+
+    fn ops(d: &OpenApiDoc) -> Vec<(String, &'static str, String)> {
+        let mut out = Vec::new();
+        for (path, item) in &d.paths.paths {
+            for (m, op) in [("GET", &item.get), ("PUT", &item.put), ("POST", &item.post), ("DELETE", &item.delete)] {
+                if let Some(op) = op {
+                    out.push((path.clone(), m, op.operation_id.clone().unwrap_or_default()));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn operation_ids_are_unique() {
+        let (_d, _r, doc) = app();
+        let ids: Vec<String> = ops(&doc).into_iter().map(|o| o.2).collect();
+        let unique: std::collections::BTreeSet<&String> = ids.iter().collect();
+        assert_eq!(unique.len(), ids.len(), "{ids:?}");
+    }
+
+    #[tokio::test]
+    async fn every_documented_operation_is_routed_and_needs_a_token() {
+        let (_d, router, doc) = app();
+        for (path, method, _) in ops(&doc) {
+            let uri = path.replace("{id}", "sbx-0000000000000000").replace("{snapshot}", "x").replace("{pid}", "1");
+            let req = axum::http::Request::builder().method(method).uri(&uri).body(Body::empty()).unwrap();
+            let r = router.clone().oneshot(req).await.unwrap();
+            let want = if path == "/healthz" { 200 } else { 401 };
+            assert_eq!(r.status().as_u16(), want, "{method} {path}");
+        }
+        let req = axum::http::Request::builder().uri("/v1/nope").body(Body::empty()).unwrap();
+        assert_eq!(router.oneshot(req).await.unwrap().status().as_u16(), 404);
     }
 }

@@ -149,7 +149,8 @@ pub async fn get(State(st): State<AppState>, Path(id): Path<String>) -> ApiResul
 pub async fn kill(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<StatusCode> {
     let id = sandbox_id(&id)?;
     st.blocking(move |engine, st| {
-        engine.kill(&id)?;
+        st.exclusive(&id, || Ok(engine.kill(&id)?))?;
+        st.forget(&id);
         st.db().remove(id.as_str()).map_err(db_err)
     })
     .await?;
@@ -164,7 +165,7 @@ pub async fn pause(State(st): State<AppState>, Path(id): Path<String>) -> Noted<
     let n = note(id.as_str());
     let out = st
         .blocking(move |engine, st| {
-            engine.pause(&id)?;
+            st.exclusive(&id, || Ok(engine.pause(&id)?))?;
             st.db().set_expiry(&id, None, None).map_err(db_err)?;
             info(engine, st, &id)
         })
@@ -187,10 +188,13 @@ pub async fn connect(
     let default_ms = (st.cfg.default_timeout_s * 1000) as i64;
     let out = st
         .blocking(move |engine, st| {
-            let s = engine.sandbox(&id)?;
-            if s.state == branchbox_model::SandboxState::Paused {
-                engine.resume(&id)?;
-            }
+            let s = st.exclusive(&id, || {
+                let s = engine.sandbox(&id)?;
+                if s.state == branchbox_model::SandboxState::Paused {
+                    engine.resume(&id)?;
+                }
+                Ok(s)
+            })?;
             let current = info(engine, st, &id)?;
             if current.state == StateName::Lost {
                 return Err(ApiError::new(
@@ -268,7 +272,7 @@ pub async fn fork(
     let out = st
         .blocking(move |engine, st| {
             let _held = st.reserve(engine, n)?;
-            let outcome = engine.fork(&id, n)?;
+            let outcome = st.exclusive(&id, || Ok(engine.fork(&id, n)?))?;
             let parent = st.db().get(&id).map_err(db_err)?.unwrap_or_default();
             let mut children = Vec::new();
             for c in &outcome.children {

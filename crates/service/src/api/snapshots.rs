@@ -31,9 +31,9 @@ pub async fn take(State(st): State<AppState>, Path(id): Path<String>, ApiJson(re
     let id = sandbox_id(&id)?;
     let src = id.clone();
     let snap = st
-        .blocking(move |engine, _| {
+        .blocking(move |engine, st| {
             let opts = SnapshotOptions { kind: SnapshotKind::Snapshot, name: req.name.as_deref(), ttl: None };
-            Ok(SnapshotInfo::from(&engine.snapshot(&id, &opts)?))
+            st.exclusive(&id, || Ok(SnapshotInfo::from(&engine.snapshot(&id, &opts)?)))
         })
         .await?;
     Ok((StatusCode::CREATED, Extension(noted(src.as_str(), &snap)), Json(snap)))
@@ -47,7 +47,9 @@ pub async fn checkpoint(State(st): State<AppState>, Path(id): Path<String>, ApiJ
     let id = sandbox_id(&id)?;
     let src = id.clone();
     let snap = st
-        .blocking(move |engine, _| Ok(SnapshotInfo::from(&engine.checkpoint(&id, req.name.as_deref())?)))
+        .blocking(move |engine, st| {
+            st.exclusive(&id, || Ok(SnapshotInfo::from(&engine.checkpoint(&id, req.name.as_deref())?)))
+        })
         .await?;
     Ok((StatusCode::CREATED, Extension(noted(src.as_str(), &snap)), Json(snap)))
 }
@@ -82,7 +84,7 @@ pub async fn rollback(State(st): State<AppState>, Path(id): Path<String>, ApiJso
     let target = snapshot_ref(&req.checkpoint)?;
     let (out, snap) = st
         .blocking(move |engine, st| {
-            let snap = engine.rollback(&id, &target)?;
+            let snap = st.exclusive(&id, || Ok(engine.rollback(&id, &target)?))?;
             Ok((info(engine, st, &id)?, snap.id.to_string()))
         })
         .await?;

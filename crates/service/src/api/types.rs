@@ -518,6 +518,30 @@ pub struct AuditQuery {
     pub limit: Option<u32>,
 }
 
+/// Names of the events of a streamed command.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamEventName {
+    /// A chunk of standard output.
+    Stdout,
+    /// A chunk of standard error.
+    Stderr,
+    /// The command ended (the last event).
+    Exit,
+    /// The command could not be run or followed (the last event).
+    Error,
+}
+
+/// One server-sent event of a streamed command.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StreamEvent {
+    /// Which event.
+    pub event: StreamEventName,
+    /// JSON: `{"data": base64}` for output, `{exit_code, signal, timed_out, truncated,
+    /// duration_ms}` for `exit`, `{"error": {code, message}}` for `error`.
+    pub data: String,
+}
+
 /// Liveness answer.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Health {
