@@ -12,6 +12,14 @@ use branchbox_vmm::{
 
 type Bench = Box<dyn Fn() -> branchbox_vmm::Result<Report>>;
 
+fn pick<T>(short: bool, s: T, d: T) -> T {
+    if short {
+        s
+    } else {
+        d
+    }
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let short = args.iter().any(|a| a == "--short");
@@ -20,13 +28,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(w) = args.iter().position(|a| a == "--workers") {
         fork.workers = args.get(w + 1).ok_or("--workers needs a number")?.parse()?;
     }
-    let pick = |s, d| if short { s } else { d };
     let (density, checkpoint, rollback, branch, chain) = (
-        pick(DensityBenchOptions::short(), DensityBenchOptions::default()),
-        pick(CheckpointBenchOptions::short(), CheckpointBenchOptions::default()),
-        pick(RollbackBenchOptions::short(), RollbackBenchOptions::default()),
-        pick(BranchBenchOptions::short(), BranchBenchOptions::default()),
-        pick(ChainBenchOptions::short(), ChainBenchOptions::default()),
+        pick(short, DensityBenchOptions::short(), DensityBenchOptions::default()),
+        pick(short, CheckpointBenchOptions::short(), CheckpointBenchOptions::default()),
+        pick(short, RollbackBenchOptions::short(), RollbackBenchOptions::default()),
+        pick(short, BranchBenchOptions::short(), BranchBenchOptions::default()),
+        pick(short, ChainBenchOptions::short(), ChainBenchOptions::default()),
     );
     let benches: Vec<(&str, Bench)> = vec![
         ("fork", Box::new(move || bench_fork(&fork))),

@@ -368,8 +368,10 @@ pub fn bench_chain(opts: &ChainBenchOptions) -> Result<Report> {
             let start = Instant::now();
             let mut child =
                 fork(snap, 1, &mut pool).pop().unwrap_or_else(|| Err(Error::Config("no child".into())))?;
+            let restored = start.elapsed();
             testguest::call(&mut child, Command::Ping)?;
             push(&mut samples, format!("spawn_depth{depth}"), start.elapsed());
+            push(&mut samples, format!("spawn_depth{depth}_restore"), restored);
         }
     }
     let figures = summarize(samples)?;
@@ -398,7 +400,7 @@ pub fn bench_chain(opts: &ChainBenchOptions) -> Result<Report> {
                  layers, build the merged page index). spawn_depthN: clock starts, one child is \
                  restored into a pooled shell (base layer mapped, then one MAP_FIXED mapping per \
                  run of the merged index), it answers a ping, clock stops; depths interleaved \
-                 per round. Reference: depth 0."
+                 per round; _restore: the clock stopped before the ping. Reference: depth 0."
             .into(),
         inputs: json!({
             "mem_mib": opts.mem_mib,

@@ -97,6 +97,9 @@ pub struct Merged {
     pub runs: Vec<Run>,
 }
 
+/// The chain a checkpoint extends and the guest pages of its new delta, not merged yet.
+type Pending = (Arc<Chain>, Arc<Vec<u64>>);
+
 /// An opened chain of memory layers: base first, then deltas oldest first.
 #[derive(Debug)]
 pub struct Chain {
@@ -104,7 +107,7 @@ pub struct Chain {
     layers: Vec<Arc<OpenLayer>>,
     /// For a chain made by a checkpoint: the chain it extends and the new delta's pages,
     /// merged on first use (so the checkpoint's pause does not pay for it).
-    pending: Mutex<Option<(Arc<Chain>, Arc<Vec<u64>>)>>,
+    pending: Mutex<Option<Pending>>,
     merged: OnceLock<Merged>,
 }
 
