@@ -88,7 +88,9 @@ impl Tokens {
             ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
-                format!("{why}; send `Authorization: Bearer <token>` with the token from <data>/service/token"),
+                format!(
+                    "{why}; send `Authorization: Bearer <token>` with the token from <data>/service/token"
+                ),
             )
         };
         let value = headers.get(header::AUTHORIZATION).ok_or_else(|| unauthorized("no token"))?;

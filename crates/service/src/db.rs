@@ -183,7 +183,12 @@ impl ServiceDb {
     }
 
     /// Sets (or clears) when a sandbox's timeout fires.
-    pub fn set_expiry(&self, id: &SandboxId, expires_ms: Option<i64>, timeout_ms: Option<i64>) -> DbResult<()> {
+    pub fn set_expiry(
+        &self,
+        id: &SandboxId,
+        expires_ms: Option<i64>,
+        timeout_ms: Option<i64>,
+    ) -> DbResult<()> {
         self.conn.execute(
             "UPDATE sandbox_meta SET expires_ms = ?2, timeout_ms = COALESCE(?3, timeout_ms) WHERE id = ?1",
             params![id.as_str(), expires_ms, timeout_ms],
@@ -261,7 +266,8 @@ mod tests {
     #[test]
     fn only_expired_sandboxes_are_due_earliest_first() {
         let (_d, db) = db();
-        let (a, b, c, d) = (SandboxId::generate(), SandboxId::generate(), SandboxId::generate(), SandboxId::generate());
+        let (a, b, c, d) =
+            (SandboxId::generate(), SandboxId::generate(), SandboxId::generate(), SandboxId::generate());
         db.put(&a, &meta(Some(200), OnTimeout::Kill)).unwrap();
         db.put(&b, &meta(Some(100), OnTimeout::Pause)).unwrap();
         db.put(&c, &meta(Some(300), OnTimeout::Kill)).unwrap();
@@ -315,9 +321,12 @@ mod tests {
         db.audit(3, &entry("tok-a", "sbx-1")).unwrap();
         let all = db.audit_log(&AuditFilter { limit: 10, ..Default::default() }).unwrap();
         assert_eq!(all.iter().map(|e| e.at_ms).collect::<Vec<_>>(), vec![1, 2, 3]);
-        let one = db.audit_log(&AuditFilter { sandbox: Some("sbx-1".into()), limit: 10, ..Default::default() }).unwrap();
+        let one = db
+            .audit_log(&AuditFilter { sandbox: Some("sbx-1".into()), limit: 10, ..Default::default() })
+            .unwrap();
         assert_eq!(one.len(), 2);
-        let after = db.audit_log(&AuditFilter { after: Some(all[0].seq), limit: 1, ..Default::default() }).unwrap();
+        let after =
+            db.audit_log(&AuditFilter { after: Some(all[0].seq), limit: 1, ..Default::default() }).unwrap();
         assert_eq!(after.iter().map(|e| e.who.as_str()).collect::<Vec<_>>(), vec!["tok-b"]);
     }
 }

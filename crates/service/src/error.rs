@@ -166,8 +166,14 @@ mod tests {
 
     #[test]
     fn agent_errors_keep_the_agents_message_and_map_its_class() {
-        let a = ApiError::from(ClientError::Agent { code: ErrorCode::NotFound, message: "/x: no such file".into() });
-        assert_eq!((a.status.as_u16(), a.code, a.message.as_str()), (404, "path_not_found", "/x: no such file"));
+        let a = ApiError::from(ClientError::Agent {
+            code: ErrorCode::NotFound,
+            message: "/x: no such file".into(),
+        });
+        assert_eq!(
+            (a.status.as_u16(), a.code, a.message.as_str()),
+            (404, "path_not_found", "/x: no such file")
+        );
         let closed = ApiError::from(ClientError::Closed);
         assert_eq!((closed.status.as_u16(), closed.code), (502, "agent_unavailable"));
     }
@@ -175,6 +181,9 @@ mod tests {
     #[test]
     fn error_body_has_code_and_message() {
         let v = serde_json::to_value(ApiError::invalid("count must be 1..64").body()).unwrap();
-        assert_eq!(v, serde_json::json!({"error": {"code": "invalid_input", "message": "count must be 1..64"}}));
+        assert_eq!(
+            v,
+            serde_json::json!({"error": {"code": "invalid_input", "message": "count must be 1..64"}})
+        );
     }
 }

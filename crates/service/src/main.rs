@@ -66,9 +66,10 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn serve(st: AppState, listen: &str) -> anyhow::Result<()> {
-    let (alive, lost, dropped) = st.blocking(|engine, st| ttl::reconcile(engine, st)).await?;
+    let (alive, lost, dropped) = st.blocking(ttl::reconcile).await?;
     tracing::info!("found {alive} sandboxes alive, {lost} lost; dropped {dropped} stale records");
-    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
+    let listener =
+        tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
     let url = format!("http://{}", listener.local_addr()?);
     let url_file = st.cfg.service_dir().join("url");
     let tmp = url_file.with_extension("tmp");

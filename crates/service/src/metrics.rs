@@ -84,7 +84,8 @@ impl Metrics {
                 h.count
             );
             let _ = writeln!(out, "branchbox_http_request_duration_seconds_sum{{route=\"{r}\"}} {}", h.sum);
-            let _ = writeln!(out, "branchbox_http_request_duration_seconds_count{{route=\"{r}\"}} {}", h.count);
+            let _ =
+                writeln!(out, "branchbox_http_request_duration_seconds_count{{route=\"{r}\"}} {}", h.count);
         }
         let _ = writeln!(out, "# HELP branchbox_sandboxes Sandboxes by state.");
         let _ = writeln!(out, "# TYPE branchbox_sandboxes gauge");
@@ -113,7 +114,8 @@ mod tests {
         m.request("GET", "/healthz", 200, Duration::from_millis(3));
         m.request("GET", "/healthz", 200, Duration::from_millis(200));
         let text = m.render(&BTreeMap::from([("running", 2)]), 8);
-        assert!(text.contains("branchbox_http_requests_total{method=\"GET\",route=\"/healthz\",status=\"200\"} 2"));
+        assert!(text
+            .contains("branchbox_http_requests_total{method=\"GET\",route=\"/healthz\",status=\"200\"} 2"));
         assert!(text.contains("_bucket{route=\"/healthz\",le=\"0.005\"} 1"));
         assert!(text.contains("_bucket{route=\"/healthz\",le=\"0.25\"} 2"));
         assert!(text.contains("_bucket{route=\"/healthz\",le=\"+Inf\"} 2"));

@@ -12,7 +12,14 @@ use std::collections::BTreeSet;
 /// How long a failed timeout action waits before it is tried again, ms.
 const RETRY_MS: i64 = 30_000;
 
-fn record(st: &AppState, action: &str, status: u16, code: Option<&str>, sandbox: &str, detail: Option<String>) {
+fn record(
+    st: &AppState,
+    action: &str,
+    status: u16,
+    code: Option<&str>,
+    sandbox: &str,
+    detail: Option<String>,
+) {
     let e = AuditEntry {
         seq: 0,
         at_ms: 0,
@@ -53,7 +60,11 @@ pub fn tick(engine: &Engine, st: &AppState, now: i64) -> ApiResult<Vec<(String, 
         let outcome = match (&r, action) {
             (Ok(()), OnTimeout::Kill) | (Err(Error::NotFound { .. }), _) => {
                 st.db().remove(&id).map_err(db_err)?;
-                if r.is_ok() { "kill" } else { "gone" }
+                if r.is_ok() {
+                    "kill"
+                } else {
+                    "gone"
+                }
             }
             (Ok(()), OnTimeout::Pause) => {
                 st.db().set_expiry(&sid, None, None).map_err(db_err)?;
@@ -65,7 +76,10 @@ pub fn tick(engine: &Engine, st: &AppState, now: i64) -> ApiResult<Vec<(String, 
                 "skipped"
             }
             (Err(e), _) => {
-                tracing::warn!("timeout of {id} could not be applied ({e}); retrying in {} s", RETRY_MS / 1000);
+                tracing::warn!(
+                    "timeout of {id} could not be applied ({e}); retrying in {} s",
+                    RETRY_MS / 1000
+                );
                 st.db().set_expiry(&sid, Some(now + RETRY_MS), None).map_err(db_err)?;
                 "failed"
             }
@@ -74,7 +88,14 @@ pub fn tick(engine: &Engine, st: &AppState, now: i64) -> ApiResult<Vec<(String, 
             Ok(()) => (200, None),
             Err(e) => (engine_status(e).as_u16(), Some(e.code())),
         };
-        record(st, &format!("ttl.{}", if action == OnTimeout::Kill { "kill" } else { "pause" }), status, code, &id, None);
+        record(
+            st,
+            &format!("ttl.{}", if action == OnTimeout::Kill { "kill" } else { "pause" }),
+            status,
+            code,
+            &id,
+            None,
+        );
         st.metrics.ttl(outcome);
         done.push((id, outcome));
     }
@@ -109,7 +130,14 @@ pub fn reconcile(engine: &Engine, st: &AppState) -> ApiResult<(usize, usize, usi
     let mut lost = 0;
     for v in views.iter().filter(|v| v.sandbox.state == SandboxState::Lost) {
         lost += 1;
-        record(st, "service.lost", 200, None, v.sandbox.id.as_str(), Some("runtime gone at service start".into()));
+        record(
+            st,
+            "service.lost",
+            200,
+            None,
+            v.sandbox.id.as_str(),
+            Some("runtime gone at service start".into()),
+        );
     }
     Ok((views.len() - lost, lost, dropped))
 }

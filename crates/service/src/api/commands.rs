@@ -25,7 +25,11 @@ fn spec(st: &AppState, id: &SandboxId, req: &RunCommand) -> ApiResult<ExecSpec> 
     let cmd = match (&req.cmd, &req.argv) {
         (Some(line), None) if !line.trim().is_empty() => Command::Shell(line.clone()),
         (None, Some(argv)) if argv.first().is_some_and(|a| !a.is_empty()) => Command::Argv(argv.clone()),
-        _ => return Err(ApiError::invalid("give exactly one of cmd (a non-empty shell line) or argv (a non-empty list)")),
+        _ => {
+            return Err(ApiError::invalid(
+                "give exactly one of cmd (a non-empty shell line) or argv (a non-empty list)",
+            ))
+        }
     };
     let extra = req.envs.clone().unwrap_or_default();
     check_map("envs", &extra, true)?;
@@ -33,7 +37,11 @@ fn spec(st: &AppState, id: &SandboxId, req: &RunCommand) -> ApiResult<ExecSpec> 
     s.env = st.db().get(id).map_err(db_err)?.map(|m| m.envs).unwrap_or_default();
     s.env.extend(extra);
     s.cwd = req.cwd.as_deref().map(sandbox_path).transpose()?;
-    let t = seconds("timeout", req.timeout.unwrap_or(st.cfg.default_exec_timeout_s as f64), st.cfg.max_exec_timeout_s)?;
+    let t = seconds(
+        "timeout",
+        req.timeout.unwrap_or(st.cfg.default_exec_timeout_s as f64),
+        st.cfg.max_exec_timeout_s,
+    )?;
     s.timeout_ms = Some(t.as_millis().max(1) as u64);
     s.output_cap = Some(st.cfg.max_output_bytes);
     if serde_json::to_vec(&s).map(|v| v.len()).unwrap_or(usize::MAX) > MAX_SPEC_BYTES {
@@ -56,7 +64,11 @@ fn spec(st: &AppState, id: &SandboxId, req: &RunCommand) -> ApiResult<ExecSpec> 
     params(("id" = String, Path, description = "sandbox id")), request_body = RunCommand,
     responses((status = 200, body = CommandResult, description = "the command ended (any exit code)"),
               (status = "4XX", body = ErrorBody, description = "bad command, not found, paused (409)")))]
-pub async fn run(State(st): State<AppState>, Path(id): Path<String>, ApiJson(req): ApiJson<RunCommand>) -> ApiResult<Json<CommandResult>> {
+pub async fn run(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<RunCommand>,
+) -> ApiResult<Json<CommandResult>> {
     let id = sandbox_id(&id)?;
     let out = st
         .blocking(move |engine, st| {
@@ -180,7 +192,10 @@ pub async fn start_process(
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/processes", tag = "commands",
     params(("id" = String, Path, description = "sandbox id")),
     responses((status = 200, body = Vec<ProcessInfo>), (status = "4XX", body = ErrorBody, description = "not found, paused (409)")))]
-pub async fn list_processes(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Vec<ProcessInfo>>> {
+pub async fn list_processes(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Vec<ProcessInfo>>> {
     let id = sandbox_id(&id)?;
     let procs = st.blocking(move |engine, _| Ok(engine.connect(&id)?.list_procs()?)).await?;
     Ok(Json(
@@ -201,10 +216,9 @@ pub async fn list_processes(State(st): State<AppState>, Path(id): Path<String>) 
 }
 
 fn pid(s: &str) -> ApiResult<i32> {
-    s.parse::<i32>()
-        .ok()
-        .filter(|p| *p > 0)
-        .ok_or_else(|| ApiError::bad_request("invalid_id", format!("{s:?} is not a process id (a positive integer)")))
+    s.parse::<i32>().ok().filter(|p| *p > 0).ok_or_else(|| {
+        ApiError::bad_request("invalid_id", format!("{s:?} is not a process id (a positive integer)"))
+    })
 }
 
 /// Sends a signal to a background process (or its process group).
@@ -238,13 +252,20 @@ pub async fn wait(
 ) -> ApiResult<Json<WaitResult>> {
     let id = sandbox_id(&id)?;
     let p = pid(&p)?;
-    let t = seconds("timeout", req.timeout.unwrap_or(st.cfg.default_exec_timeout_s as f64), st.cfg.max_exec_timeout_s)?;
+    let t = seconds(
+        "timeout",
+        req.timeout.unwrap_or(st.cfg.default_exec_timeout_s as f64),
+        st.cfg.max_exec_timeout_s,
+    )?;
     let out = st
         .blocking(move |engine, _| {
             let r = engine.connect(&id)?.wait(p, Some(t.as_millis().max(1) as u64))?;
             Ok(match r {
                 None => WaitResult { running: true, result: None },
-                Some(o) => WaitResult { running: false, result: Some(CommandResult::new(&o.stdout, &o.stderr, &o.status)) },
+                Some(o) => WaitResult {
+                    running: false,
+                    result: Some(CommandResult::new(&o.stdout, &o.stderr, &o.status)),
+                },
             })
         })
         .await?;

@@ -65,7 +65,9 @@ pub fn snapshot_ref(s: &str) -> Result<String, ApiError> {
     if let Ok(id) = SnapshotId::parse(s) {
         return Ok(id.into());
     }
-    let ok = !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    let ok = !s.is_empty()
+        && s.len() <= 128
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
     if !ok {
         return Err(ApiError::bad_request(
             "invalid_id",
@@ -89,7 +91,9 @@ pub fn sandbox_path(p: &str) -> Result<String, ApiError> {
 /// Checks a duration in seconds against `0 < t <= max`.
 pub fn seconds(what: &str, t: f64, max: u64) -> Result<std::time::Duration, ApiError> {
     if !(t.is_finite() && t > 0.0 && t <= max as f64) {
-        return Err(ApiError::invalid(format!("{what} must be a number of seconds above 0 and at most {max}")));
+        return Err(ApiError::invalid(format!(
+            "{what} must be a number of seconds above 0 and at most {max}"
+        )));
     }
     Ok(std::time::Duration::from_secs_f64(t))
 }
@@ -119,7 +123,9 @@ pub fn check_map(
             )));
         }
         if v.len() > 4096 || v.contains('\0') {
-            return Err(ApiError::invalid(format!("{what} value of {k:?} must be at most 4096 bytes, without NUL")));
+            return Err(ApiError::invalid(format!(
+                "{what} value of {k:?} must be at most 4096 bytes, without NUL"
+            )));
         }
     }
     Ok(())

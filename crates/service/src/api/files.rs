@@ -44,7 +44,11 @@ impl Write for ChannelSink {
     params(("id" = String, Path, description = "sandbox id"), PathQuery),
     responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>, description = "the file's bytes"),
               (status = "4XX", body = ErrorBody, description = "no such file (404), a directory (422), over the download limit (413)")))]
-pub async fn read(State(st): State<AppState>, Path(id): Path<String>, ApiQuery(q): ApiQuery<PathQuery>) -> ApiResult<Response> {
+pub async fn read(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<PathQuery>,
+) -> ApiResult<Response> {
     let id = sandbox_id(&id)?;
     let path = sandbox_path(&q.path)?;
     let limit = st.cfg.max_download_bytes;
@@ -97,16 +101,15 @@ pub async fn write(
     let path = sandbox_path(&q.path)?;
     let mode = match q.mode.as_deref() {
         None => None,
-        Some(m) => Some(
-            u32::from_str_radix(m, 8)
-                .ok()
-                .filter(|v| *v <= 0o7777)
-                .ok_or_else(|| ApiError::invalid(format!("mode {m:?} is not octal permission bits (e.g. 644)")))?,
-        ),
+        Some(m) => Some(u32::from_str_radix(m, 8).ok().filter(|v| *v <= 0o7777).ok_or_else(|| {
+            ApiError::invalid(format!("mode {m:?} is not octal permission bits (e.g. 644)"))
+        })?),
     };
     let limit = st.cfg.max_upload_bytes;
-    let too_large = || ApiError::too_large(format!("the upload is over the limit of {limit} bytes; split the file"));
-    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    let too_large =
+        || ApiError::too_large(format!("the upload is over the limit of {limit} bytes; split the file"));
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit) {
         return Err(too_large());
     }
@@ -145,7 +148,11 @@ pub async fn write(
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files/list", tag = "files",
     params(("id" = String, Path, description = "sandbox id"), PathQuery),
     responses((status = 200, body = Vec<EntryInfo>), (status = "4XX", body = ErrorBody, description = "no such directory")))]
-pub async fn list(State(st): State<AppState>, Path(id): Path<String>, ApiQuery(q): ApiQuery<PathQuery>) -> ApiResult<Json<Vec<EntryInfo>>> {
+pub async fn list(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<PathQuery>,
+) -> ApiResult<Json<Vec<EntryInfo>>> {
     let id = sandbox_id(&id)?;
     let path = sandbox_path(&q.path)?;
     let out = st
@@ -162,7 +169,11 @@ pub async fn list(State(st): State<AppState>, Path(id): Path<String>, ApiQuery(q
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files/stat", tag = "files",
     params(("id" = String, Path, description = "sandbox id"), PathQuery),
     responses((status = 200, body = EntryInfo), (status = "4XX", body = ErrorBody, description = "no such path (404)")))]
-pub async fn stat(State(st): State<AppState>, Path(id): Path<String>, ApiQuery(q): ApiQuery<PathQuery>) -> ApiResult<Json<EntryInfo>> {
+pub async fn stat(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<PathQuery>,
+) -> ApiResult<Json<EntryInfo>> {
     let id = sandbox_id(&id)?;
     let path = sandbox_path(&q.path)?;
     let out = st
@@ -178,7 +189,11 @@ pub async fn stat(State(st): State<AppState>, Path(id): Path<String>, ApiQuery(q
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}/files", tag = "files",
     params(("id" = String, Path, description = "sandbox id"), RemoveQuery),
     responses((status = 204, description = "removed"), (status = "4XX", body = ErrorBody, description = "no such path (404)")))]
-pub async fn remove(State(st): State<AppState>, Path(id): Path<String>, ApiQuery(q): ApiQuery<RemoveQuery>) -> ApiResult<StatusCode> {
+pub async fn remove(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<RemoveQuery>,
+) -> ApiResult<StatusCode> {
     let id = sandbox_id(&id)?;
     let path = sandbox_path(&q.path)?;
     let recursive = q.recursive.unwrap_or(false);
@@ -190,7 +205,11 @@ pub async fn remove(State(st): State<AppState>, Path(id): Path<String>, ApiQuery
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/files/rename", tag = "files",
     params(("id" = String, Path, description = "sandbox id")), request_body = RenamePath,
     responses((status = 204, description = "renamed"), (status = "4XX", body = ErrorBody, description = "no such path (404)")))]
-pub async fn rename(State(st): State<AppState>, Path(id): Path<String>, ApiJson(req): ApiJson<RenamePath>) -> ApiResult<StatusCode> {
+pub async fn rename(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<RenamePath>,
+) -> ApiResult<StatusCode> {
     let id = sandbox_id(&id)?;
     let (from, to) = (sandbox_path(&req.from)?, sandbox_path(&req.to)?);
     st.blocking(move |engine, _| Ok(engine.connect(&id)?.rename(&from, &to)?)).await?;
@@ -208,7 +227,11 @@ pub struct Made {
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/files/mkdir", tag = "files",
     params(("id" = String, Path, description = "sandbox id")), request_body = MakeDir,
     responses((status = 200, body = Made), (status = "4XX", body = ErrorBody, description = "exists as a file (409), bad path")))]
-pub async fn mkdir(State(st): State<AppState>, Path(id): Path<String>, ApiJson(req): ApiJson<MakeDir>) -> ApiResult<Json<Made>> {
+pub async fn mkdir(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<MakeDir>,
+) -> ApiResult<Json<Made>> {
     let id = sandbox_id(&id)?;
     let path = sandbox_path(&req.path)?;
     let parents = req.parents.unwrap_or(true);

@@ -172,7 +172,10 @@ async fn time_limit(State(st): State<AppState>, req: Request, next: Next) -> Res
 }
 
 fn route_of(req: &Request) -> String {
-    req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_string()).unwrap_or_else(|| "unmatched".into())
+    req.extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".into())
 }
 
 async fn count(State(st): State<AppState>, req: Request, next: Next) -> Response {
@@ -216,7 +219,8 @@ async fn audit(State(st): State<AppState>, req: Request, next: Next) -> Response
         detail: note.detail,
     };
     let st2 = st.clone();
-    let written = tokio::task::spawn_blocking(move || st2.db().audit(branchbox_model::now_ms(), &entry)).await;
+    let written =
+        tokio::task::spawn_blocking(move || st2.db().audit(branchbox_model::now_ms(), &entry)).await;
     if !matches!(written, Ok(Ok(()))) {
         tracing::error!("could not write an audit record: {written:?}");
     }
@@ -253,7 +257,9 @@ mod route_tests {
     fn ops(d: &OpenApiDoc) -> Vec<(String, &'static str, String)> {
         let mut out = Vec::new();
         for (path, item) in &d.paths.paths {
-            for (m, op) in [("GET", &item.get), ("PUT", &item.put), ("POST", &item.post), ("DELETE", &item.delete)] {
+            for (m, op) in
+                [("GET", &item.get), ("PUT", &item.put), ("POST", &item.post), ("DELETE", &item.delete)]
+            {
                 if let Some(op) = op {
                     out.push((path.clone(), m, op.operation_id.clone().unwrap_or_default()));
                 }
@@ -274,7 +280,8 @@ mod route_tests {
     async fn every_documented_operation_is_routed_and_needs_a_token() {
         let (_d, router, doc) = app();
         for (path, method, _) in ops(&doc) {
-            let uri = path.replace("{id}", "sbx-0000000000000000").replace("{snapshot}", "x").replace("{pid}", "1");
+            let uri =
+                path.replace("{id}", "sbx-0000000000000000").replace("{snapshot}", "x").replace("{pid}", "1");
             let req = axum::http::Request::builder().method(method).uri(&uri).body(Body::empty()).unwrap();
             let r = router.clone().oneshot(req).await.unwrap();
             let want = if path == "/healthz" { 200 } else { 401 };

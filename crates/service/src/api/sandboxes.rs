@@ -25,7 +25,11 @@ fn note(sandbox: &str) -> AuditNote {
 pub(crate) fn info(engine: &Engine, st: &AppState, id: &SandboxId) -> ApiResult<SandboxInfo> {
     let views = engine.list()?;
     let v = views.iter().find(|v| &v.sandbox.id == id).ok_or_else(|| {
-        ApiError::from(branchbox_model::Error::not_found("sandbox", id.as_str(), "GET /v1/sandboxes lists them"))
+        ApiError::from(branchbox_model::Error::not_found(
+            "sandbox",
+            id.as_str(),
+            "GET /v1/sandboxes lists them",
+        ))
     })?;
     let meta = st.db().get(id).map_err(db_err)?;
     Ok(SandboxInfo::from_view(v, meta))
@@ -70,7 +74,8 @@ pub async fn create(
             "a sandbox restored from a snapshot keeps the snapshot's limits; leave out memory_mib, cpus and pids",
         ));
     }
-    let timeout = seconds("timeout", req.timeout.unwrap_or(st.cfg.default_timeout_s as f64), st.cfg.max_timeout_s)?;
+    let timeout =
+        seconds("timeout", req.timeout.unwrap_or(st.cfg.default_timeout_s as f64), st.cfg.max_timeout_s)?;
     let metadata = req.metadata.unwrap_or_default();
     let envs = req.envs.unwrap_or_default();
     check_map("metadata", &metadata, false)?;
@@ -100,7 +105,11 @@ pub async fn create(
             Ok(SandboxInfo::new(&sandbox, true, Some(meta)))
         })
         .await?;
-    let n = AuditNote { sandbox: Some(out.id.clone()), parent: out.parent_snapshot.clone(), ..Default::default() };
+    let n = AuditNote {
+        sandbox: Some(out.id.clone()),
+        parent: out.parent_snapshot.clone(),
+        ..Default::default()
+    };
     Ok((StatusCode::CREATED, Extension(n), Json(out)))
 }
 
@@ -115,7 +124,10 @@ fn metadata_filter(q: &Option<String>) -> ApiResult<BTreeMap<String, String>> {
 /// Lists sandboxes, optionally only those with given metadata or state.
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", params(ListSandboxes),
     responses((status = 200, body = Vec<SandboxInfo>), (status = "4XX", body = ErrorBody, description = "bad query")))]
-pub async fn list(State(st): State<AppState>, ApiQuery(q): ApiQuery<ListSandboxes>) -> ApiResult<Json<Vec<SandboxInfo>>> {
+pub async fn list(
+    State(st): State<AppState>,
+    ApiQuery(q): ApiQuery<ListSandboxes>,
+) -> ApiResult<Json<Vec<SandboxInfo>>> {
     let want = metadata_filter(&q.metadata)?;
     let out = st
         .blocking(move |engine, st| {
@@ -285,7 +297,11 @@ pub async fn fork(
                             ..parent.clone()
                         };
                         st.db().put(&started.sandbox.id, &meta).map_err(db_err)?;
-                        ForkChild { ok: true, sandbox: Some(SandboxInfo::new(&started.sandbox, true, Some(meta))), error: None }
+                        ForkChild {
+                            ok: true,
+                            sandbox: Some(SandboxInfo::new(&started.sandbox, true, Some(meta))),
+                            error: None,
+                        }
                     }
                     Err(e) => ForkChild {
                         ok: false,
@@ -297,7 +313,8 @@ pub async fn fork(
             Ok(ForkResult { snapshot: (&outcome.snapshot).into(), children })
         })
         .await?;
-    let ids: Vec<&str> = out.children.iter().filter_map(|c| c.sandbox.as_ref().map(|s| s.id.as_str())).collect();
+    let ids: Vec<&str> =
+        out.children.iter().filter_map(|c| c.sandbox.as_ref().map(|s| s.id.as_str())).collect();
     let n = AuditNote {
         sandbox: Some(src.to_string()),
         snapshot: Some(out.snapshot.id.clone()),

@@ -27,7 +27,11 @@ fn noted(sandbox: &str, snap: &SnapshotInfo) -> AuditNote {
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/snapshots", tag = "snapshots",
     params(("id" = String, Path, description = "sandbox id")), request_body = TakeSnapshot,
     responses((status = 201, body = SnapshotInfo), (status = "4XX", body = ErrorBody, description = "bad name, not found, not running or name taken (409)")))]
-pub async fn take(State(st): State<AppState>, Path(id): Path<String>, ApiJson(req): ApiJson<TakeSnapshot>) -> Noted<SnapshotInfo> {
+pub async fn take(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<TakeSnapshot>,
+) -> Noted<SnapshotInfo> {
     let id = sandbox_id(&id)?;
     let src = id.clone();
     let snap = st
@@ -43,7 +47,11 @@ pub async fn take(State(st): State<AppState>, Path(id): Path<String>, ApiJson(re
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/checkpoints", tag = "snapshots",
     params(("id" = String, Path, description = "sandbox id")), request_body = TakeSnapshot,
     responses((status = 201, body = SnapshotInfo), (status = "4XX", body = ErrorBody, description = "bad name, not found, not running (409)")))]
-pub async fn checkpoint(State(st): State<AppState>, Path(id): Path<String>, ApiJson(req): ApiJson<TakeSnapshot>) -> Noted<SnapshotInfo> {
+pub async fn checkpoint(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<TakeSnapshot>,
+) -> Noted<SnapshotInfo> {
     let id = sandbox_id(&id)?;
     let src = id.clone();
     let snap = st
@@ -58,7 +66,10 @@ pub async fn checkpoint(State(st): State<AppState>, Path(id): Path<String>, ApiJ
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/checkpoints", tag = "snapshots",
     params(("id" = String, Path, description = "sandbox id")),
     responses((status = 200, body = Vec<SnapshotInfo>), (status = "4XX", body = ErrorBody, description = "bad id or not found")))]
-pub async fn checkpoints(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Vec<SnapshotInfo>>> {
+pub async fn checkpoints(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Vec<SnapshotInfo>>> {
     let id = sandbox_id(&id)?;
     let out = st
         .blocking(move |engine, _| {
@@ -66,7 +77,11 @@ pub async fn checkpoints(State(st): State<AppState>, Path(id): Path<String>) -> 
             Ok(engine
                 .snapshots()?
                 .iter()
-                .filter(|s| s.kind == SnapshotKind::Checkpoint && s.source.as_ref() == Some(&id) && s.deleted_ms.is_none())
+                .filter(|s| {
+                    s.kind == SnapshotKind::Checkpoint
+                        && s.source.as_ref() == Some(&id)
+                        && s.deleted_ms.is_none()
+                })
                 .map(SnapshotInfo::from)
                 .collect())
         })
@@ -79,7 +94,11 @@ pub async fn checkpoints(State(st): State<AppState>, Path(id): Path<String>) -> 
     params(("id" = String, Path, description = "sandbox id")), request_body = Rollback,
     responses((status = 200, body = SandboxInfo, description = "the sandbox after the rollback"),
               (status = "4XX", body = ErrorBody, description = "not found, or a snapshot of another sandbox (409)")))]
-pub async fn rollback(State(st): State<AppState>, Path(id): Path<String>, ApiJson(req): ApiJson<Rollback>) -> Noted<SandboxInfo> {
+pub async fn rollback(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<Rollback>,
+) -> Noted<SandboxInfo> {
     let id = sandbox_id(&id)?;
     let target = snapshot_ref(&req.checkpoint)?;
     let (out, snap) = st
@@ -96,7 +115,8 @@ pub async fn rollback(State(st): State<AppState>, Path(id): Path<String>, ApiJso
 #[utoipa::path(get, path = "/v1/snapshots", tag = "snapshots",
     responses((status = 200, body = Vec<SnapshotInfo>), (status = "4XX", body = ErrorBody, description = "unauthorized")))]
 pub async fn list(State(st): State<AppState>) -> ApiResult<Json<Vec<SnapshotInfo>>> {
-    let out = st.blocking(|engine, _| Ok(engine.snapshots()?.iter().map(SnapshotInfo::from).collect())).await?;
+    let out =
+        st.blocking(|engine, _| Ok(engine.snapshots()?.iter().map(SnapshotInfo::from).collect())).await?;
     Ok(Json(out))
 }
 
@@ -119,7 +139,8 @@ pub async fn delete(
     ApiQuery(q): ApiQuery<DeleteSnapshot>,
 ) -> ApiResult<(StatusCode, Extension<AuditNote>)> {
     let r = snapshot_ref(&snapshot)?;
-    let deleted = st.blocking(move |engine, _| Ok(engine.delete_snapshot(&r, q.cascade.unwrap_or(false))?)).await?;
+    let deleted =
+        st.blocking(move |engine, _| Ok(engine.delete_snapshot(&r, q.cascade.unwrap_or(false))?)).await?;
     let ids: Vec<String> = deleted.iter().map(ToString::to_string).collect();
     let n = AuditNote { detail: Some(format!("deleted: {}", ids.join(","))), ..Default::default() };
     Ok((StatusCode::NO_CONTENT, Extension(n)))

@@ -41,7 +41,10 @@ pub async fn metrics(State(st): State<AppState>) -> ApiResult<impl IntoResponse>
 /// to one sandbox.
 #[utoipa::path(get, path = "/v1/lineage", tag = "snapshots", params(LineageQuery),
     responses((status = 200, body = Lineage), (status = "4XX", body = ErrorBody, description = "bad sandbox id")))]
-pub async fn lineage(State(st): State<AppState>, ApiQuery(q): ApiQuery<LineageQuery>) -> ApiResult<Json<Lineage>> {
+pub async fn lineage(
+    State(st): State<AppState>,
+    ApiQuery(q): ApiQuery<LineageQuery>,
+) -> ApiResult<Json<Lineage>> {
     let only = q.sandbox.as_deref().map(sandbox_id).transpose()?;
     let out = st
         .blocking(move |engine, _| {
@@ -49,7 +52,12 @@ pub async fn lineage(State(st): State<AppState>, ApiQuery(q): ApiQuery<LineageQu
             let boxes = engine.list()?;
             if let Some(id) = &only {
                 if !boxes.iter().any(|b| &b.sandbox.id == id) {
-                    return Err(branchbox_model::Error::not_found("sandbox", id.as_str(), "GET /v1/sandboxes lists them").into());
+                    return Err(branchbox_model::Error::not_found(
+                        "sandbox",
+                        id.as_str(),
+                        "GET /v1/sandboxes lists them",
+                    )
+                    .into());
                 }
             }
             let mut l = Lineage {
@@ -121,7 +129,10 @@ fn component(l: &Lineage, start: &str) -> BTreeSet<String> {
 /// The audit log of state-changing calls, oldest first.
 #[utoipa::path(get, path = "/v1/audit", tag = "service", params(AuditQuery),
     responses((status = 200, body = Vec<AuditEntry>), (status = "4XX", body = ErrorBody, description = "bad query")))]
-pub async fn audit(State(st): State<AppState>, ApiQuery(q): ApiQuery<AuditQuery>) -> ApiResult<Json<Vec<AuditEntry>>> {
+pub async fn audit(
+    State(st): State<AppState>,
+    ApiQuery(q): ApiQuery<AuditQuery>,
+) -> ApiResult<Json<Vec<AuditEntry>>> {
     let limit = q.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::invalid("limit must be 1 to 1000"));
@@ -159,7 +170,13 @@ mod tests {
         // a -> s1 -> b -> s2 -> c ; unrelated: d -> s3 -> e
         let l = Lineage {
             snapshots: vec![snap("s1", None, "a"), snap("s2", Some("s1"), "b"), snap("s3", None, "d")],
-            sandboxes: vec![sbx("a", None), sbx("b", Some("s1")), sbx("c", Some("s2")), sbx("d", None), sbx("e", Some("s3"))],
+            sandboxes: vec![
+                sbx("a", None),
+                sbx("b", Some("s1")),
+                sbx("c", Some("s2")),
+                sbx("d", None),
+                sbx("e", Some("s3")),
+            ],
         };
         let got = component(&l, "b");
         let want: BTreeSet<String> = ["a", "s1", "b", "s2", "c"].iter().map(|s| s.to_string()).collect();
