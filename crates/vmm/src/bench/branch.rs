@@ -103,6 +103,7 @@ pub fn bench_branch(opts: &BranchBenchOptions) -> Result<Report> {
         let (taken_tx, taken_rx) = mpsc::channel();
         let (mut windows, mut kicks, mut answered, mut per_branch) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut ready_at = Vec::new();
         let outcome = std::thread::scope(|scope| -> Result<()> {
             let dir_path = dir.path();
             let busy = opts.busy_pages;
@@ -118,6 +119,7 @@ pub fn bench_branch(opts: &BranchBenchOptions) -> Result<Report> {
                     let taken = taken_rx.recv().map_err(|_| Error::Thread("the source stopped".into()))??;
                     let mut checkpoint = taken.checkpoint;
                     let snapshot = checkpoint.ready()?;
+                    ready_at.push(start.elapsed());
                     let mut child = fork(&snapshot, 1, &mut pool)
                         .pop()
                         .unwrap_or_else(|| Err(Error::Config("no child".into())))?;
@@ -151,6 +153,7 @@ pub fn bench_branch(opts: &BranchBenchOptions) -> Result<Report> {
         let stat =
             |v: &[Duration]| Stats::from_durations(v).ok_or_else(|| Error::Config("no samples".into()));
         let (w, k, a, r) = (stat(&windows)?, stat(&kicks)?, stat(&answered)?, stat(&reference)?);
+        figures.insert(format!("layer_ready_{mib}mib"), stat(&ready_at)?);
         let first = per_branch.first().copied().unwrap_or(f64::NAN);
         let last = per_branch.last().copied().unwrap_or(f64::NAN);
         let tail = per_branch.get(1..).map_or(f64::NAN, |t| t.iter().sum::<f64>() / t.len().max(1) as f64);
@@ -183,6 +186,7 @@ pub fn bench_branch(opts: &BranchBenchOptions) -> Result<Report> {
                  rings the doorbell: clock stops (child_answered). pause_window: vCPU stopped \
                  (run loop returned) to resumed (checkpoint returned), measured on the source \
                  thread; pause_request_to_stop: from the request to the vCPU stopping. \
+                 layer_ready: from the request until the delta's content was written. \
                  ref_fork_cold_snapshot: open the source's base snapshot from disk, fork one \
                  child, ping it, same pool."
             .into(),
