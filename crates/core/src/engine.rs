@@ -78,7 +78,8 @@ fn check_writable(dir: &Path) -> Result<()> {
         ))
     };
     std::fs::create_dir_all(dir).map_err(fail)?;
-    let probe = dir.join(format!(".probe-{}", std::process::id()));
+    // Unique per call: engines may be opened on several threads of one process at once.
+    let probe = dir.join(format!(".probe-{}-{:016x}", std::process::id(), rand::random::<u64>()));
     std::fs::write(&probe, b"ok").map_err(fail)?;
     std::fs::remove_file(&probe).map_err(fail)
 }
