@@ -20,3 +20,25 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get install -y -q "${need[@]}" >/dev/null
 fi
 echo "setup: $(runsc --version | head -1); debootstrap $(dpkg-query -W -f='${Version}' debootstrap 2>/dev/null || echo present)"
+
+# --- branchboxd and the Python SDK -------------------------------------------------------------
+# A virtual environment under target/py with the SDK (editable) and its pinned test tools from
+# PyPI; checked by importing them, so an existing environment is reused only when complete.
+(
+    cd "$(dirname "$0")/.."
+    py=target/py
+    if ! "$py/bin/python" -c "import branchbox, httpx, pytest, schemathesis, openapi_spec_validator" 2>/dev/null; then
+        command -v python3 >/dev/null 2>&1 || { echo "setup: python3 is missing; install Python 3.9 or later" >&2; exit 1; }
+        if ! python3 -m venv "$py" >/dev/null 2>&1; then
+            echo "setup: installing python3-venv"
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv >/dev/null
+            python3 -m venv "$py"
+        fi
+        echo "setup: installing the Python SDK's test tools into $py"
+        "$py/bin/pip" install -q --upgrade pip
+        "$py/bin/pip" install -q -r sdk/python/requirements-test.txt
+        "$py/bin/pip" install -q -e sdk/python
+    fi
+    echo "setup: $("$py/bin/python" --version), pytest $("$py/bin/python" -c 'import pytest; print(pytest.__version__)')"
+)
+# --- end of branchboxd and the Python SDK ------------------------------------------------------

@@ -46,4 +46,12 @@ for b in checkpoint rollback branch chain; do
     $bb bench $b --backend gvisor --short >/dev/null
     $bb bench $b --backend microvm --short >/dev/null
 done
+
+# --- branchboxd and the Python SDK -------------------------------------------------------------
+# The tests start branchboxd themselves (target/debug/branchboxd on a free loopback port, fresh
+# data directories under $BRANCHBOX_TEST_DIR), restart it mid-activity and stop it at the end;
+# see sdk/python/tests/conftest.py.
+echo "== service and Python SDK"
+BRANCHBOXD="$PWD/target/debug/branchboxd" target/py/bin/pytest -q -p no:cacheprovider sdk/python/tests
+# --- end of branchboxd and the Python SDK ------------------------------------------------------
 echo "== all tests passed"

@@ -123,17 +123,21 @@ class Service:
 
 @pytest.fixture(scope="session")
 def workdir() -> Iterator[Path]:
+    """Where the data directories go: `$BRANCHBOX_TEST_DIR` (whose owner cleans up whatever a
+    crashed run leaves) or a temporary directory."""
     base = os.environ.get("BRANCHBOX_TEST_DIR")
     if base:
         Path(base).mkdir(parents=True, exist_ok=True)
-    d = Path(tempfile.mkdtemp(prefix="bbpy-", dir=base))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+        yield Path(base)
+    else:
+        d = Path(tempfile.mkdtemp(prefix="bbpy-"))
+        yield d
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @contextmanager
 def _serve(workdir: Path, name: str, *args: str) -> Iterator[Service]:
-    svc = Service(workdir / name, *args)
+    svc = Service(workdir / f"py-{os.getpid()}-{name}", *args)
     svc.start()
     try:
         yield svc
@@ -148,6 +152,7 @@ def _serve(workdir: Path, name: str, *args: str) -> Iterator[Service]:
         for pid in leaked:
             os.kill(pid, signal.SIGKILL)
         assert not leaked, f"processes left behind under {svc.data_dir}: {leaked}"
+        shutil.rmtree(svc.data_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
