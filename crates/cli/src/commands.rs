@@ -19,6 +19,9 @@ pub fn run(cli: Cli) -> Result<i32> {
     if let Cmd::Doctor = cli.command {
         return doctor(&cfg, json);
     }
+    if let Some(code) = crate::remote::run(&cli)? {
+        return Ok(code);
+    }
     let engine = Engine::open(cfg)?;
     match cli.command {
         Cmd::Doctor => unreachable_doctor(),

@@ -3,6 +3,7 @@
 mod args;
 mod commands;
 mod output;
+mod remote;
 
 use args::Cli;
 use clap::Parser;

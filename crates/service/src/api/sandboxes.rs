@@ -285,14 +285,19 @@ pub async fn fork(
         .blocking(move |engine, st| {
             let _held = st.reserve(engine, n)?;
             let outcome = st.exclusive(&id, || Ok(engine.fork(&id, n)?))?;
-            let parent = st.db().get(&id).map_err(db_err)?.unwrap_or_default();
+            // A source made outside the service has no record; its children get the default timeout.
+            let default_ms = (st.cfg.default_timeout_s * 1000) as i64;
+            let parent = st
+                .db()
+                .get(&id)
+                .map_err(db_err)?
+                .unwrap_or_else(|| SandboxMeta { timeout_ms: default_ms, ..Default::default() });
             let mut children = Vec::new();
             for c in &outcome.children {
                 children.push(match c {
                     Ok(started) => {
                         let meta = SandboxMeta {
-                            expires_ms: Some(now_ms() + parent.timeout_ms.max(1000)),
-                            timeout_ms: parent.timeout_ms.max(1000),
+                            expires_ms: Some(now_ms() + parent.timeout_ms),
                             created_by: caller.0.clone(),
                             ..parent.clone()
                         };
