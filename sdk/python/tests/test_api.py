@@ -196,5 +196,5 @@ def test_schemathesis_finds_no_server_errors_and_answers_match_the_document(serv
         "--request-timeout", "300", "--generation-database", "none", "--no-color",
         "--suppress-health-check", "all",
     ]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
