@@ -36,8 +36,6 @@ pub struct Inner {
     /// fork, rollback, kill): the backend swaps containers during some of them, and two at once
     /// on one sandbox would race each other.
     sandbox_locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
-    /// Held while an engine is opened.
-    opening: Mutex<()>,
 }
 
 impl std::ops::Deref for AppState {
@@ -80,7 +78,6 @@ impl AppState {
             db: Mutex::new(db),
             pending: Mutex::new(0),
             sandbox_locks: Mutex::new(HashMap::new()),
-            opening: Mutex::new(()),
         })))
     }
 
@@ -93,9 +90,6 @@ impl AppState {
         if let Some(e) = lock(&self.engines).pop() {
             return Ok(e);
         }
-        // Engine::open probes the data directory with a file named after the process id, so
-        // two threads opening at once can remove each other's probe; open one at a time.
-        let _one = lock(&self.opening);
         Ok(Engine::open(self.cfg.engine.clone())?)
     }
 
