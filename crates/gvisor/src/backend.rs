@@ -115,6 +115,19 @@ impl GvisorBackend {
         }
     }
 
+    /// Checkpoints the sandbox in `dir` into `dest`; with `early`, returns once the image is
+    /// complete while the shim is still restoring the source.
+    fn checkpoint(&self, dir: &Path, dest: &Path, early: bool) -> Result<u64> {
+        let image = dest.join("checkpoint");
+        std::fs::create_dir_all(&image).map_err(|e| Error::io(&image, e))?;
+        let image = image.canonicalize().map_err(|e| Error::io(&image, e))?;
+        control::call(
+            &socket(dir),
+            &ShimRequest::ShimCheckpoint { image: image.display().to_string(), early },
+        )?;
+        Ok(dir_size(dest))
+    }
+
     fn thaw_child(&self, plan: &SandboxPlan) -> Result<HookReport> {
         let mut conn = self.connect(&plan.dir)?;
         let mut entropy = vec![0u8; 64];
@@ -193,11 +206,7 @@ impl Backend for GvisorBackend {
     }
 
     fn snapshot(&self, dir: &Path, dest: &Path) -> Result<u64> {
-        let image = dest.join("checkpoint");
-        std::fs::create_dir_all(&image).map_err(|e| Error::io(&image, e))?;
-        let image = image.canonicalize().map_err(|e| Error::io(&image, e))?;
-        control::call(&socket(dir), &ShimRequest::ShimCheckpoint { image: image.display().to_string() })?;
-        Ok(dir_size(dest))
+        self.checkpoint(dir, dest, false)
     }
 
     fn rollback(&self, dir: &Path, src: &Path) -> Result<()> {
@@ -219,7 +228,8 @@ impl Backend for GvisorBackend {
     }
 
     fn fork(&self, dir: &Path, dest: &Path, children: &[SandboxPlan]) -> Result<(u64, Vec<ChildResult>)> {
-        let size = self.snapshot(dir, dest)?;
+        // The source is restored while the children start: they only need the image.
+        let size = self.checkpoint(dir, dest, true)?;
         let mut results: Vec<Option<ChildResult>> = (0..children.len()).map(|_| None).collect();
         for (batch, slots) in
             children.chunks(RESTORE_PARALLELISM).zip(results.chunks_mut(RESTORE_PARALLELISM))

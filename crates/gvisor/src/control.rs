@@ -15,6 +15,9 @@ pub enum ShimRequest {
     ShimCheckpoint {
         /// Directory for runsc's checkpoint image.
         image: String,
+        /// Answer as soon as the image is complete, before the sandbox runs again.
+        #[serde(default)]
+        early: bool,
     },
     /// Replace the running sandbox with the state in checkpoint `image` (same identity); the
     /// current state stays live until the target answers.

@@ -259,11 +259,16 @@ impl Shim {
             let Some((map, orig)) = header_fields(&raw.header) else { break };
             let op = map.get("op").and_then(|v| v.as_str()).unwrap_or_default().to_string();
             if op.starts_with("shim_") {
-                let reply = match serde_json::from_slice::<ShimRequest>(&raw.header) {
-                    Ok(req) => self.control(req),
-                    Err(e) => ShimResponse::ShimError { message: format!("bad shim request: {e}") },
+                let answered = std::cell::Cell::new(false);
+                let answer = |reply: ShimResponse| {
+                    if !answered.replace(true) {
+                        let _ = tx.send(encode(&encode_header(orig, &reply), &[]));
+                    }
                 };
-                let _ = tx.send(encode(&encode_header(orig, &reply), &[]));
+                match serde_json::from_slice::<ShimRequest>(&raw.header) {
+                    Ok(req) => self.control(req, &answer),
+                    Err(e) => answer(ShimResponse::ShimError { message: format!("bad shim request: {e}") }),
+                }
                 continue;
             }
             let gid = {
@@ -286,9 +291,13 @@ impl Shim {
         lock(&self.writers).remove(&conn_id);
     }
 
-    fn control(self: &Arc<Self>, req: ShimRequest) -> ShimResponse {
+    /// Performs a control request; `answer` is called once (a checkpoint with `early` answers
+    /// as soon as its image is complete and goes on restoring the sandbox).
+    fn control(self: &Arc<Self>, req: ShimRequest, answer: &dyn Fn(ShimResponse)) {
         let r = match req {
-            ShimRequest::ShimCheckpoint { image } => self.checkpoint(PathBuf::from(image)),
+            ShimRequest::ShimCheckpoint { image, early } => {
+                self.checkpoint(PathBuf::from(image), early.then_some(answer))
+            }
             ShimRequest::ShimRollback { image } => self.rollback(PathBuf::from(image)),
             ShimRequest::ShimPause => {
                 let cid = lock(&self.container).cid.clone();
@@ -318,22 +327,28 @@ impl Shim {
                 Ok(())
             }
         };
-        match r {
+        answer(match r {
             Ok(()) => ShimResponse::ShimDone,
             Err(message) => ShimResponse::ShimError { message },
-        }
+        });
     }
 
     /// Freezes the agent, checkpoints the container, restores it under the next generation
-    /// and thaws it: the sandbox keeps its identity and every in-flight request.
-    fn checkpoint(self: &Arc<Self>, image: PathBuf) -> Result<(), String> {
+    /// and thaws it: the sandbox keeps its identity and every in-flight request. With `early`,
+    /// the caller is answered once the image is complete, so it can start children from it
+    /// while the source is still being restored.
+    fn checkpoint(
+        self: &Arc<Self>,
+        image: PathBuf,
+        early: Option<&dyn Fn(ShimResponse)>,
+    ) -> Result<(), String> {
         if self.paused.load(Ordering::SeqCst) {
             return Err("the sandbox is paused; resume it before taking a snapshot".into());
         }
         let _closed = self.gate.write().unwrap_or_else(|e| e.into_inner());
         self.internal(&Request::Freeze, &[])?;
         self.swapping.store(true, Ordering::SeqCst);
-        let result = self.checkpoint_frozen(&image);
+        let result = self.checkpoint_frozen(&image, early);
         self.swapping.store(false, Ordering::SeqCst);
         result?;
         self.internal(&Request::Thaw { after_fork: None }, &[]).map(drop)
@@ -393,7 +408,11 @@ impl Shim {
         }
     }
 
-    fn checkpoint_frozen(self: &Arc<Self>, image: &std::path::Path) -> Result<(), String> {
+    fn checkpoint_frozen(
+        self: &Arc<Self>,
+        image: &std::path::Path,
+        early: Option<&dyn Fn(ShimResponse)>,
+    ) -> Result<(), String> {
         let (cid, generation) = {
             let c = lock(&self.container);
             (c.cid.clone(), c.generation)
@@ -405,6 +424,9 @@ impl Shim {
         }
         if let Some(child) = lock(&self.container).child.as_mut() {
             let _ = child.wait();
+        }
+        if let Some(answer) = early {
+            answer(ShimResponse::ShimDone);
         }
         self.cfg.runsc.delete(&cid);
         let next = generation + 1;
