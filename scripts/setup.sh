@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what branchbox needs on a fresh Debian 12 machine (run as root): gVisor's runsc and
-# debootstrap for the sandbox image. Checks the tools themselves, so it is a no-op when they are
-# present and never skipped because some cache exists.
+# debootstrap for the sandbox image; with --test also the Python SDK and its test tools. Checks
+# the tools themselves, so it is a no-op when they are present and never skipped because some
+# cache exists.
 set -euo pipefail
 
 need=()
@@ -21,7 +22,8 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 echo "setup: $(runsc --version | head -1); debootstrap $(dpkg-query -W -f='${Version}' debootstrap 2>/dev/null || echo present)"
 
-# --- branchboxd and the Python SDK -------------------------------------------------------------
+# --- branchboxd and the Python SDK (with --test) -----------------------------------------------
+[ "${1:-}" = "--test" ] || exit 0
 # A virtual environment under target/py with the SDK (editable) and its pinned test tools from
 # PyPI; checked by importing them, so an existing environment is reused only when complete.
 (

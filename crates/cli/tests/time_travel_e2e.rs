@@ -216,7 +216,7 @@ fn ten_branches_in_a_row_from_one_live_source_all_work() {
 /// checked against a model after every step.
 #[test]
 fn random_walk_of_writes_checkpoints_rollbacks_and_forks_matches_a_model() {
-    let mut seed: u64 = 0x5eed_0f_b0c5;
+    let mut seed: u64 = 0x005e_ed0f_b0c5;
     let mut next = move |n: usize| {
         seed ^= seed << 13;
         seed ^= seed >> 7;

@@ -52,6 +52,18 @@ pub struct ForkOutcome {
     pub children: Vec<Result<Started>>,
 }
 
+/// An agent's refusal keeps its meaning: a bad command is the caller's error, not the backend's.
+fn agent_error(e: branchbox_protocol::ClientError) -> Error {
+    use branchbox_protocol::{ClientError, ErrorCode};
+    match e {
+        ClientError::Agent { code: ErrorCode::BadRequest | ErrorCode::SpawnFailed, message } => {
+            Error::InvalidInput(message)
+        }
+        ClientError::Agent { code: ErrorCode::NotFound, message } => Error::InvalidInput(message),
+        other => Error::Backend(other.to_string()),
+    }
+}
+
 /// How to take a snapshot.
 #[derive(Debug, Clone, Copy)]
 pub struct SnapshotOptions<'a> {
@@ -350,13 +362,20 @@ impl Engine {
         stdin: Option<&mut dyn std::io::Read>,
         on_output: &mut dyn FnMut(OutStream, &[u8]),
     ) -> Result<(ExitStatus, Option<Snapshot>)> {
-        let (s, backend) = self.running(id)?;
+        let (_, backend) = self.running(id)?;
         let mut conn = backend.connect(&self.sandbox_dir(id))?;
-        let status =
-            conn.exec_streaming(spec, stdin, on_output).map_err(|e| Error::Backend(e.to_string()))?;
+        let status = conn.exec_streaming(spec, stdin, on_output).map_err(agent_error)?;
         drop(conn);
-        let step = if s.history { Some(self.checkpoint(id, None)?) } else { None };
-        Ok((status, step))
+        Ok((status, self.after_exec(id)?))
+    }
+
+    /// What must follow every command: in step-history mode, a checkpoint (returned).
+    /// Callers that talk to the agent directly (the service) call this after each command.
+    pub fn after_exec(&self, id: &SandboxId) -> Result<Option<Snapshot>> {
+        if self.store.sandbox(id)?.history {
+            return self.checkpoint(id, None).map(Some);
+        }
+        Ok(None)
     }
 
     fn usable_snapshot(&self, id_or_name: &str) -> Result<Snapshot> {

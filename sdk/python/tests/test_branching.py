@@ -112,3 +112,14 @@ def test_audit_records_who_what_and_parent_of_a_fork(service, sbx):
     assert fork[-1]["snapshot"].startswith("snap-")
     created = [e for e in log if e["action"] == "POST /v1/sandboxes"]
     assert created and created[0]["who"] == fork[-1]["who"]
+
+
+def test_step_history_makes_every_command_a_checkpoint(sbx):
+    sbx.set_history(True)
+    first = sbx.commands.run("echo 1 >> /root/steps")
+    second = sbx.commands.run("echo 2 >> /root/steps")
+    assert first.checkpoint and second.checkpoint and first.checkpoint != second.checkpoint
+    sbx.set_history(False)
+    assert sbx.commands.run("true").checkpoint is None
+    sbx.rollback(first.checkpoint)
+    assert sbx.files.read("/root/steps").split() == ["1"]

@@ -75,7 +75,10 @@ pub async fn run(
             let spec = spec(st, &id, &req)?;
             let mut conn = engine.connect(&id)?;
             let out = conn.exec(spec, req.stdin.as_deref().map(str::as_bytes))?;
-            Ok(CommandResult::new(&out.stdout, &out.stderr, &out.status))
+            drop(conn);
+            let mut result = CommandResult::new(&out.stdout, &out.stderr, &out.status);
+            result.checkpoint = engine.after_exec(&id)?.map(|s| s.id.to_string());
+            Ok(result)
         })
         .await?;
     Ok(Json(out))
@@ -89,15 +92,17 @@ struct ExitEvent {
     timed_out: bool,
     truncated: bool,
     duration_ms: u64,
+    checkpoint: Option<String>,
 }
 
-fn exit_event(s: &ExitStatus) -> Event {
+fn exit_event(s: &ExitStatus, checkpoint: Option<String>) -> Event {
     let e = ExitEvent {
         exit_code: s.code,
         signal: s.signal,
         timed_out: s.timed_out,
         truncated: s.truncated,
         duration_ms: s.duration_ms,
+        checkpoint,
     };
     Event::default().event("exit").data(serde_json::to_string(&e).unwrap_or_default())
 }
@@ -121,6 +126,7 @@ pub async fn run_stream(
     let id = sandbox_id(&id)?;
     // Connect before answering, so a missing or paused sandbox gets its status code rather
     // than an error event.
+    let sandbox = id.clone();
     let (mut conn, spec) = st
         .blocking(move |engine, st| {
             let spec = spec(st, &id, &req)?;
@@ -129,35 +135,42 @@ pub async fn run_stream(
         .await?;
     let (spec, stdin) = spec;
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(64);
-    tokio::task::spawn_blocking(move || {
+    let out = tx.clone();
+    let worker = tokio::task::spawn_blocking(move || {
         // Closing our end of the agent connection when the client goes away ends the wait
         // for output instead of holding a thread until the command's own timeout.
         let shut = conn.stream_mut().try_clone().ok();
         let mut gone = false;
         let b64 = base64::engine::general_purpose::STANDARD;
         let mut input = stdin.as_deref().map(str::as_bytes);
-        let r = conn.exec_streaming(
-            spec,
-            input.as_mut().map(|s| s as &mut dyn std::io::Read),
-            &mut |which, chunk| {
-                if gone {
-                    return;
+        conn.exec_streaming(spec, input.as_mut().map(|s| s as &mut dyn std::io::Read), &mut |which, chunk| {
+            if gone {
+                return;
+            }
+            let name = if which == OutStream::Stdout { "stdout" } else { "stderr" };
+            let data = serde_json::json!({ "data": b64.encode(chunk) }).to_string();
+            if out.blocking_send(Ok(Event::default().event(name).data(data))).is_err() {
+                gone = true;
+                if let Some(s) = &shut {
+                    let _ = s.shutdown(std::net::Shutdown::Both);
                 }
-                let name = if which == OutStream::Stdout { "stdout" } else { "stderr" };
-                let data = serde_json::json!({ "data": b64.encode(chunk) }).to_string();
-                if tx.blocking_send(Ok(Event::default().event(name).data(data))).is_err() {
-                    gone = true;
-                    if let Some(s) = &shut {
-                        let _ = s.shutdown(std::net::Shutdown::Both);
-                    }
+            }
+        })
+    });
+    tokio::spawn(async move {
+        let last = match worker.await {
+            Ok(Ok(status)) => {
+                // Step-history mode: the checkpoint follows the command, before `exit`.
+                let step = st.blocking(move |engine, _| Ok(engine.after_exec(&sandbox)?)).await;
+                match step {
+                    Ok(cp) => exit_event(&status, cp.map(|s| s.id.to_string())),
+                    Err(e) => error_event(&e),
                 }
-            },
-        );
-        let last = match r {
-            Ok(status) => exit_event(&status),
-            Err(e) => error_event(&ApiError::from(e)),
+            }
+            Ok(Err(e)) => error_event(&ApiError::from(e)),
+            Err(e) => error_event(&ApiError::internal(format!("a worker failed: {e}"))),
         };
-        let _ = tx.blocking_send(Ok(last));
+        let _ = tx.send(Ok(last)).await;
     });
     Ok(Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).keep_alive(KeepAlive::default()))
 }

@@ -76,6 +76,7 @@ pub fn router(st: AppState) -> (Router, OpenApiDoc) {
         .routes(routes!(sandboxes::pause))
         .routes(routes!(sandboxes::connect))
         .routes(routes!(sandboxes::set_timeout))
+        .routes(routes!(sandboxes::set_history))
         .routes(routes!(sandboxes::fork))
         .routes(routes!(snapshots::take))
         .routes(routes!(snapshots::checkpoint, snapshots::checkpoints))

@@ -261,6 +261,27 @@ pub async fn set_timeout(
     Ok((StatusCode::OK, Extension(n), Json(out)))
 }
 
+/// Turns step-history mode on or off: with it on, every command ends with a checkpoint, so
+/// each command's outcome is a branch point.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/history", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id")),
+    request_body = SetHistory,
+    responses((status = 200, body = SandboxInfo), (status = "4XX", body = ErrorBody, description = "not found")))]
+pub async fn set_history(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<SetHistory>,
+) -> Noted<SandboxInfo> {
+    let id = sandbox_id(&id)?;
+    let n = AuditNote { detail: Some(format!("history {}", req.enabled)), ..note(id.as_str()) };
+    let out = st
+        .blocking(move |engine, st| {
+            engine.set_history(&id, req.enabled)?;
+            info(engine, st, &id)
+        })
+        .await?;
+    Ok((StatusCode::OK, Extension(n), Json(out)))
+}
+
 /// Forks a running sandbox into `count` children continuing from its current state; the
 /// source keeps running. Each child succeeds or fails on its own.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id")),

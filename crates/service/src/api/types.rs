@@ -203,6 +203,14 @@ pub struct SetTimeout {
     pub timeout: f64,
 }
 
+/// Turns step-history mode on or off.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetHistory {
+    /// When true, every command ends with a checkpoint (returned in its result).
+    pub enabled: bool,
+}
+
 /// Query of the sandbox listing.
 #[derive(Debug, Default, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -300,6 +308,8 @@ pub struct CommandResult {
     pub truncated: bool,
     /// Run time, ms.
     pub duration_ms: u64,
+    /// The checkpoint taken after the command in step-history mode.
+    pub checkpoint: Option<String>,
 }
 
 impl CommandResult {
@@ -313,6 +323,7 @@ impl CommandResult {
             timed_out: s.timed_out,
             truncated: s.truncated,
             duration_ms: s.duration_ms,
+            checkpoint: None,
         }
     }
 }

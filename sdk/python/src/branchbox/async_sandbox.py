@@ -288,6 +288,10 @@ class AsyncSandbox:
         """Sets the timeout to `timeout` seconds from now."""
         await self._http.call(_api.Call("POST", _api.sandbox_path(self.sandbox_id, "/timeout"), json={"timeout": timeout}))
 
+    async def set_history(self, enabled: bool = True) -> None:
+        """Step-history mode: every command ends with a checkpoint (``CommandResult.checkpoint``)."""
+        await self._http.call(_api.Call("POST", _api.sandbox_path(self.sandbox_id, "/history"), json={"enabled": enabled}))
+
     async def fork(self, count: int = 1) -> List[Union["AsyncSandbox", BranchboxError]]:
         """Forks `count` children; one AsyncSandbox or exception per child."""
         r = await self._http.call(_api.Call("POST", _api.sandbox_path(self.sandbox_id, "/fork"), json={"count": count}))

@@ -82,6 +82,8 @@ class CommandResult:
     timed_out: bool = False
     truncated: bool = False
     duration_ms: int = 0
+    #: The checkpoint taken after the command when the sandbox is in step-history mode.
+    checkpoint: Optional[str] = None
 
     @property
     def error(self) -> str:
@@ -98,6 +100,7 @@ class CommandResult:
             timed_out=bool(d.get("timed_out", False)),
             truncated=bool(d.get("truncated", False)),
             duration_ms=int(d.get("duration_ms", 0)),
+            checkpoint=d.get("checkpoint"),
         )
 
 

@@ -318,6 +318,10 @@ class Sandbox:
         """Sets the timeout to `timeout` seconds from now."""
         self._http.call(_api.Call("POST", _api.sandbox_path(self.sandbox_id, "/timeout"), json={"timeout": timeout}))
 
+    def set_history(self, enabled: bool = True) -> None:
+        """Step-history mode: every command ends with a checkpoint (``CommandResult.checkpoint``)."""
+        self._http.call(_api.Call("POST", _api.sandbox_path(self.sandbox_id, "/history"), json={"enabled": enabled}))
+
     def fork(self, count: int = 1) -> List[Union["Sandbox", BranchboxError]]:
         """Forks `count` children that continue from this instant; one Sandbox or exception per child."""
         d = self._http.call(_api.Call("POST", _api.sandbox_path(self.sandbox_id, "/fork"), json={"count": count})).json()
