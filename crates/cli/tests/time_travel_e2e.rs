@@ -166,13 +166,18 @@ fn kill_9_mid_checkpoint_never_lists_a_half_written_snapshot() {
         );
     }
     assert!(snaps.as_array().unwrap().len() <= before + 1);
+    // Other tests share the data directory; only what existed when gc started is its business
+    // (gc waits for snapshots in progress, so those end recorded).
+    let gc_started = std::time::SystemTime::now();
     let gc = json(&["gc"]);
     assert!(gc["lost_sandboxes"].as_array().unwrap().iter().any(|x| x == s.0.as_str()), "{gc}");
+    let listed = json(&["snapshots"]);
     let leftovers: Vec<String> = std::fs::read_dir(data_dir().join("snapshots"))
         .unwrap()
         .flatten()
+        .filter(|e| e.metadata().and_then(|m| m.modified()).is_ok_and(|t| t < gc_started))
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| !json(&["snapshots"]).as_array().unwrap().iter().any(|x| x["id"] == n.as_str()))
+        .filter(|n| !listed.as_array().unwrap().iter().any(|x| x["id"] == n.as_str()))
         .collect();
     assert!(leftovers.is_empty(), "gc left interrupted snapshot dirs: {leftovers:?}");
     std::mem::forget(s);
@@ -283,4 +288,25 @@ fn diff_lists_files_added_changed_and_removed_between_snapshots() {
     let again = json(&["diff", &b, &a]);
     assert_eq!(again["added"], d["removed"], "the reverse diff is not the mirror image");
     assert!(fails(&["diff", &a, "snap-0000000000000000"]).contains("not found"));
+}
+
+#[test]
+fn gc_running_beside_forks_and_snapshots_never_takes_their_work_in_progress() {
+    let s = Sandbox::new();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = std::sync::Arc::clone(&stop);
+    let collector = std::thread::spawn(move || {
+        while !flag.load(std::sync::atomic::Ordering::SeqCst) {
+            ok(&["gc"]);
+        }
+    });
+    for _ in 0..3 {
+        let v = json(&["fork", &s.0]);
+        let kid = Sandbox::adopt(v["children"][0]["id"].as_str().expect("child"));
+        assert_eq!(kid.sh("echo up").trim(), "up");
+        let snap = ok(&["snapshot", &s.0]).trim().to_string();
+        assert!(data_dir().join("snapshots").join(&snap).join("checkpoint").is_dir());
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    collector.join().expect("gc thread");
 }

@@ -52,6 +52,32 @@ pub struct ForkOutcome {
     pub children: Vec<Result<Started>>,
 }
 
+/// A lock on the data directory: operations that create sandbox or snapshot directories before
+/// recording them hold it shared; `gc` holds it exclusively, so it never mistakes work in
+/// progress for something interrupted.
+pub struct DataLock {
+    _file: std::fs::File,
+}
+
+impl DataLock {
+    fn take(data_dir: &Path, exclusive: bool) -> Result<DataLock> {
+        use std::os::fd::AsRawFd;
+        let path = data_dir.join("gc.lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::io(&path, e))?;
+        let op = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH };
+        // SAFETY: flock on a descriptor we own; released when the file closes.
+        if unsafe { libc::flock(file.as_raw_fd(), op) } != 0 {
+            return Err(Error::io(&path, std::io::Error::last_os_error()));
+        }
+        Ok(DataLock { _file: file })
+    }
+}
+
 /// An agent's refusal keeps its meaning: a bad command is the caller's error, not the backend's.
 fn agent_error(e: branchbox_protocol::ClientError) -> Error {
     use branchbox_protocol::{ClientError, ErrorCode};
@@ -107,6 +133,15 @@ impl Engine {
         let store = Store::open(&cfg.data_dir.join("meta.db"))?;
         let gvisor = GvisorBackend::new(cfg.runsc.clone(), cfg.data_dir.join("runsc"), cfg.shim.clone());
         Ok(Engine { cfg, store, gvisor })
+    }
+
+    /// Held by `gc` while it runs: waits for operations in progress and holds off new ones.
+    pub fn exclusive(&self) -> Result<DataLock> {
+        DataLock::take(&self.cfg.data_dir, true)
+    }
+
+    fn in_progress(&self) -> Result<DataLock> {
+        DataLock::take(&self.cfg.data_dir, false)
     }
 
     /// The configuration in use.
@@ -176,6 +211,7 @@ impl Engine {
         limits: Option<Limits>,
         progress: &mut dyn FnMut(&str),
     ) -> Result<Sandbox> {
+        let _busy = self.in_progress()?;
         let limits = limits.unwrap_or(self.cfg.limits);
         limits.validate()?;
         let kind = self.resolve(choice);
@@ -306,6 +342,7 @@ impl Engine {
     /// Captures a running sandbox's full state; the sandbox keeps running. The snapshot is
     /// recorded only once its files are complete, and becomes the sandbox's lineage parent.
     pub fn snapshot(&self, id: &SandboxId, opts: &SnapshotOptions<'_>) -> Result<Snapshot> {
+        let _busy = self.in_progress()?;
         let name = opts.name;
         self.check_name(name)?;
         let (s, backend) = self.running(id)?;
@@ -401,6 +438,7 @@ impl Engine {
 
     /// Starts a new sandbox from a snapshot.
     pub fn restore(&self, id_or_name: &str) -> Result<Started> {
+        let _busy = self.in_progress()?;
         let snap = self.usable_snapshot(id_or_name)?;
         let backend = self.backend(snap.backend)?;
         let rootfs = self.image_rootfs(&snap.image)?;
@@ -432,6 +470,7 @@ impl Engine {
 
     /// Forks `n` children from a running sandbox's current state; the source keeps running.
     pub fn fork(&self, id: &SandboxId, n: usize) -> Result<ForkOutcome> {
+        let _busy = self.in_progress()?;
         if n == 0 || n > self.cfg.max_fork {
             return Err(Error::InvalidInput(format!(
                 "fork count {n} is out of range: ask for 1 to {} children (BRANCHBOX_MAX_FORK raises the limit)",
@@ -570,6 +609,7 @@ impl Engine {
     /// The file listing of a snapshot: read from `manifest.json` beside its data, or made once
     /// by starting the snapshot headless (unrecorded) and walking its tree.
     pub fn manifest(&self, snap: &Snapshot) -> Result<Vec<branchbox_protocol::FileStat>> {
+        let _busy = self.in_progress()?;
         let dir = self.snapshot_dir(&snap.id);
         let path = dir.join("manifest.json");
         if let Ok(bytes) = std::fs::read(&path) {

@@ -50,6 +50,7 @@ fn remove(p: &Path) -> Result<()> {
 
 /// Collects garbage in the engine's data directory.
 pub fn collect(engine: &Engine, dry_run: bool) -> Result<GcReport> {
+    let _only_gc = engine.exclusive()?;
     let mut r = GcReport { dry_run, ..GcReport::default() };
     let now = now_ms();
     for s in engine.snapshots()? {
