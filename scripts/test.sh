@@ -34,7 +34,7 @@ echo "== image"
 ./target/debug/branchbox --data-dir "$work/bench" image build
 
 echo "== tests"
-cargo test --workspace -- --test-threads=2
+cargo test --workspace --no-fail-fast -- --test-threads=2
 
 echo "== benchmarks (short; figures are reported, not asserted)"
 bb="./target/debug/branchbox --data-dir $work/bench"

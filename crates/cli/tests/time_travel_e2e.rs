@@ -7,14 +7,18 @@ use common::*;
 use std::collections::BTreeMap;
 
 fn json(args: &[&str]) -> serde_json::Value {
+    json_in(data_dir(), args)
+}
+
+fn json_in(dir: &std::path::Path, args: &[&str]) -> serde_json::Value {
     let mut full = vec!["--json"];
     full.extend_from_slice(args);
-    serde_json::from_str(&ok(&full)).expect("json output")
+    serde_json::from_str(&ok_in(dir, &full)).expect("json output")
 }
 
 fn start_counter(s: &Sandbox) {
     put_text(s, "/root/counter.py", COUNTER);
-    ok(&["spawn", &s.0, "--", "python3", "/root/counter.py"]);
+    ok_in(&s.1, &["spawn", &s.0, "--", "python3", "/root/counter.py"]);
 }
 
 #[test]
@@ -123,63 +127,61 @@ fn deleting_a_snapshot_with_descendants_needs_cascade_and_keeps_the_lineage() {
 
 #[test]
 fn expired_snapshots_are_collected_and_others_kept() {
-    let s = Sandbox::new();
-    let short = ok(&["snapshot", &s.0, "--ttl", "1"]).trim().to_string();
-    let keep = ok(&["snapshot", &s.0]).trim().to_string();
+    let dir = private_dir("ttl");
+    let (a, b) = (Sandbox::new_in(&dir), Sandbox::new_in(&dir));
+    let lone = ok_in(&dir, &["snapshot", &a.0, "--ttl", "1"]).trim().to_string();
+    let chained = ok_in(&dir, &["snapshot", &b.0, "--ttl", "1"]).trim().to_string();
+    let keep = ok_in(&dir, &["snapshot", &b.0]).trim().to_string();
     std::thread::sleep(std::time::Duration::from_millis(1500));
-    let dry = json(&["gc", "--dry-run"]);
-    assert!(dry["expired_snapshots"].as_array().unwrap().iter().any(|x| x == short.as_str()));
-    assert!(data_dir().join("snapshots").join(&short).exists(), "dry run deleted data");
-    let r = json(&["gc"]);
-    let collected: Vec<&str> =
-        r["expired_snapshots"].as_array().unwrap().iter().filter_map(|x| x.as_str()).collect();
-    let kept: Vec<&str> =
-        r["kept_with_descendants"].as_array().unwrap().iter().filter_map(|x| x.as_str()).collect();
-    assert!(kept.contains(&short.as_str()) || collected.contains(&short.as_str()), "{r}");
-    assert!(!collected.contains(&keep.as_str()));
-    let restored = Sandbox::adopt(&ok(&["restore", &keep]));
+    let dry = json_in(&dir, &["gc", "--dry-run"]);
+    let expired: Vec<&str> =
+        dry["expired_snapshots"].as_array().unwrap().iter().filter_map(|x| x.as_str()).collect();
+    assert!(expired.contains(&lone.as_str()) && expired.contains(&chained.as_str()), "{dry}");
+    assert!(dir.join("snapshots").join(&lone).exists(), "a dry run deleted data");
+    let r = json_in(&dir, &["gc"]);
+    assert_eq!(r["expired_snapshots"], serde_json::json!([lone]), "{r}");
+    assert_eq!(r["kept_with_descendants"], serde_json::json!([chained]), "{r}");
+    assert!(!dir.join("snapshots").join(&lone).exists(), "expired data kept");
+    let err = String::from_utf8_lossy(&run_in(&dir, &["restore", &lone]).stderr).into_owned();
+    assert!(err.contains("deleted"), "{err}");
+    let restored = Sandbox(ok_in(&dir, &["restore", &keep]).trim().to_string(), dir.clone());
     assert_eq!(restored.sh("echo ok").trim(), "ok");
 }
 
 #[test]
 fn kill_9_mid_checkpoint_never_lists_a_half_written_snapshot() {
-    let s = Sandbox::new();
+    let dir = private_dir("kill9");
+    let s = Sandbox::new_in(&dir);
     start_counter(&s);
-    let shim_pid: i32 = std::fs::read_to_string(data_dir().join("sandboxes").join(&s.0).join("shim.pid"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    let before: usize = json(&["snapshots"]).as_array().unwrap().len();
-    let mut cli = bb().args(["checkpoint", &s.0]).spawn().unwrap();
+    let shim_pid = std::fs::read_to_string(dir.join("sandboxes").join(&s.0).join("shim.pid")).unwrap();
+    let mut cli = bb_in(&dir).args(["checkpoint", &s.0]).spawn().unwrap();
     std::thread::sleep(std::time::Duration::from_millis(120));
     let _ = cli.kill();
     let _ = cli.wait();
     // Kill the shim too: the sandbox dies mid-checkpoint, the hardest case for the store.
-    let _ = std::process::Command::new("kill").args(["-9", &shim_pid.to_string()]).status();
-    let snaps = json(&["snapshots"]);
-    for snap in snaps.as_array().unwrap().iter().filter(|x| x["deleted_ms"].is_null()) {
+    let _ = std::process::Command::new("kill").args(["-9", shim_pid.trim()]).status();
+    let snaps = json_in(&dir, &["snapshots"]);
+    for snap in snaps.as_array().unwrap() {
         let id = snap["id"].as_str().unwrap();
         assert!(
-            data_dir().join("snapshots").join(id).join("checkpoint").join("checkpoint.img").is_file(),
+            dir.join("snapshots").join(id).join("checkpoint").join("checkpoint.img").is_file(),
             "listed snapshot {id} has no data"
         );
+        assert_eq!(ok_in(&dir, &["restore", id]).trim().len(), 20, "listed snapshot {id} does not restore");
     }
-    assert!(snaps.as_array().unwrap().len() <= before + 1);
-    // Other tests share the data directory; only what existed when gc started is its business
-    // (gc waits for snapshots in progress, so those end recorded).
-    let gc_started = std::time::SystemTime::now();
-    let gc = json(&["gc"]);
+    let gc = json_in(&dir, &["gc"]);
     assert!(gc["lost_sandboxes"].as_array().unwrap().iter().any(|x| x == s.0.as_str()), "{gc}");
-    let listed = json(&["snapshots"]);
-    let leftovers: Vec<String> = std::fs::read_dir(data_dir().join("snapshots"))
+    let listed = json_in(&dir, &["snapshots"]);
+    let leftovers: Vec<String> = std::fs::read_dir(dir.join("snapshots"))
         .unwrap()
         .flatten()
-        .filter(|e| e.metadata().and_then(|m| m.modified()).is_ok_and(|t| t < gc_started))
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|n| !listed.as_array().unwrap().iter().any(|x| x["id"] == n.as_str()))
         .collect();
     assert!(leftovers.is_empty(), "gc left interrupted snapshot dirs: {leftovers:?}");
+    for v in json_in(&dir, &["ls"]).as_array().unwrap() {
+        ok_in(&dir, &["kill", v["id"].as_str().unwrap()]);
+    }
     std::mem::forget(s);
 }
 
@@ -292,20 +294,21 @@ fn diff_lists_files_added_changed_and_removed_between_snapshots() {
 
 #[test]
 fn gc_running_beside_forks_and_snapshots_never_takes_their_work_in_progress() {
-    let s = Sandbox::new();
+    let dir = private_dir("gcrace");
+    let s = Sandbox::new_in(&dir);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flag = std::sync::Arc::clone(&stop);
+    let (flag, gc_dir) = (std::sync::Arc::clone(&stop), dir.clone());
     let collector = std::thread::spawn(move || {
         while !flag.load(std::sync::atomic::Ordering::SeqCst) {
-            ok(&["gc"]);
+            ok_in(&gc_dir, &["gc"]);
         }
     });
     for _ in 0..3 {
-        let v = json(&["fork", &s.0]);
-        let kid = Sandbox::adopt(v["children"][0]["id"].as_str().expect("child"));
+        let v = json_in(&dir, &["fork", &s.0]);
+        let kid = Sandbox(v["children"][0]["id"].as_str().expect("child").to_string(), dir.clone());
         assert_eq!(kid.sh("echo up").trim(), "up");
-        let snap = ok(&["snapshot", &s.0]).trim().to_string();
-        assert!(data_dir().join("snapshots").join(&snap).join("checkpoint").is_dir());
+        let snap = ok_in(&dir, &["snapshot", &s.0]).trim().to_string();
+        assert!(dir.join("snapshots").join(&snap).join("checkpoint").is_dir());
     }
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     collector.join().expect("gc thread");

@@ -7,19 +7,36 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
-/// The test run's data directory, with the image built once for all tests.
-pub fn data_dir() -> &'static Path {
+fn shared_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let base =
             std::env::var_os("BRANCHBOX_TEST_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
-        std::fs::create_dir_all(&base).expect("test dir");
         let dir = base.join(format!("bbt-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("data dir");
-        let out = bb_in(&dir).args(["image", "build"]).output().expect("run branchbox");
-        assert!(out.status.success(), "image build failed: {}", String::from_utf8_lossy(&out.stderr));
         dir
     })
+}
+
+/// The test run's data directory, with the image built once for all tests.
+pub fn data_dir() -> &'static Path {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    let dir = shared_dir();
+    BUILT.get_or_init(|| {
+        let out = bb_in(dir).args(["image", "build"]).output().expect("run branchbox");
+        assert!(out.status.success(), "image build failed: {}", String::from_utf8_lossy(&out.stderr));
+    });
+    dir
+}
+
+/// A data directory of one test's own (for tests that must see the whole directory, as gc
+/// does), sharing the image cache.
+pub fn private_dir(name: &str) -> PathBuf {
+    let shared = data_dir();
+    let dir =
+        shared.with_file_name(format!("{}-{name}", shared.file_name().unwrap_or_default().to_string_lossy()));
+    std::fs::create_dir_all(&dir).expect("private data dir");
+    dir
 }
 
 fn target_dir() -> PathBuf {
@@ -37,6 +54,11 @@ pub fn bb_in(dir: &Path) -> Command {
         );
     }
     let mut c = Command::new(env!("CARGO_BIN_EXE_branchbox"));
+    // Every test data directory shares one image cache: the shared directory's, unless the
+    // environment names one.
+    if std::env::var_os("BRANCHBOX_IMAGES").is_none() {
+        c.env("BRANCHBOX_IMAGES", shared_dir().join("images"));
+    }
     c.env("BRANCHBOX_DATA", dir)
         .env("BRANCHBOX_AGENT", t.join("branchbox-agent"))
         .env("BRANCHBOX_SHIM", t.join("branchbox-shim"))
@@ -51,12 +73,22 @@ pub fn bb() -> Command {
 
 /// Runs `branchbox args...` and returns its output.
 pub fn run(args: &[&str]) -> Output {
-    bb().args(args).output().expect("run branchbox")
+    run_in(data_dir(), args)
+}
+
+/// Runs `branchbox args...` on data directory `dir`.
+pub fn run_in(dir: &Path, args: &[&str]) -> Output {
+    bb_in(dir).args(args).output().expect("run branchbox")
 }
 
 /// Runs `branchbox args...`, asserting success, and returns stdout as text.
 pub fn ok(args: &[&str]) -> String {
-    let out = run(args);
+    ok_in(data_dir(), args)
+}
+
+/// As [`ok`], on data directory `dir`.
+pub fn ok_in(dir: &Path, args: &[&str]) -> String {
+    let out = run_in(dir, args);
     assert!(
         out.status.success(),
         "branchbox {args:?} failed ({}): {}",
@@ -77,34 +109,39 @@ pub fn fails(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// A sandbox killed when dropped.
-pub struct Sandbox(pub String);
+/// A sandbox (id, data directory) killed when dropped.
+pub struct Sandbox(pub String, pub PathBuf);
 
 impl Sandbox {
-    /// Creates one.
+    /// Creates one in the shared data directory.
     pub fn new() -> Sandbox {
-        Sandbox(ok(&["create", "--backend", "gvisor"]).trim().to_string())
+        Sandbox::new_in(data_dir())
     }
 
-    /// Adopts an existing id.
+    /// Creates one in data directory `dir`.
+    pub fn new_in(dir: &Path) -> Sandbox {
+        Sandbox(ok_in(dir, &["create", "--backend", "gvisor"]).trim().to_string(), dir.to_path_buf())
+    }
+
+    /// Adopts an existing id of the shared data directory.
     pub fn adopt(id: &str) -> Sandbox {
-        Sandbox(id.trim().to_string())
+        Sandbox(id.trim().to_string(), data_dir().to_path_buf())
     }
 
     /// Runs a shell line inside; asserts success; returns stdout.
     pub fn sh(&self, line: &str) -> String {
-        ok(&["exec", &self.0, "-s", "--", line])
+        ok_in(&self.1, &["exec", &self.0, "-s", "--", line])
     }
 
     /// Runs a shell line inside and returns the whole output.
     pub fn sh_output(&self, line: &str) -> Output {
-        run(&["exec", &self.0, "-s", "--", line])
+        run_in(&self.1, &["exec", &self.0, "-s", "--", line])
     }
 }
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
-        let _ = run(&["kill", &self.0]);
+        let _ = run_in(&self.1, &["kill", &self.0]);
     }
 }
 
@@ -147,7 +184,7 @@ while True:
 "#;
 
 pub fn put_text(s: &Sandbox, path: &str, text: &str) {
-    let mut child = bb()
+    let mut child = bb_in(&s.1)
         .args(["files", "put", &s.0, "-", path])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
