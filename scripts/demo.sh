@@ -18,7 +18,11 @@ echo "== image (debootstrap the first time, about a minute; then cached)"
 $bb image build
 
 sandboxes=()
-cleanup() { [ ${#sandboxes[@]} -eq 0 ] || $bb kill "${sandboxes[@]}" >/dev/null 2>&1 || true; }
+forkpoint=
+cleanup() {
+    [ ${#sandboxes[@]} -eq 0 ] || $bb kill "${sandboxes[@]}" >/dev/null 2>&1 || true
+    [ -z "$forkpoint" ] || $bb rmsnap --cascade "$forkpoint" >/dev/null 2>&1 || true
+}
 trap cleanup EXIT
 
 echo "== create a sandbox and run Python in it"
@@ -54,6 +58,7 @@ for i in "${!kids[@]}"; do
     echo "child $i ($k): count $($bb exec "$k" -- cat /tmp/count), hostname $($bb exec "$k" -- hostname), /root/mine: $($bb exec "$k" -- cat /root/mine)"
 done
 echo "source: count $($bb exec "$src" -- cat /tmp/count), /root/mine: $($bb exec "$src" -s -- 'cat /root/mine 2>/dev/null || echo absent')"
-echo "== lineage"
-$bb ls
+forkpoint=$($bb --json ls | python3 -c "import json,sys; print([s['parent_snapshot'] for s in json.load(sys.stdin) if s['id']=='$src'][0])")
+echo "== lineage (the fork point with the source and its three children)"
+$bb log | grep -A4 "$forkpoint"
 echo "== done (sandboxes are destroyed on exit)"

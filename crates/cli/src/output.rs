@@ -31,7 +31,6 @@ pub fn error(json: bool, e: &anyhow::Error) {
 /// A progress reporter: a spinner on a terminal, plain lines otherwise.
 pub struct Progress {
     bar: Option<ProgressBar>,
-    last_kind: String,
     last_line: Option<std::time::Instant>,
 }
 
@@ -47,7 +46,7 @@ impl Progress {
             b.enable_steady_tick(Duration::from_millis(120));
             b
         });
-        Progress { bar, last_kind: String::new(), last_line: None }
+        Progress { bar, last_line: None }
     }
 
     /// Reports one step.
@@ -55,13 +54,14 @@ impl Progress {
         match &self.bar {
             Some(b) => b.set_message(msg.to_string()),
             None => {
-                // Without a terminal, print a line when the kind of step changes or every few
-                // seconds, so logs show progress without one line per package.
-                let kind = msg.split_whitespace().next().unwrap_or_default().to_string();
-                let due = self.last_line.is_none_or(|t| t.elapsed() > Duration::from_secs(5));
-                if kind != self.last_kind || due {
+                // Without a terminal, per-package steps are printed at most every few seconds
+                // (logs show progress without one line per package); other steps always.
+                let per_package = ["Retrieving", "Validating", "Extracting", "Unpacking", "Configuring"]
+                    .iter()
+                    .any(|p| msg.starts_with(p) && msg.contains(' ') && !msg.ends_with("..."));
+                let due = self.last_line.is_none_or(|t| t.elapsed() > Duration::from_secs(3));
+                if !per_package || due {
                     eprintln!("  {msg}");
-                    self.last_kind = kind;
                     self.last_line = Some(std::time::Instant::now());
                 }
             }
