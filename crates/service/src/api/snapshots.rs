@@ -32,15 +32,7 @@ pub async fn take(
     Path(id): Path<String>,
     ApiJson(req): ApiJson<TakeSnapshot>,
 ) -> Noted<SnapshotInfo> {
-    let id = sandbox_id(&id)?;
-    let src = id.clone();
-    let snap = st
-        .blocking(move |engine, st| {
-            let opts = SnapshotOptions { kind: SnapshotKind::Snapshot, name: req.name.as_deref(), ttl: None };
-            st.exclusive(&id, || Ok(SnapshotInfo::from(&engine.snapshot(&id, &opts)?)))
-        })
-        .await?;
-    Ok((StatusCode::CREATED, Extension(noted(src.as_str(), &snap)), Json(snap)))
+    capture(st, &id, SnapshotKind::Snapshot, req.name).await
 }
 
 /// Takes a checkpoint of a running sandbox, for a later in-place rollback.
@@ -52,11 +44,17 @@ pub async fn checkpoint(
     Path(id): Path<String>,
     ApiJson(req): ApiJson<TakeSnapshot>,
 ) -> Noted<SnapshotInfo> {
-    let id = sandbox_id(&id)?;
+    capture(st, &id, SnapshotKind::Checkpoint, req.name).await
+}
+
+/// Takes a snapshot of `kind` under the sandbox's lock and notes it for the audit log.
+async fn capture(st: AppState, id: &str, kind: SnapshotKind, name: Option<String>) -> Noted<SnapshotInfo> {
+    let id = sandbox_id(id)?;
     let src = id.clone();
     let snap = st
         .blocking(move |engine, st| {
-            st.exclusive(&id, || Ok(SnapshotInfo::from(&engine.checkpoint(&id, req.name.as_deref())?)))
+            let opts = SnapshotOptions { kind, name: name.as_deref(), ttl: None };
+            st.exclusive(&id, || Ok(SnapshotInfo::from(&engine.snapshot(&id, &opts)?)))
         })
         .await?;
     Ok((StatusCode::CREATED, Extension(noted(src.as_str(), &snap)), Json(snap)))
