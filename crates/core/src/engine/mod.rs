@@ -14,6 +14,8 @@ use branchbox_store::Store;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
+mod storage;
+
 /// Which backend a new sandbox should use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BackendChoice {
@@ -519,127 +521,5 @@ impl Engine {
             backend.destroy(id, &self.sandbox_dir(id))?;
         }
         self.store.delete_sandbox(id)
-    }
-
-    /// Deletes a snapshot's data. Refused when other snapshots descend from it, unless
-    /// `cascade` (which deletes them first). The row stays as a tombstone while sandboxes or
-    /// snapshots still name it as their parent, so the lineage keeps its shape.
-    pub fn delete_snapshot(&self, id_or_name: &str, cascade: bool) -> Result<Vec<SnapshotId>> {
-        let snap = self.store.snapshot(id_or_name)?;
-        let mut deleted = Vec::new();
-        self.delete_tree(&snap, cascade, &mut deleted)?;
-        Ok(deleted)
-    }
-
-    fn delete_tree(&self, snap: &Snapshot, cascade: bool, deleted: &mut Vec<SnapshotId>) -> Result<()> {
-        let live: Vec<Snapshot> =
-            self.store.child_snapshots(&snap.id)?.into_iter().filter(|c| c.deleted_ms.is_none()).collect();
-        if !live.is_empty() && !cascade {
-            let ids: Vec<String> = live.iter().map(|c| c.id.to_string()).collect();
-            return Err(Error::Conflict(format!(
-                "snapshot {} has {} descendant snapshot(s) ({}); delete those first or pass --cascade",
-                snap.id,
-                ids.len(),
-                ids.join(", ")
-            )));
-        }
-        for child in &live {
-            self.delete_tree(child, cascade, deleted)?;
-        }
-        let dir = self.snapshot_dir(&snap.id);
-        if self.store.has_dependents(&snap.id)? {
-            self.store.tombstone_snapshot(&snap.id, now_ms())?;
-        } else {
-            self.store.delete_snapshot(&snap.id)?;
-        }
-        match std::fs::remove_dir_all(&dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::io(&dir, e)),
-            _ => {}
-        }
-        if snap.deleted_ms.is_none() {
-            deleted.push(snap.id.clone());
-        }
-        Ok(())
-    }
-
-    /// Points ref `name` at a snapshot (moving it if it exists).
-    pub fn set_ref(&self, name: &str, snapshot: &str) -> Result<Snapshot> {
-        let snap = self.usable_snapshot(snapshot)?;
-        if SnapshotId::parse(name).is_ok() || name.is_empty() || name.len() > 128 {
-            return Err(Error::InvalidInput(format!("invalid ref name {name:?}")));
-        }
-        self.store.set_ref(name, &snap.id, now_ms())?;
-        Ok(snap)
-    }
-
-    /// Every ref as (name, snapshot id).
-    pub fn refs(&self) -> Result<Vec<(String, String)>> {
-        self.store.refs()
-    }
-
-    /// Removes a ref.
-    pub fn delete_ref(&self, name: &str) -> Result<()> {
-        if self.store.delete_ref(name)? {
-            Ok(())
-        } else {
-            Err(Error::not_found("ref", name, "`branchbox ref ls` lists refs"))
-        }
-    }
-
-    /// Every sandbox record (no liveness probe).
-    pub fn sandbox_records(&self) -> Result<Vec<Sandbox>> {
-        self.store.sandboxes()
-    }
-
-    /// The data directory of a snapshot.
-    pub fn snapshot_path(&self, id: &SnapshotId) -> PathBuf {
-        self.snapshot_dir(id)
-    }
-
-    /// Destroys whatever runtime a sandbox directory without a record still has.
-    pub fn destroy_orphan(&self, id: &SandboxId) -> Result<()> {
-        self.gvisor.destroy(id, &self.sandbox_dir(id))
-    }
-
-    /// The id the default image has with the current agent, without building it.
-    pub fn current_image_id(&self) -> Result<String> {
-        branchbox_image::image_id(&Recipe::default(), &self.cfg.agent)
-    }
-
-    /// The file listing of a snapshot: read from `manifest.json` beside its data, or made once
-    /// by starting the snapshot headless (unrecorded) and walking its tree.
-    pub fn manifest(&self, snap: &Snapshot) -> Result<Vec<branchbox_protocol::FileStat>> {
-        let _busy = self.in_progress()?;
-        let dir = self.snapshot_dir(&snap.id);
-        let path = dir.join("manifest.json");
-        if let Ok(bytes) = std::fs::read(&path) {
-            if let Ok(entries) = serde_json::from_slice(&bytes) {
-                return Ok(entries);
-            }
-        }
-        let backend = self.backend(snap.backend)?;
-        let plan = self.plan(SandboxId::generate(), self.image_rootfs(&snap.image)?, snap.limits);
-        let walked = backend.restore(&dir, &plan).and_then(|_| {
-            let exclude: Vec<String> = crate::diff::NOT_WALKED.iter().map(|s| s.to_string()).collect();
-            backend.connect(&plan.dir)?.walk("/", &exclude).map_err(|e| Error::Backend(e.to_string()))
-        });
-        let _ = backend.destroy(&plan.id, &plan.dir);
-        let entries = walked?;
-        let tmp = dir.join("manifest.json.tmp");
-        let text = serde_json::to_vec(&entries).map_err(|e| Error::Backend(e.to_string()))?;
-        std::fs::write(&tmp, text)
-            .and_then(|()| std::fs::rename(&tmp, &path))
-            .map_err(|e| Error::io(&path, e))?;
-        Ok(entries)
-    }
-
-    /// The lineage forest of every snapshot and sandbox.
-    pub fn lineage(&self) -> Result<Vec<crate::lineage::Node>> {
-        Ok(crate::lineage::build(self.store.snapshots()?, self.store.sandboxes()?, self.store.refs()?))
-    }
-
-    /// The runtime directory of a sandbox.
-    pub fn sandbox_path(&self, id: &SandboxId) -> PathBuf {
-        self.sandbox_dir(id)
     }
 }
