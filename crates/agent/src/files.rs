@@ -75,29 +75,30 @@ pub fn read(path: &str, emit: &mut dyn FnMut(&[u8])) -> Result<u64, Failure> {
     }
 }
 
-/// Writes the chunks arriving on `chunks` (ended by `None`) to `path`.
-pub fn write(
-    path: &str,
-    mode: Option<u32>,
-    append: bool,
-    parents: bool,
-    chunks: &Receiver<Option<Vec<u8>>>,
-) -> Result<u64, Failure> {
-    let result = write_inner(path, mode, append, parents, chunks);
+/// Where and how a `write_file` request writes.
+pub struct WriteTarget<'a> {
+    /// Absolute path.
+    pub path: &'a str,
+    /// Permission bits; 0o644 when absent.
+    pub mode: Option<u32>,
+    /// Append instead of replacing atomically.
+    pub append: bool,
+    /// Create missing parent directories.
+    pub parents: bool,
+}
+
+/// Writes the chunks arriving on `chunks` (ended by `None`) to `target`. On failure the rest of
+/// the stream is drained, so the connection stays in step.
+pub fn write(target: &WriteTarget<'_>, chunks: &Receiver<Option<Vec<u8>>>) -> Result<u64, Failure> {
+    let result = write_stream(target, chunks);
     if result.is_err() {
-        // Drain the rest of the stream so the connection stays in step.
         while let Ok(Some(_)) = chunks.recv() {}
     }
     result
 }
 
-fn write_inner(
-    path: &str,
-    mode: Option<u32>,
-    append: bool,
-    parents: bool,
-    chunks: &Receiver<Option<Vec<u8>>>,
-) -> Result<u64, Failure> {
+fn write_stream(t: &WriteTarget<'_>, chunks: &Receiver<Option<Vec<u8>>>) -> Result<u64, Failure> {
+    let (path, mode, append, parents) = (t.path, t.mode, t.append, t.parents);
     let p = check_path(path)?;
     let mode = mode.unwrap_or(0o644) & 0o7777;
     let dir = p.parent().ok_or_else(|| Failure::new(ErrorCode::BadRequest, "cannot write to /"))?;

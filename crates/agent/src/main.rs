@@ -180,9 +180,8 @@ impl Agent {
             Request::ReadFile { path } => files::read(&path, &mut |c| self.out.send(id, &Response::Data, c))
                 .map(|size| Response::FileEnd { size }),
             Request::WriteFile { path, mode, append, parents } => match stream {
-                Some(rx) => {
-                    files::write(&path, mode, append, parents, &rx).map(|size| Response::Written { size })
-                }
+                Some(rx) => files::write(&files::WriteTarget { path: &path, mode, append, parents }, &rx)
+                    .map(|size| Response::Written { size }),
                 None => Err(Failure::new(ErrorCode::BadRequest, "write_file needs a data stream")),
             },
             Request::ListDir { path } => {
