@@ -18,6 +18,7 @@ pub mod fork;
 pub mod hypervisor;
 pub mod layers;
 pub mod memory;
+mod reaper;
 pub mod snapshot;
 pub mod testguest;
 pub mod vm;

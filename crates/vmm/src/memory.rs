@@ -22,6 +22,10 @@ use std::sync::Mutex;
 /// Host page size assumed for accounting and sparse writes.
 pub const PAGE_SIZE: usize = 4096;
 
+/// Runs of at least this many pages are moved out of guest RAM to be freed off the VM's
+/// path; freeing fewer in place costs less than the move's system call and mapping.
+pub const MOVE_OUT_PAGES: u64 = 16;
+
 /// One contiguous range of guest RAM starting at guest-physical address 0.
 pub struct GuestRam {
     addr: *mut u8,
@@ -114,6 +118,11 @@ impl GuestRam {
     /// Maps `len` pages of `file` from file page `file_page` over guest page `page`,
     /// private and copy-on-write, and keeps them out of forked writer processes.
     pub fn map_pages(&self, page: u64, len: u64, file: &File, file_page: u64) -> Result<()> {
+        // MAP_FIXED would free the private copies it replaces right here; moved out first,
+        // they are freed off the VM's path.
+        if len >= MOVE_OUT_PAGES {
+            self.move_out(page, len)?;
+        }
         self.map_pages_raw(page, len, file, file_page)?;
         self.set_forkable(page, len, false)
     }
@@ -137,10 +146,63 @@ impl GuestRam {
         Ok(())
     }
 
-    /// Drops the private copies of `len` pages from guest page `page` (`MADV_DONTNEED`):
-    /// their next access sees the layer file again.
+    /// Drops the private copies of `len` pages from guest page `page`: their next access
+    /// sees the layer file again. Runs of at least [`MOVE_OUT_PAGES`] are moved out of the
+    /// mapping and freed by the reaper thread (see [`crate::reaper`]); shorter ones, and
+    /// runs `mremap` cannot move (one spanning two mappings), are freed here
+    /// (`MADV_DONTNEED`).
     pub fn drop_pages(&self, page: u64, len: u64) -> Result<()> {
+        if len >= MOVE_OUT_PAGES && self.move_out(page, len)? {
+            return Ok(());
+        }
         self.advise(page, len, libc::MADV_DONTNEED, "madvise MADV_DONTNEED")
+    }
+
+    /// Moves the page table entries of `len` pages from guest page `page` to a new host
+    /// range (`mremap` with `MREMAP_DONTUNMAP`): the guest range stays mapped as it was,
+    /// empty, so it shows its file pages (zeros on anonymous RAM), and the moved range goes
+    /// to the reaper. KVM's MMU notifier drops what it had mapped from the old pages. The
+    /// destination has the source's offset within a 2 MiB block, so whole page tables move
+    /// (one entry per 2 MiB) instead of one entry per page. `false` when the kernel refused
+    /// the move (nothing changed).
+    fn move_out(&self, page: u64, len: u64) -> Result<bool> {
+        const BLOCK: usize = 2 << 20;
+        let start = self.page_range(page, len)?;
+        let bytes = len as usize * PAGE_SIZE;
+        let span = bytes + BLOCK;
+        // SAFETY: a new inaccessible mapping at an address the kernel chooses, owned here.
+        let area = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                span,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if area == libc::MAP_FAILED {
+            return Ok(false);
+        }
+        // SAFETY: a range inside the mapping this value owns (checked above).
+        let old = unsafe { self.addr.add(start) };
+        let mut dest = (area as usize & !(BLOCK - 1)) + (old as usize & (BLOCK - 1));
+        if dest < area as usize {
+            dest += BLOCK;
+        }
+        // SAFETY: moves our own pages into the area just reserved (dest..dest+bytes lies
+        // inside it); the C library passes the fifth argument on, so it is always given.
+        let moved = unsafe {
+            let flags = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP;
+            libc::mremap(old.cast(), bytes, bytes, flags, dest as *mut libc::c_void)
+        };
+        if moved == libc::MAP_FAILED {
+            // SAFETY: the reservation made above, still untouched.
+            unsafe { libc::munmap(area, span) };
+            return Ok(false);
+        }
+        crate::reaper::free(area as usize, span);
+        Ok(true)
     }
 
     /// Whether a `fork` copies these pages into the child (`MADV_DOFORK`) or leaves them
@@ -434,5 +496,50 @@ impl crate::snapshot::Snapshottable for GuestRam {
             )));
         }
         self.map_chain(ctx.chain())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{GuestRam, MOVE_OUT_PAGES, PAGE_SIZE};
+    use std::io::Write;
+
+    /// A RAM of `pages` pages over a layer whose page `i` holds byte `i + 1` throughout.
+    fn ram_over_layer(pages: u64) -> (GuestRam, tempfile::NamedTempFile) {
+        let mut layer = tempfile::NamedTempFile::new().expect("layer file");
+        for i in 0..pages {
+            layer.write_all(&[(i + 1) as u8; PAGE_SIZE]).expect("write layer");
+        }
+        let ram = GuestRam::from_layer(layer.as_file(), pages as usize * PAGE_SIZE).expect("map layer");
+        (ram, layer)
+    }
+
+    fn first_byte(ram: &GuestRam, page: u64) -> u8 {
+        let mut b = [0u8; 1];
+        ram.read(page * PAGE_SIZE as u64, &mut b).expect("read");
+        b[0]
+    }
+
+    #[test]
+    fn dropped_runs_long_and_short_show_the_layer_again() {
+        let pages = 4 * MOVE_OUT_PAGES;
+        let (ram, _layer) = ram_over_layer(pages);
+        let long = (3, 2 * MOVE_OUT_PAGES);
+        let short = (long.0 + long.1 + 1, MOVE_OUT_PAGES - 1);
+        for p in 0..pages {
+            ram.write(p * PAGE_SIZE as u64, &[0xee]).expect("write");
+        }
+        // The long run is moved out (asserted: a refused move would fall back silently).
+        assert!(ram.move_out(long.0, long.1).expect("move out"), "mremap refused the move");
+        ram.drop_pages(short.0, short.1).expect("drop");
+        for p in 0..pages {
+            let dropped = [long, short].iter().any(|&(s, l)| p >= s && p < s + l);
+            let want = if dropped { (p + 1) as u8 } else { 0xee };
+            assert_eq!(first_byte(&ram, p), want, "page {p} (dropped: {dropped})");
+        }
+        // Writing a dropped page copies it again; its neighbours keep the layer's content.
+        ram.write(long.0 * PAGE_SIZE as u64, &[0x42]).expect("write again");
+        assert_eq!(first_byte(&ram, long.0), 0x42);
+        assert_eq!(first_byte(&ram, long.0 + 1), (long.0 + 2) as u8);
     }
 }

@@ -43,6 +43,9 @@ pub fn rollback_plan(mapped: &Chain, target: &Chain, dirty: &[u64]) -> Vec<Remap
     let (mp, tp) = (&mapped.merged().pages, &target.merged().pages);
     let (mut i, mut j, mut k) = (0, 0, 0);
     let mut ops: Vec<RemapOp> = Vec::new();
+    // Target source of the last page dropped: a drop run never spans two file pieces, so it
+    // lies in one host mapping and can be moved out whole (`GuestRam::drop_pages`).
+    let mut drop_src = None;
     loop {
         let next = [mp.get(i).map(|s| s.page), tp.get(j).map(|s| s.page), dirty.get(k).copied()]
             .into_iter()
@@ -63,12 +66,12 @@ pub fn rollback_plan(mapped: &Chain, target: &Chain, dirty: &[u64]) -> Vec<Remap
             }
             _ => false,
         };
+        let (layer, file_page) = t.map_or((0, page), |t| (t.layer, t.file_page));
         if unchanged {
             if d {
-                push_drop(&mut ops, page);
+                push_drop(&mut ops, page, (layer, file_page), &mut drop_src);
             }
         } else {
-            let (layer, file_page) = t.map_or((0, page), |t| (t.layer, t.file_page));
             push_map(&mut ops, page, layer, file_page);
         }
     }
@@ -83,9 +86,11 @@ fn take_if(list: &[PageSrc], at: &mut usize, page: u64) -> Option<PageSrc> {
     s
 }
 
-fn push_drop(ops: &mut Vec<RemapOp>, page: u64) {
+fn push_drop(ops: &mut Vec<RemapOp>, page: u64, src: (u32, u64), last: &mut Option<(u32, u64)>) {
+    let continues = matches!(*last, Some((l, f)) if l == src.0 && f + 1 == src.1);
+    *last = Some(src);
     if let Some(RemapOp::Drop { page: p, len }) = ops.last_mut() {
-        if *p + *len == page {
+        if *p + *len == page && continues {
             *len += 1;
             return;
         }
