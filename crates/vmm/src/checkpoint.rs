@@ -213,15 +213,18 @@ impl Vm {
 
     /// Pages written since the head checkpoint: the dirty log, or while logging is off
     /// (head is still what is mapped) the private pages; then logging starts.
-    fn dirty_since_head(&mut self, lineage: &mut Lineage) -> Result<Vec<u64>> {
+    /// Also returns the dirty bitmap read, for [`Vm::clear_dirty_log`] once the writer has
+    /// been forked.
+    fn dirty_since_head(&mut self, lineage: &mut Lineage) -> Result<(Vec<u64>, Vec<u64>)> {
         let host = self.ram().take_host_dirty();
         if lineage.logging {
-            return Ok(dirty::union(&self.take_dirty_log()?, &host));
+            let bitmap = self.dirty_bitmap()?;
+            return Ok((dirty::union(&dirty::bitmap_pages(&bitmap), &host), bitmap));
         }
         let private = self.ram().private_pages()?;
         self.set_dirty_logging(true)?;
         lineage.logging = true;
-        Ok(dirty::union(&private, &host))
+        Ok((dirty::union(&private, &host), Vec::new()))
     }
 
     fn checkpoint_delta(&mut self, mut lineage: Lineage, name: &str, start: Instant) -> Result<Checkpoint> {
@@ -238,7 +241,7 @@ impl Vm {
         refs.push(LayerRef { name: layer.clone(), kind: LayerKind::Delta { id } });
         // CPU state first: saving completes a pending guest access, which may write memory.
         let state = self.save(&mut SaveContext::new(&dir, refs))?;
-        let pages = self.dirty_since_head(lineage)?;
+        let (pages, logged) = self.dirty_since_head(lineage)?;
         lineage.dirty = dirty::union(&lineage.dirty, &pages);
         let n = pages.len() as u64;
         let data_off = data_offset(n);
@@ -292,6 +295,12 @@ impl Vm {
         let writer = Writer::spawn(&plan);
         for &(p, l) in &shared {
             self.ram().set_forkable(p, l, false)?;
+        }
+        // The fork write-protected these pages, so KVM has dropped its mappings of them:
+        // re-arming their dirty logging now costs little. (Not clearing would only make the
+        // next checkpoint write them again.)
+        if !logged.is_empty() {
+            self.clear_dirty_log(&logged)?;
         }
         let writer = writer?;
         let open = OpenLayer {

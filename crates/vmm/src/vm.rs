@@ -16,6 +16,13 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::Arc;
 
+vmm_sys_util::ioctl_iowr_nr!(
+    KVM_CLEAR_DIRTY_LOG,
+    kvm_bindings::KVMIO,
+    0xc0,
+    kvm_bindings::kvm_clear_dirty_log
+);
+
 /// The shape of a VM: what must match between a snapshot and the VM restored from it.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 pub struct VmConfig {
@@ -40,6 +47,9 @@ pub struct Vm {
     /// The layers under this VM's RAM and what was dirtied since; `None` while its RAM is
     /// still anonymous (booted, never snapshotted).
     pub(crate) lineage: Option<Lineage>,
+    /// Whether KVM's manual dirty-log protection is on: reading the log then leaves it and
+    /// the pages' write protection alone until [`Vm::clear_dirty_log`].
+    manual_log: bool,
 }
 
 /// Everything a VM's state holds except memory: VM-wide, vCPU and device state.
@@ -87,7 +97,7 @@ impl Vm {
             .collect::<Result<Vec<_>>>()?;
         let mut mmio = Bus::default();
         mmio.insert(DOORBELL_BASE, DOORBELL_LEN, Box::<Doorbell>::default())?;
-        Ok(Vm { vcpus, core, ram, mmio, pio: Bus::default(), config, lineage: None })
+        Ok(Vm { vcpus, core, ram, mmio, pio: Bus::default(), config, lineage: None, manual_log: false })
     }
 
     /// Builds a fresh VM ready for a guest to be installed: a shell whose vCPUs get the
@@ -133,6 +143,17 @@ impl Vm {
     /// Turns KVM dirty page logging of the RAM slot on or off (re-registers the slot with
     /// only its flags changed; turning it on starts an empty log).
     pub(crate) fn set_dirty_logging(&mut self, on: bool) -> Result<()> {
+        if on && !self.manual_log {
+            // Manual protection lets a checkpoint read the log before its writer's fork and
+            // re-arm it after, when the fork has already dropped KVM's mappings of those
+            // pages (re-arming is then nearly free). Without it the log works as before.
+            let cap = kvm_bindings::kvm_enable_cap {
+                cap: kvm_bindings::KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2,
+                args: [u64::from(kvm_bindings::KVM_DIRTY_LOG_MANUAL_PROTECT_ENABLE), 0, 0, 0],
+                ..Default::default()
+            };
+            self.manual_log = self.core.fd().enable_cap(&cap).is_ok();
+        }
         let region = kvm_userspace_memory_region {
             slot: 0,
             flags: if on { kvm_bindings::KVM_MEM_LOG_DIRTY_PAGES } else { 0 },
@@ -147,10 +168,43 @@ impl Vm {
 
     /// Guest pages KVM logged as written since the last call (dirty logging must be on).
     pub(crate) fn take_dirty_log(&self) -> Result<Vec<u64>> {
+        let bitmap = self.dirty_bitmap()?;
+        self.clear_dirty_log(&bitmap)?;
+        Ok(crate::dirty::bitmap_pages(&bitmap))
+    }
+
+    /// The RAM slot's dirty bitmap (one bit a page). Under manual protection the log keeps
+    /// these bits, and the pages stay writable, until [`clear_dirty_log`](Vm::clear_dirty_log).
+    pub(crate) fn dirty_bitmap(&self) -> Result<Vec<u64>> {
         let size = usize::try_from(self.config.mem_size)
             .map_err(|_| Error::Config("RAM size does not fit".into()))?;
-        let bitmap = self.core.fd().get_dirty_log(0, size).map_err(kvm("KVM_GET_DIRTY_LOG"))?;
-        Ok(crate::dirty::bitmap_pages(&bitmap))
+        self.core.fd().get_dirty_log(0, size).map_err(kvm("KVM_GET_DIRTY_LOG"))
+    }
+
+    /// Under manual protection, clears `bitmap`'s bits from the log and write-protects those
+    /// pages again, so their next write is logged; without it reading the log did both.
+    pub(crate) fn clear_dirty_log(&self, bitmap: &[u64]) -> Result<()> {
+        if !self.manual_log {
+            return Ok(());
+        }
+        let pages = self.config.mem_size / crate::memory::PAGE_SIZE as u64;
+        if (bitmap.len() as u64) * 64 < pages {
+            return Err(Error::Config("dirty bitmap shorter than the RAM slot".into()));
+        }
+        let mut arg = kvm_bindings::kvm_clear_dirty_log {
+            slot: 0,
+            num_pages: u32::try_from(pages).map_err(|_| Error::Config("RAM too large to log".into()))?,
+            first_page: 0,
+            ..Default::default()
+        };
+        arg.__bindgen_anon_1.dirty_bitmap = bitmap.as_ptr() as *mut libc::c_void;
+        // SAFETY: `arg` names slot 0 and a bitmap covering all of its pages, which KVM only
+        // reads.
+        let r = unsafe { vmm_sys_util::ioctl::ioctl_with_ref(self.core.fd(), KVM_CLEAR_DIRTY_LOG(), &arg) };
+        if r < 0 {
+            return Err(kvm("KVM_CLEAR_DIRTY_LOG")(kvm_ioctls::Error::last()));
+        }
+        Ok(())
     }
 
     /// Saves the VM-wide, vCPU and device state; the VM is paused.

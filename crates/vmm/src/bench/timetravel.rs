@@ -78,6 +78,33 @@ fn ratio(figures: &BTreeMap<String, Stats>, ratios: &mut BTreeMap<String, f64>, 
     }
 }
 
+/// The floor of a copy-on-write capture of the first `mib` MiB of guest data, just
+/// dirtied: a `fork` whose child exits at once, with exactly those pages inheritable. It
+/// copies and write-protects their page table entries and makes KVM drop its mappings of
+/// them, as every capture that does not copy the pages must; the clock stops when `fork`
+/// returns in the parent.
+fn capture_floor(vm: &Vm, mib: u64) -> Result<Duration> {
+    let (first, pages) = (DATA_BASE / PAGE, (mib << 20) / PAGE);
+    vm.ram().set_forkable(first, pages, true)?;
+    let start = Instant::now();
+    // SAFETY: the child only calls `_exit`.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: leaves the forked child at once, running nothing.
+        unsafe { libc::_exit(0) };
+    }
+    let took = start.elapsed();
+    let err = std::io::Error::last_os_error();
+    vm.ram().set_forkable(first, pages, false)?;
+    if pid < 0 {
+        return Err(Error::Memory { op: "fork for the capture floor", source: err });
+    }
+    let mut status = 0;
+    // SAFETY: reaps our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    Ok(took)
+}
+
 /// Parameters of [`bench_checkpoint`].
 #[derive(Debug, Clone)]
 pub struct CheckpointBenchOptions {
@@ -133,6 +160,8 @@ pub fn bench_checkpoint(opts: &CheckpointBenchOptions) -> Result<Report> {
             push(&mut samples, format!("checkpoint_{mib}mib"), running);
             push(&mut samples, format!("checkpoint_{mib}mib_pause"), pause);
             push(&mut samples, format!("checkpoint_{mib}mib_durable"), durable);
+            dirty(&mut vm, mib, seq)?;
+            push(&mut samples, format!("capture_floor_{mib}mib"), capture_floor(&vm, mib)?);
 
             dirty(&mut probe, mib, seq)?;
             let t = Instant::now();
@@ -161,6 +190,12 @@ pub fn bench_checkpoint(opts: &CheckpointBenchOptions) -> Result<Report> {
         ratio(
             &figures,
             &mut ratios,
+            &format!("checkpoint_{mib}mib_pause"),
+            &format!("capture_floor_{mib}mib"),
+        );
+        ratio(
+            &figures,
+            &mut ratios,
             &format!("dirty_set_kvm_log_{mib}mib"),
             &format!("dirty_set_pagemap_{mib}mib"),
         );
@@ -171,9 +206,10 @@ pub fn bench_checkpoint(opts: &CheckpointBenchOptions) -> Result<Report> {
         opts.dirty_mib
             .iter()
             .filter_map(|m| Some(format!(
-                "{m} MiB dirtied {:.2} ms (pause {:.2}, durable {:.1})",
+                "{m} MiB dirtied {:.2} ms (pause {:.2}, capture floor {:.2}, durable {:.1})",
                 figures.get(&format!("checkpoint_{m}mib"))?.p50,
                 figures.get(&format!("checkpoint_{m}mib_pause"))?.p50,
+                figures.get(&format!("capture_floor_{m}mib"))?.p50,
                 figures.get(&format!("checkpoint_{m}mib_durable"))?.p50
             )))
             .collect::<Vec<_>>()
@@ -189,6 +225,10 @@ pub fn bench_checkpoint(opts: &CheckpointBenchOptions) -> Result<Report> {
                  layer writer), the guest answers a ping (it runs again), clock stops. _pause: \
                  the time the VM had to stay paused. _durable: until the delta layer and state \
                  file are fsynced and renamed (written by the forked writer while the guest runs). \
+                 capture_floor_NMiB: the guest dirties the same N MiB again, then a fork() of a \
+                 child that exits at once with exactly those pages inheritable (page tables \
+                 copied and write-protected, KVM's mappings of them dropped), clock stops when \
+                 fork returns: what any capture that does not copy the pages costs here. \
                  ref_full_snapshot: the same VM's full snapshot (whole RAM layer written and \
                  fsynced) into a new directory, then a ping. dirty_set_*: on a second VM with \
                  the same N MiB dirtied, KVM_GET_DIRTY_LOG vs a PAGEMAP_SCAN of the private pages \
