@@ -19,6 +19,7 @@ use crate::layers::delta::{data_offset, encode_header, index_bytes, DeltaHeader}
 use crate::layers::writer::{WritePlan, Writer};
 use crate::layers::{rollback_plan, Chain, LayerKind, LayerRef, OpenLayer, RemapOp};
 use crate::memory::{new_layer_name, write_atomic, PAGE_SIZE};
+use crate::snapshot::lifecycle::DirLock;
 use crate::snapshot::{
     format, state_file_name, valid_name, MachineState, SaveContext, Snapshot, Snapshottable,
 };
@@ -43,6 +44,8 @@ pub(crate) struct Lineage {
     /// Whether KVM dirty logging is on; off until the first delta checkpoint, which takes
     /// its dirty set from `/proc/self/pagemap` instead (valid while `head` is `mapped`).
     logging: bool,
+    /// The writer of `head`'s newest layer (and that layer's name), while it may still run.
+    writer: Option<(Writer, String)>,
 }
 
 impl Lineage {
@@ -54,7 +57,26 @@ impl Lineage {
             mapped: Arc::clone(chain),
             dirty: Vec::new(),
             logging: false,
+            writer: None,
         }
+    }
+
+    /// Whether the next checkpoint may extend `head` with a delta: every layer of it is in
+    /// the directory under its name, apart from the newest one while its writer still runs.
+    /// Not so when a writer failed (its layer never got its name) or garbage collection
+    /// removed a layer no snapshot named any more (`snapshot::lifecycle`); the checkpoint
+    /// then writes a full base layer instead of naming a missing one. Called under the
+    /// directory's shared lock, so collection cannot run meanwhile.
+    fn chain_intact(&self) -> bool {
+        let pending = match &self.writer {
+            Some((w, layer)) => match w.poll() {
+                None => Some(layer.as_str()),
+                Some(Ok(())) => None,
+                Some(Err(_)) => return false,
+            },
+            None => None,
+        };
+        self.head.layers().iter().all(|l| Some(l.name.as_str()) == pending || self.dir.join(&l.name).exists())
     }
 }
 
@@ -85,10 +107,18 @@ impl Checkpoint {
         self.pages
     }
 
+    /// The process writing this checkpoint's delta layer (`None` for a base layer, written
+    /// before the checkpoint returned), for supervising it: placing it in a cgroup, or
+    /// killing it. A killed writer fails [`Checkpoint::wait`], and the VM's next checkpoint
+    /// writes a full base layer rather than extend a chain whose newest layer is missing.
+    pub fn writer_pid(&self) -> Option<u32> {
+        self.writer.as_ref().map(Writer::pid)
+    }
+
     /// Waits until the layer's content is complete (not yet durable) and returns the
     /// snapshot, ready to fork or roll back to.
     pub fn ready(&mut self) -> Result<Snapshot> {
-        if let Some(w) = &mut self.writer {
+        if let Some(w) = &self.writer {
             w.ready()?;
         }
         Ok(self.snapshot())
@@ -96,8 +126,8 @@ impl Checkpoint {
 
     /// Waits until the layer and the state file are durable and named (listed by
     /// [`Snapshot::list`]) and returns the snapshot.
-    pub fn wait(mut self) -> Result<Snapshot> {
-        if let Some(w) = &mut self.writer {
+    pub fn wait(self) -> Result<Snapshot> {
+        if let Some(w) = &self.writer {
             w.wait()?;
         }
         Ok(self.snapshot())
@@ -151,8 +181,13 @@ impl Vm {
         if !valid_name(name) {
             return Err(Error::Config(format!("{name:?} is not a snapshot name (letters, digits, - and _)")));
         }
+        // Held until the state file is in place (a delta's writer inherits it): garbage
+        // collection waits for it (`snapshot::lifecycle`).
+        let _lock = DirLock::shared(dir)?;
         match self.lineage.take() {
-            Some(lineage) if lineage.dir == dir => self.checkpoint_delta(lineage, name, start),
+            Some(lineage) if lineage.dir == dir && lineage.chain_intact() => {
+                self.checkpoint_delta(lineage, name, start)
+            }
             other => {
                 let logging = other.as_ref().is_some_and(|l| l.logging);
                 self.lineage = other;
@@ -312,6 +347,7 @@ impl Vm {
         };
         let chain = Arc::new(Chain::extend(&lineage.head, Arc::new(open), Arc::new(pages)));
         lineage.head = Arc::clone(&chain);
+        lineage.writer = Some((writer.clone(), layer));
         Ok(Checkpoint {
             dir,
             name: name.to_string(),
@@ -349,8 +385,9 @@ impl Vm {
             });
         }
         let chain = to.chain();
-        let lineage = self.lineage.take();
+        let mut lineage = self.lineage.take();
         let logging = lineage.as_ref().is_some_and(|l| l.logging);
+        let writer = lineage.as_mut().and_then(|l| l.writer.take());
         let result = match lineage {
             Some(l) if l.mapped.base_layer().name == chain.base_layer().name => {
                 let mut dirty = dirty::union(&l.dirty, &self.ram().take_host_dirty());
@@ -371,6 +408,9 @@ impl Vm {
         };
         let mut lineage = Lineage::new(to.dir(), chain);
         lineage.logging = logging;
+        // Rolled back to a checkpoint whose layer may still be being written: keep watching
+        // its writer, so the next checkpoint may extend the target's chain meanwhile.
+        lineage.writer = writer.filter(|(_, layer)| chain.layers().iter().any(|l| &l.name == layer));
         self.lineage = Some(lineage);
         result
     }

@@ -33,5 +33,6 @@ pub use checkpoint::{fork_live, Checkpoint, LiveFork};
 pub use error::{Error, Result};
 pub use fork::{fork, fork_paused, fork_with, ShellPool};
 pub use hypervisor::Hypervisor;
+pub use snapshot::lifecycle::{collect_garbage, Collected};
 pub use snapshot::{Snapshot, Snapshottable};
 pub use vm::{Vm, VmConfig};

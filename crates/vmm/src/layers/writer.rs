@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use std::ffi::CString;
 use std::fs::File;
 use std::os::unix::io::AsRawFd;
+use std::sync::{Arc, Mutex};
 
 /// Everything the writer process needs, prepared before the fork.
 pub(crate) struct WritePlan {
@@ -40,11 +41,17 @@ pub(crate) struct WritePlan {
     pub state: (File, Vec<u8>, CString, CString),
 }
 
-/// A running writer process.
+/// A writer process. Clones share it (the checkpoint and its VM's lineage both hold one):
+/// whichever waits first reaps the process and records the outcome for the others.
+#[derive(Clone)]
 pub(crate) struct Writer {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     pid: libc::pid_t,
-    ready: Option<File>,
-    status: Option<std::result::Result<(), i32>>,
+    ready: Mutex<Option<File>>,
+    status: Mutex<Option<std::result::Result<(), i32>>>,
 }
 
 /// What each writer exit code means.
@@ -166,12 +173,19 @@ impl Writer {
                 source: std::io::Error::last_os_error(),
             });
         }
-        Ok(Writer { pid, ready: Some(ready), status: None })
+        let inner = Inner { pid, ready: Mutex::new(Some(ready)), status: Mutex::new(None) };
+        Ok(Writer { inner: Arc::new(inner) })
+    }
+
+    /// The writer's process id.
+    pub fn pid(&self) -> u32 {
+        self.inner.pid as u32
     }
 
     /// Blocks until the layer's content is complete (mappable), before it is durable.
-    pub fn ready(&mut self) -> Result<()> {
-        if let Some(mut pipe) = self.ready.take() {
+    pub fn ready(&self) -> Result<()> {
+        let pipe = self.inner.ready.lock().map(|mut r| r.take()).unwrap_or(None);
+        if let Some(mut pipe) = pipe {
             let mut b = [0u8; 1];
             if matches!(std::io::Read::read(&mut pipe, &mut b), Ok(1)) {
                 return Ok(());
@@ -181,48 +195,73 @@ impl Writer {
     }
 
     /// Blocks until the writer exits: the layer and the state file are durable and named.
-    pub fn wait(&mut self) -> Result<()> {
-        let status = match self.status {
-            Some(s) => s,
-            None => {
-                let mut raw = 0;
-                loop {
-                    // SAFETY: waits for our own child.
-                    let r = unsafe { libc::waitpid(self.pid, &mut raw, 0) };
-                    if r == self.pid {
-                        break;
-                    }
-                    if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-                        return Err(Error::Memory {
-                            op: "wait for the checkpoint writer",
-                            source: std::io::Error::last_os_error(),
-                        });
-                    }
-                }
-                let s = if libc::WIFEXITED(raw) && libc::WEXITSTATUS(raw) == 0 {
-                    Ok(())
-                } else if libc::WIFEXITED(raw) {
-                    Err(libc::WEXITSTATUS(raw))
-                } else {
-                    Err(-libc::WTERMSIG(raw))
-                };
-                self.status = Some(s);
-                s
-            }
-        };
-        status.map_err(|code| {
-            Error::Checkpoint(if code < 0 {
-                format!("the layer writer was killed by signal {}", -code)
-            } else {
-                format!("the layer writer failed to {} (exit code {code})", step(code))
-            })
-        })
+    pub fn wait(&self) -> Result<()> {
+        match self.inner.reap(0)? {
+            Some(status) => status_result(status),
+            None => Err(Error::Checkpoint("the layer writer was not reaped".into())),
+        }
+    }
+
+    /// The writer's outcome if it has exited, `None` while it runs; never blocks.
+    pub fn poll(&self) -> Option<Result<()>> {
+        match self.inner.reap(libc::WNOHANG) {
+            Ok(Some(status)) => Some(status_result(status)),
+            Ok(None) => None,
+            Err(e) => Some(Err(e)),
+        }
     }
 }
 
-impl Drop for Writer {
+fn status_result(status: std::result::Result<(), i32>) -> Result<()> {
+    status.map_err(|code| {
+        Error::Checkpoint(if code < 0 {
+            format!("the layer writer was killed by signal {}", -code)
+        } else {
+            format!("the layer writer failed to {} (exit code {code})", step(code))
+        })
+    })
+}
+
+impl Inner {
+    /// `waitpid` with `flags`, once: the recorded outcome afterwards; `None` when `WNOHANG`
+    /// found it still running.
+    fn reap(&self, flags: libc::c_int) -> Result<Option<std::result::Result<(), i32>>> {
+        let mut status = self.status.lock().map_err(|_| Error::Checkpoint("writer state poisoned".into()))?;
+        if let Some(s) = *status {
+            return Ok(Some(s));
+        }
+        let mut raw = 0;
+        loop {
+            // SAFETY: waits for our own child.
+            let r = unsafe { libc::waitpid(self.pid, &mut raw, flags) };
+            if r == self.pid {
+                break;
+            }
+            if r == 0 {
+                return Ok(None);
+            }
+            if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                return Err(Error::Memory {
+                    op: "wait for the checkpoint writer",
+                    source: std::io::Error::last_os_error(),
+                });
+            }
+        }
+        let s = if libc::WIFEXITED(raw) && libc::WEXITSTATUS(raw) == 0 {
+            Ok(())
+        } else if libc::WIFEXITED(raw) {
+            Err(libc::WEXITSTATUS(raw))
+        } else {
+            Err(-libc::WTERMSIG(raw))
+        };
+        *status = Some(s);
+        Ok(Some(s))
+    }
+}
+
+impl Drop for Inner {
     fn drop(&mut self) {
         // Reap the process; an unwaited checkpoint still completes on disk.
-        let _ = self.wait();
+        let _ = self.reap(0);
     }
 }

@@ -5,8 +5,10 @@
 //! checkpoints of one VM share the layers of their chain in one directory. The state is a tree that mirrors the VM:
 //! [`MachineState`] holds the VM-wide KVM state, every vCPU's state, the memory's layer
 //! reference and every device's state, each produced by that part's [`Snapshottable`] impl.
+//! Removing snapshots, flattening chains and collecting unused layers: [`lifecycle`].
 
 pub mod format;
+pub mod lifecycle;
 
 use crate::devices::BusState;
 use crate::error::{Error, Result};
