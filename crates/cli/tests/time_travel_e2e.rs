@@ -219,8 +219,150 @@ fn ten_branches_in_a_row_from_one_live_source_all_work() {
     assert!(ask_count(&s) > 0, "the source stopped");
 }
 
-/// A seeded random walk of writes, checkpoints, rollbacks and forks over several sandboxes,
-/// checked against a model after every step.
+/// The program every sandbox of the random walk runs in the background: a string that lives only
+/// in its memory. Requests arrive as lines on the FIFO /tmp/req: `a TOKEN` appends TOKEN, `q`
+/// answers the string, as one line, on the FIFO /tmp/resp. It blocks in `read` between requests
+/// (no polling), so asking it costs no more than any other exec. The request FIFO is opened
+/// read-write so that it always has a writer: a read blocks instead of seeing end-of-file, and no
+/// request is lost between one client closing the FIFO and the next opening it.
+const MEMORY: &str = r#"
+import os
+req = os.open('/tmp/req', os.O_RDWR)
+mem = ''
+buf = b''
+while True:
+    buf += os.read(req, 4096)
+    while b'\n' in buf:
+        line, buf = buf.split(b'\n', 1)
+        line = line.decode()
+        if line.startswith('a '):
+            mem += line[2:]
+        elif line == 'q':
+            out = os.open('/tmp/resp', os.O_WRONLY)
+            data = (mem + '\n').encode()
+            while data:
+                data = data[os.write(out, data):]
+            os.close(out)
+"#;
+
+/// One shell line, of builtins only (every process started under gVisor costs milliseconds),
+/// that prints /root/state exactly and then what the memory process holds, as
+/// `file=…\nmem=…\n`.
+const REPORT: &str =
+    "s=; if [ -f /root/state ]; then while IFS= read -r l; do s=\"$s$l\n\"; done < /root/state; \
+     s=\"$s$l\"; else s='(no /root/state)'; fi; echo q > /tmp/req; IFS= read -r m < /tmp/resp; \
+     printf 'file=%s\\nmem=%s\\n' \"$s\" \"$m\"";
+
+/// Starts the memory process of [`MEMORY`] in `s`, with an empty /root/state beside it.
+fn start_memory(s: &Sandbox) {
+    put_text(s, "/root/mem.py", MEMORY);
+    s.sh("mkfifo /tmp/req /tmp/resp && : > /root/state");
+    ok_in(&s.1, &["spawn", &s.0, "--", "python3", "/root/mem.py"]);
+}
+
+/// How many steps the random walk takes: the issue asks for at least a thousand.
+const WALK_STEPS: usize = 1000;
+
+/// The most sandboxes (the first one and its forks, and theirs) alive at once in the walk.
+const WALK_BRANCHES: usize = 4;
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum WalkStep {
+    Write,
+    Checkpoint,
+    Rollback,
+    Fork,
+    Kill,
+}
+
+/// Each kind of step's weight, per thousand (a kind that cannot happen at a step is drawn again).
+/// A write costs no exec beyond the step's checks; a checkpoint or a rollback about half a second
+/// and a fork more, so those are rarer, yet each happens often enough in a walk to matter (forks,
+/// bounded by [`WALK_BRANCHES`], happen again once kills make room).
+const WALK_MIX: [(WalkStep, usize); 5] = [
+    (WalkStep::Write, 918),
+    (WalkStep::Checkpoint, 32),
+    (WalkStep::Rollback, 30),
+    (WalkStep::Fork, 12),
+    (WalkStep::Kill, 8),
+];
+
+/// One sandbox of the walk and what the model expects of it.
+struct Branch {
+    sandbox: Sandbox,
+    /// The expected content of /root/state.
+    file: String,
+    /// The expected string in the memory process.
+    mem: String,
+    /// Snapshots of this sandbox it can roll back to (its checkpoints and the fork points taken
+    /// of it): which, its id, and the file and memory it holds.
+    restore_points: Vec<(&'static str, String, String, String)>,
+}
+
+/// Checks every branch against the model with one exec each, all at once. `first`, as (branch,
+/// shell), runs before that branch's report: the step's write, so that a write and its check are
+/// one exec. Panics naming the step, the sandbox, what the model expects and what was seen.
+fn check_branches(branches: &[Branch], step: &str, first: Option<(usize, &str)>, trail: &[String]) {
+    let running: Vec<_> = branches
+        .iter()
+        .enumerate()
+        .map(|(k, b)| {
+            let line = match first {
+                Some((w, pre)) if w == k => format!("{pre} {REPORT}"),
+                _ => REPORT.to_string(),
+            };
+            bb_in(&b.sandbox.1)
+                .args(["exec", &b.sandbox.0, "--timeout", "30", "-s", "--", &line])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("run branchbox exec")
+        })
+        .collect();
+    let outputs: Vec<_> =
+        running.into_iter().map(|c| c.wait_with_output().expect("branchbox exec")).collect();
+    for (k, (b, out)) in branches.iter().zip(outputs).enumerate() {
+        let recent = trail[trail.len().saturating_sub(12)..].join("\n  ");
+        let who = format!("after step {step}, sandbox {} (branch #{k} of {})", b.sandbox.0, branches.len());
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{who}: the check failed ({}): stdout {text:?}, stderr {:?}\nlast steps:\n  {recent}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (file, mem) = text
+            .strip_prefix("file=")
+            .and_then(|t| t.strip_suffix('\n'))
+            .and_then(|t| t.rsplit_once("\nmem="))
+            .unwrap_or_else(|| panic!("{who}: unreadable report {text:?}\nlast steps:\n  {recent}"));
+        assert!(
+            file == b.file && mem == b.mem,
+            "{who} differs from the model:\n  /root/state: expected {:?}, saw {file:?}{}\n  \
+             memory:      expected {:?}, saw {mem:?}{}\nlast steps:\n  {recent}",
+            b.file,
+            verdict(&b.file, file),
+            b.mem,
+            verdict(&b.mem, mem),
+        );
+    }
+}
+
+/// " (same)", or where `seen` first departs from `expected`.
+fn verdict(expected: &str, seen: &str) -> String {
+    if expected == seen {
+        return " (same)".into();
+    }
+    let same = expected.chars().zip(seen.chars()).take_while(|(a, b)| a == b).count();
+    format!(" (DIFFERENT from character {same} on)")
+}
+
+/// A seeded random walk of [`WALK_STEPS`] steps (writes, checkpoints, rollbacks, forks and kills)
+/// over up to [`WALK_BRANCHES`] sandboxes, each with a process that holds a string in memory
+/// only. A write appends a token (unique to its step) to /root/state, to the memory string, or
+/// (mostly) both; a rollback must bring both back to the snapshot's; a fork child must start
+/// with its source's and then go its own way. After every step every sandbox's file and memory
+/// must equal the model's exactly, so nothing written in one branch may show in another.
 #[test]
 fn random_walk_of_writes_checkpoints_rollbacks_and_forks_matches_a_model() {
     let mut seed: u64 = 0x005e_ed0f_b0c5;
@@ -230,47 +372,139 @@ fn random_walk_of_writes_checkpoints_rollbacks_and_forks_matches_a_model() {
         seed ^= seed << 17;
         (seed % n as u64) as usize
     };
+    let started = std::time::Instant::now();
     let first = Sandbox::new();
-    first.sh(": > /root/state");
-    let mut boxes: Vec<(Sandbox, String)> = vec![(first, String::new())];
-    let mut checkpoints: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
-    for step in 0..24 {
-        let i = next(boxes.len());
-        let id = boxes[i].0 .0.clone();
-        match next(4) {
-            0 | 1 => {
+    start_memory(&first);
+    let mut branches =
+        vec![Branch { sandbox: first, file: String::new(), mem: String::new(), restore_points: vec![] }];
+    let mut trail = vec!["start".to_string()];
+    check_branches(&branches, "0 (the start)", None, &trail);
+    let mut counts: BTreeMap<WalkStep, usize> = BTreeMap::new();
+    // Per kind of step: time in its own command, then in the checks after it.
+    let mut spent: BTreeMap<WalkStep, (std::time::Duration, std::time::Duration)> = BTreeMap::new();
+    let (mut file_only, mut mem_only, mut to_fork_points) = (0, 0, 0);
+    for step in 1..=WALK_STEPS {
+        let i = next(branches.len());
+        let kind = loop {
+            let mut roll = next(1000);
+            let (kind, _) = *WALK_MIX
+                .iter()
+                .find(|(_, w)| {
+                    let hit = roll < *w;
+                    roll = roll.saturating_sub(*w);
+                    hit
+                })
+                .expect("the weights add up to a thousand");
+            let possible = match kind {
+                WalkStep::Rollback => !branches[i].restore_points.is_empty(),
+                WalkStep::Fork => branches.len() < WALK_BRANCHES,
+                WalkStep::Kill => branches.len() > 1,
+                WalkStep::Write | WalkStep::Checkpoint => true,
+            };
+            if possible {
+                break kind;
+            }
+        };
+        let id = branches[i].sandbox.0.clone();
+        let t = std::time::Instant::now();
+        let mut write = None;
+        let what = match kind {
+            WalkStep::Write => {
                 let token = format!("{step}.");
-                boxes[i].0.sh(&format!("printf '{token}' >> /root/state"));
-                boxes[i].1.push_str(&token);
+                let (to_file, to_mem) = match next(10) {
+                    0 => (true, false),
+                    1 => (false, true),
+                    _ => (true, true),
+                };
+                let mut line = String::new();
+                if to_file {
+                    line.push_str(&format!("printf %s '{token}' >> /root/state;"));
+                    branches[i].file.push_str(&token);
+                }
+                if to_mem {
+                    line.push_str(&format!("echo 'a {token}' > /tmp/req;"));
+                    branches[i].mem.push_str(&token);
+                }
+                file_only += usize::from(!to_mem);
+                mem_only += usize::from(!to_file);
+                write = Some((i, line));
+                let into = if to_file && to_mem {
+                    "file and memory"
+                } else if to_file {
+                    "file"
+                } else {
+                    "memory"
+                };
+                format!("write {token:?} into the {into} of {id}")
             }
-            2 => {
+            WalkStep::Checkpoint => {
                 let cp = ok(&["checkpoint", &id]).trim().to_string();
-                checkpoints.entry(id).or_default().push((cp, boxes[i].1.clone()));
+                let b = &mut branches[i];
+                b.restore_points.push(("checkpoint", cp.clone(), b.file.clone(), b.mem.clone()));
+                format!("checkpoint {id} as {cp}")
             }
-            _ => match checkpoints.get(&id).filter(|c| !c.is_empty()) {
-                Some(cps) if next(2) == 0 => {
-                    let (cp, state) = cps[next(cps.len())].clone();
-                    ok(&["rollback", &id, &cp]);
-                    boxes[i].1 = state;
-                }
-                _ if boxes.len() < 4 => {
-                    let v = json(&["fork", &id]);
-                    let kid = Sandbox::adopt(v["children"][0]["id"].as_str().expect("child"));
-                    let state = boxes[i].1.clone();
-                    boxes.push((kid, state));
-                }
-                _ => {}
-            },
-        }
-        for (b, expected) in &boxes {
-            assert_eq!(
-                &b.sh("cat /root/state"),
-                expected,
-                "sandbox {} diverged from the model at step {step}",
-                b.0
-            );
-        }
+            WalkStep::Rollback => {
+                let b = &mut branches[i];
+                let (what, cp, file, mem) = b.restore_points[next(b.restore_points.len())].clone();
+                ok(&["rollback", &id, &cp]);
+                (b.file, b.mem) = (file, mem);
+                to_fork_points += usize::from(what == "fork point");
+                format!("roll {id} back to {what} {cp}")
+            }
+            WalkStep::Fork => {
+                let v = json(&["fork", &id]);
+                let kid = Sandbox::adopt(v["children"][0]["id"].as_str().expect("a child"));
+                let point = v["snapshot"]["id"].as_str().expect("the fork point").to_string();
+                let b = &mut branches[i];
+                b.restore_points.push(("fork point", point.clone(), b.file.clone(), b.mem.clone()));
+                let what = format!("fork {id} at {point} into {}", kid.0);
+                let (file, mem) = (b.file.clone(), b.mem.clone());
+                branches.push(Branch { sandbox: kid, file, mem, restore_points: vec![] });
+                what
+            }
+            WalkStep::Kill => {
+                ok(&["kill", &id]);
+                // Killed already: dropping it would only try again.
+                std::mem::forget(branches.remove(i).sandbox);
+                format!("kill {id}")
+            }
+        };
+        let acted = t.elapsed();
+        *counts.entry(kind).or_default() += 1;
+        trail.push(format!("step {step}: {what}"));
+        check_branches(
+            &branches,
+            &format!("{step} ({what})"),
+            write.as_ref().map(|(w, l)| (*w, l.as_str())),
+            &trail,
+        );
+        let total = spent.entry(kind).or_default();
+        (total.0, total.1) = (total.0 + acted, total.1 + (t.elapsed() - acted));
     }
+    println!(
+        "random walk: {WALK_STEPS} steps in {:.1?}, {} sandboxes at the end; steps by kind {counts:?} \
+         ({file_only} writes to the file only, {mem_only} to memory only; {to_fork_points} rollbacks to a fork \
+         point)",
+        started.elapsed(),
+        branches.len()
+    );
+    for (kind, (acting, checking)) in &spent {
+        println!("  {kind:?}: {acting:.1?} in the steps, {checking:.1?} in the checks after them");
+    }
+    // The walk is deterministic (the seed decides every choice), so these hold unless the seed,
+    // the mix or the rules change: then the walk must still exercise every kind of step.
+    for (kind, least) in [
+        (WalkStep::Write, 500),
+        (WalkStep::Checkpoint, 20),
+        (WalkStep::Rollback, 20),
+        (WalkStep::Fork, 6),
+        (WalkStep::Kill, 3),
+    ] {
+        let n = counts.get(&kind).copied().unwrap_or(0);
+        assert!(n >= least, "only {n} steps of kind {kind:?} (want {least} or more): {counts:?}");
+    }
+    assert!(file_only > 0 && mem_only > 0, "no write went to the file or the memory alone");
+    assert!(to_fork_points > 0, "no rollback went to a fork point");
 }
 
 #[test]
