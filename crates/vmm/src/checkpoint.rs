@@ -46,6 +46,9 @@ pub(crate) struct Lineage {
     logging: bool,
     /// The writer of `head`'s newest layer (and that layer's name), while it may still run.
     writer: Option<(Writer, String)>,
+    /// Pages taken from the dirty log (or the host's record) by a checkpoint that failed
+    /// before its writer started: the next checkpoint must capture them.
+    carry: Vec<u64>,
 }
 
 impl Lineage {
@@ -58,6 +61,7 @@ impl Lineage {
             dirty: Vec::new(),
             logging: false,
             writer: None,
+            carry: Vec::new(),
         }
     }
 
@@ -251,7 +255,7 @@ impl Vm {
     /// Also returns the dirty bitmap read, for [`Vm::clear_dirty_log`] once the writer has
     /// been forked.
     fn dirty_since_head(&mut self, lineage: &mut Lineage) -> Result<(Vec<u64>, Vec<u64>)> {
-        let host = self.ram().take_host_dirty();
+        let host = dirty::union(&self.ram().take_host_dirty(), &std::mem::take(&mut lineage.carry));
         if lineage.logging {
             let bitmap = self.dirty_bitmap()?;
             return Ok((dirty::union(&dirty::bitmap_pages(&bitmap), &host), bitmap));
@@ -277,6 +281,9 @@ impl Vm {
         // CPU state first: saving completes a pending guest access, which may write memory.
         let state = self.save(&mut SaveContext::new(&dir, refs))?;
         let (pages, logged) = self.dirty_since_head(lineage)?;
+        // Until the writer runs, nothing holds these pages: a failure below leaves them to
+        // the next checkpoint.
+        lineage.carry.clone_from(&pages);
         lineage.dirty = dirty::union(&lineage.dirty, &pages);
         let n = pages.len() as u64;
         let data_off = data_offset(n);
@@ -331,13 +338,15 @@ impl Vm {
         for &(p, l) in &shared {
             self.ram().set_forkable(p, l, false)?;
         }
-        // The fork write-protected these pages, so KVM has dropped its mappings of them:
-        // re-arming their dirty logging now costs little. (Not clearing would only make the
-        // next checkpoint write them again.)
-        if !logged.is_empty() {
-            self.clear_dirty_log(&logged)?;
-        }
         let writer = writer?;
+        lineage.carry.clear();
+        // The fork write-protected these pages, so KVM has dropped its mappings of them:
+        // re-arming their dirty logging now costs little. A failure here leaves the bits set,
+        // and the next checkpoint writes those pages again, which is correct: it does not fail
+        // this checkpoint, whose writer already runs.
+        if !logged.is_empty() {
+            let _ = self.clear_dirty_log(&logged);
+        }
         let open = OpenLayer {
             name: layer.clone(),
             path: dir.join(&layer),

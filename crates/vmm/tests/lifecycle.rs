@@ -187,3 +187,25 @@ fn a_checkpoint_after_a_killed_writer_starts_a_new_base() {
     // gc takes what the killed writer left.
     assert!(!collect_garbage(d, false).unwrap().leftovers.is_empty());
 }
+
+#[test]
+fn a_failed_checkpoint_leaves_its_pages_to_the_next_one() {
+    let Some(hv) = common::kvm_or_skip() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut vm = common::booted(&hv, config());
+    ok(&mut vm, fill(0, 64, 1));
+    vm.checkpoint(d, "a").unwrap().wait().unwrap();
+    // The first delta finds its pages in the mapping (pagemap) and turns the dirty log on;
+    // make it fail after that: a directory squats on its state file's temporary name.
+    ok(&mut vm, fill(8, 8, 2));
+    let squat = d.join(".b.state.tmp");
+    std::fs::create_dir(&squat).unwrap();
+    assert!(vm.checkpoint(d, "b").is_err(), "the checkpoint could not create its state file");
+    std::fs::remove_dir(&squat).unwrap();
+    // The log only knows what was written since; the next checkpoint must still hold both.
+    ok(&mut vm, fill(32, 4, 3));
+    let b = vm.checkpoint(d, "b").unwrap().wait().unwrap();
+    assert_eq!(layers(&b).len(), 2, "a delta");
+    child_sees(&hv, d, "b", &[check(0, 8, 1), check(8, 8, 2), check(16, 16, 1), check(32, 4, 3)]);
+}
