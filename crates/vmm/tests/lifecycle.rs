@@ -3,26 +3,11 @@
 
 mod common;
 
-use branchbox_vmm::testguest::{self, Command, DATA_BASE};
+use branchbox_vmm::testguest::Command;
 use branchbox_vmm::{collect_garbage, fork, ShellPool, Snapshot, Vm, VmConfig};
+use common::{check, fill, ok, PAGE};
 use std::path::Path;
 use std::sync::Arc;
-
-const PAGE: u64 = 4096;
-
-fn fill(page: u64, pages: u64, seed: u64) -> Command {
-    Command::Fill { base: DATA_BASE + page * PAGE, count: pages, stride: PAGE, seed }
-}
-
-fn check(page: u64, pages: u64, seed: u64) -> Command {
-    Command::Check { base: DATA_BASE + page * PAGE, count: pages, stride: PAGE, seed }
-}
-
-fn ok(vm: &mut Vm, cmd: Command) -> u64 {
-    let a = testguest::call(vm, cmd).unwrap();
-    assert_eq!(a.status, 0, "{cmd:?} answered {a:?}");
-    a.seq
-}
 
 fn layers(s: &Snapshot) -> Vec<String> {
     s.chain().layers().iter().map(|l| l.name.clone()).collect()
@@ -44,18 +29,25 @@ fn config() -> VmConfig {
     VmConfig { mem_size: 16 << 20, ..common::small() }
 }
 
-#[test]
-fn removed_snapshots_free_only_the_layers_nobody_else_names() {
-    let Some(hv) = common::kvm_or_skip() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let mut vm = common::booted(&hv, config());
+/// A VM with checkpoints `a` (base: 64 pages of seed 1), `b` (+ pages 8..16 of seed 2) and
+/// `c` (+ pages 16..24 of seed 3) in `d`; returns the VM, `b` and `c`.
+fn three_checkpoints(hv: &Arc<branchbox_vmm::Hypervisor>, d: &Path) -> (Vm, Snapshot, Snapshot) {
+    let mut vm = common::booted(hv, config());
     ok(&mut vm, fill(0, 64, 1));
     vm.checkpoint(d, "a").unwrap().wait().unwrap();
     ok(&mut vm, fill(8, 8, 2));
     let b = vm.checkpoint(d, "b").unwrap().wait().unwrap();
     ok(&mut vm, fill(16, 8, 3));
     let c = vm.checkpoint(d, "c").unwrap().wait().unwrap();
+    (vm, b, c)
+}
+
+#[test]
+fn removed_snapshots_free_only_the_layers_nobody_else_names() {
+    let Some(hv) = common::kvm_or_skip() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (mut vm, b, c) = three_checkpoints(&hv, d);
     let (base, d1, d2) = (layers(&c)[0].clone(), layers(&c)[1].clone(), layers(&c)[2].clone());
     assert_eq!(layers(&b), vec![base.clone(), d1.clone()]);
     assert_eq!(collect_garbage(d, false).unwrap(), Default::default(), "every layer is named");
@@ -102,13 +94,7 @@ fn flatten_leaves_one_layer_with_the_same_memory_and_the_vm_checkpoints_on() {
     let Some(hv) = common::kvm_or_skip() else { return };
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let mut vm = common::booted(&hv, config());
-    ok(&mut vm, fill(0, 64, 1));
-    vm.checkpoint(d, "a").unwrap().wait().unwrap();
-    ok(&mut vm, fill(8, 8, 2));
-    vm.checkpoint(d, "b").unwrap().wait().unwrap();
-    ok(&mut vm, fill(16, 8, 3));
-    let c = vm.checkpoint(d, "c").unwrap().wait().unwrap();
+    let (mut vm, _, c) = three_checkpoints(&hv, d);
     assert_eq!(layers(&c).len(), 3);
     let checks = [check(0, 8, 1), check(8, 8, 2), check(16, 8, 3), check(24, 40, 1)];
     let before = child_sees(&hv, d, "c", &checks);

@@ -2,27 +2,13 @@
 
 mod common;
 
+use common::{check, fill, ok, PAGE};
+
 use branchbox_vmm::snapshot::format;
 use branchbox_vmm::testguest::{self, lcg, Command, DATA_BASE};
 use branchbox_vmm::vstate::RunOutcome;
-use branchbox_vmm::{fork, fork_live, ShellPool, Snapshot, Vm, VmConfig};
+use branchbox_vmm::{fork, fork_live, ShellPool, Snapshot, VmConfig};
 use std::time::Duration;
-
-const PAGE: u64 = 4096;
-
-fn fill(page: u64, pages: u64, seed: u64) -> Command {
-    Command::Fill { base: DATA_BASE + page * PAGE, count: pages, stride: PAGE, seed }
-}
-
-fn check(page: u64, pages: u64, seed: u64) -> Command {
-    Command::Check { base: DATA_BASE + page * PAGE, count: pages, stride: PAGE, seed }
-}
-
-fn ok(vm: &mut Vm, cmd: Command) -> u64 {
-    let a = testguest::call(vm, cmd).unwrap();
-    assert_eq!(a.status, 0, "{cmd:?} answered {a:?}");
-    a.seq
-}
 
 #[test]
 fn rollback_restores_memory_and_registers_of_any_checkpoint() {

@@ -1,6 +1,8 @@
-//! Helpers shared by the integration tests.
+//! Helpers shared by the integration tests (each test file uses some of them).
 
-use branchbox_vmm::testguest;
+#![allow(dead_code)]
+
+use branchbox_vmm::testguest::{self, Command, DATA_BASE};
 use branchbox_vmm::{Hypervisor, Vm, VmConfig};
 use std::sync::Arc;
 
@@ -27,4 +29,25 @@ pub fn booted(hv: &Arc<Hypervisor>, config: VmConfig) -> Vm {
     let a = testguest::call(&mut vm, testguest::Command::Ping).expect("first ping");
     assert_eq!(a.seq, 1);
     vm
+}
+
+/// Guest page size.
+pub const PAGE: u64 = 4096;
+
+/// The guest writes `pages` pages of its data area from page `page`, one qword each, from
+/// `seed`.
+pub fn fill(page: u64, pages: u64, seed: u64) -> Command {
+    Command::Fill { base: DATA_BASE + page * PAGE, count: pages, stride: PAGE, seed }
+}
+
+/// The guest checks what [`fill`] with the same arguments wrote.
+pub fn check(page: u64, pages: u64, seed: u64) -> Command {
+    Command::Check { base: DATA_BASE + page * PAGE, count: pages, stride: PAGE, seed }
+}
+
+/// Runs `cmd` in the guest, asserts it found nothing wrong, returns its answer counter.
+pub fn ok(vm: &mut Vm, cmd: Command) -> u64 {
+    let a = testguest::call(vm, cmd).unwrap();
+    assert_eq!(a.status, 0, "{cmd:?} answered {a:?}");
+    a.seq
 }
