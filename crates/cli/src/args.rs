@@ -3,6 +3,16 @@
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
+/// Refuses a snapshot name the shared naming rule refuses, before anything runs.
+fn snapshot_name(s: &str) -> Result<String, String> {
+    branchbox_model::Name::parse("snapshot name", s).map(|n| n.to_string()).map_err(|e| e.to_string())
+}
+
+/// Refuses a ref name the shared naming rule refuses, before anything runs.
+fn ref_name(s: &str) -> Result<String, String> {
+    branchbox_model::Name::parse("ref name", s).map(|n| n.to_string()).map_err(|e| e.to_string())
+}
+
 /// branchbox: sandboxes for AI agents that you can snapshot, fork and restore.
 #[derive(Debug, Parser)]
 #[command(name = "branchbox", version, about)]
@@ -60,7 +70,7 @@ pub struct ExecArgs {
     /// Kill the command's whole process group after this many seconds.
     #[arg(long)]
     pub timeout: Option<f64>,
-    /// Most output bytes to return; the rest is dropped and reported.
+    /// Most output bytes to return (at most 16 MiB, the default); the rest is dropped and reported.
     #[arg(long)]
     pub output_cap: Option<u64>,
     /// Pass this process's standard input to the command.
@@ -129,8 +139,8 @@ pub enum Cmd {
     Snapshot {
         /// Sandbox id.
         id: String,
-        /// A name to restore it by.
-        #[arg(long)]
+        /// A name to restore it by (docs/limits.md gives the naming rule).
+        #[arg(long, value_parser = snapshot_name)]
         name: Option<String>,
         /// Let `gc` delete it after this many seconds.
         #[arg(long)]
@@ -140,8 +150,8 @@ pub enum Cmd {
     Checkpoint {
         /// Sandbox id.
         id: String,
-        /// A name to roll back to.
-        #[arg(long)]
+        /// A name to roll back to (docs/limits.md gives the naming rule).
+        #[arg(long, value_parser = snapshot_name)]
         name: Option<String>,
     },
     /// Return a running sandbox, in place, to one of its snapshots or checkpoints.
@@ -173,8 +183,8 @@ pub enum Cmd {
         #[command(subcommand)]
         command: RefCmd,
     },
-    /// Report and free what nothing can reach: expired snapshots, interrupted snapshots,
-    /// lost sandboxes, unused images.
+    /// Report and free what nothing can reach: expired snapshots, unnamed fork points nothing
+    /// reaches, interrupted snapshots, lost sandboxes, unused images.
     Gc {
         /// Only report.
         #[arg(long)]
@@ -182,10 +192,11 @@ pub enum Cmd {
     },
     /// List snapshots.
     Snapshots,
-    /// Delete a snapshot (refused while other snapshots descend from it, unless --cascade).
+    /// Delete snapshots (each refused while other snapshots descend from it, unless --cascade).
     Rmsnap {
-        /// Snapshot id or name.
-        snapshot: String,
+        /// Snapshot ids or names.
+        #[arg(required = true)]
+        snapshots: Vec<String>,
         /// Delete descendant snapshots too.
         #[arg(long)]
         cascade: bool,
@@ -239,17 +250,19 @@ pub struct TravelArgs {
 pub enum RefCmd {
     /// Point a ref at a snapshot (moves it when it exists).
     Set {
-        /// Ref name.
+        /// Ref name (docs/limits.md gives the naming rule).
+        #[arg(value_parser = ref_name)]
         name: String,
         /// Snapshot id or name.
         snapshot: String,
     },
     /// List refs.
     Ls,
-    /// Remove a ref.
+    /// Remove refs.
     Rm {
-        /// Ref name.
-        name: String,
+        /// Ref names.
+        #[arg(required = true)]
+        names: Vec<String>,
     },
 }
 

@@ -8,7 +8,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use branchbox_core::bench_travel::{self, Travel};
 use branchbox_core::{bench, host, BackendChoice, Config, Engine, SnapshotOptions};
 use branchbox_model::{BackendKind, Limits, SandboxId, SnapshotKind};
-use branchbox_protocol::{Command, ExecSpec, ExitStatus, OutStream};
+use branchbox_protocol::{Command, ExecSpec, ExitStatus, OutStream, MAX_EXEC_OUTPUT};
 use std::io::{Read, Write};
 use std::time::Duration;
 
@@ -23,6 +23,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         return Ok(code);
     }
     let engine = Engine::open(cfg)?;
+    recover(&engine);
     match cli.command {
         Cmd::Doctor => unreachable_doctor(),
         Cmd::Image { command: ImageCmd::Build } => image_build(&engine, json),
@@ -104,11 +105,12 @@ pub fn run(cli: Cli) -> Result<i32> {
             print(json, &r, || {
                 let verb = if r.dry_run { "would free" } else { "freed" };
                 format!(
-                    "{verb} {:.1} MiB: {} expired snapshot(s) ({} kept for descendants), {} interrupted snapshot(s), \
-                     {} lost sandbox(es), {} stray sandbox dir(s), {} unused image(s)",
+                    "{verb} {:.1} MiB: {} expired snapshot(s) ({} kept for descendants), {} unreachable fork point(s), \
+                     {} interrupted snapshot(s), {} lost sandbox(es), {} stray sandbox dir(s), {} unused image(s)",
                     r.freed_bytes as f64 / 1048576.0,
                     r.expired_snapshots.len(),
                     r.kept_with_descendants.len(),
+                    r.unreachable_fork_points.len(),
                     r.orphan_snapshot_dirs.len(),
                     r.lost_sandboxes.len(),
                     r.orphan_sandbox_dirs.len(),
@@ -137,13 +139,9 @@ pub fn run(cli: Cli) -> Result<i32> {
             });
             Ok(0)
         }
-        Cmd::Rmsnap { snapshot, cascade } => {
-            let deleted = engine.delete_snapshot(&snapshot, cascade)?;
-            print(json, &serde_json::json!({"deleted": deleted}), || {
-                deleted.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("\n")
-            });
-            Ok(0)
-        }
+        Cmd::Rmsnap { snapshots, cascade } => each_target(json, "rmsnap", "deleted", true, &snapshots, |s| {
+            Ok(engine.delete_snapshot(s, cascade)?.iter().map(ToString::to_string).collect())
+        }),
         Cmd::Restore { snapshot } => {
             let started = engine.restore(&snapshot)?;
             print(json, &started, || started.sandbox.id.to_string());
@@ -154,7 +152,7 @@ pub fn run(cli: Cli) -> Result<i32> {
             print(json, &all, || {
                 all.iter()
                     .map(|v| {
-                        format!(
+                        let line = format!(
                             "{}  {:<8} {:<8} {}",
                             v.sandbox.id,
                             v.sandbox.backend.as_str(),
@@ -164,7 +162,11 @@ pub fn run(cli: Cli) -> Result<i32> {
                                 .as_ref()
                                 .map(|p| format!("from {p}"))
                                 .unwrap_or_default()
-                        )
+                        );
+                        match &v.lost_reason {
+                            Some(why) => format!("{line} ({why})"),
+                            None => line,
+                        }
                     })
                     .collect::<Vec<_>>()
                     .join("\n")
@@ -181,16 +183,54 @@ pub fn run(cli: Cli) -> Result<i32> {
             print(json, &serde_json::json!({"resumed": id}), String::new);
             Ok(0)
         }
-        Cmd::Kill { ids } => {
-            let ids = ids.iter().map(|i| parse_id(i)).collect::<Result<Vec<_>>>()?;
-            for id in &ids {
-                engine.kill(id)?;
-            }
-            print(json, &serde_json::json!({"killed": ids}), String::new);
-            Ok(0)
-        }
+        Cmd::Kill { ids } => each_target(json, "kill", "killed", false, &ids, |id| {
+            engine.kill(&parse_id(id)?)?;
+            Ok(vec![id.to_string()])
+        }),
         Cmd::Bench { command } => bench_cmd(&engine, command, json),
     }
+}
+
+/// Reconciles runtime with records before the command (see `Engine::reconcile`); says so on
+/// stderr when it changed anything. A failure here must not stop the command itself.
+fn recover(engine: &Engine) {
+    match engine.reconcile() {
+        Ok(r) if !r.is_empty() => eprintln!(
+            "branchbox: recovered from an interrupted operation: {} (details in {})",
+            r.summary(),
+            engine.config().data_dir.join("audit.log").display()
+        ),
+        Ok(_) => {}
+        Err(e) => eprintln!("branchbox: could not reconcile sandboxes with their records: {e}"),
+    }
+}
+
+/// Runs `act` on every target, even after one fails: reports each failure on stderr (and in
+/// the JSON under "failed"), prints what was done under `done_key`, and exits 1 when any failed.
+fn each_target(
+    json: bool,
+    verb: &str,
+    done_key: &str,
+    show_done: bool,
+    targets: &[String],
+    mut act: impl FnMut(&str) -> Result<Vec<String>>,
+) -> Result<i32> {
+    let (mut done, mut failed) = (Vec::new(), Vec::new());
+    for t in targets {
+        match act(t) {
+            Ok(d) => done.extend(d),
+            Err(e) => {
+                eprintln!("error: {verb} {t}: {e:#}");
+                let code = e.downcast_ref::<branchbox_model::Error>().map(|e| e.code()).unwrap_or("error");
+                failed.push(
+                    serde_json::json!({"target": t, "error": {"code": code, "message": format!("{e:#}")}}),
+                );
+            }
+        }
+    }
+    let v = serde_json::json!({ done_key: done, "failed": failed });
+    print(json, &v, || if show_done { done.join("\n") } else { String::new() });
+    Ok(if failed.is_empty() { 0 } else { 1 })
 }
 
 fn unreachable_doctor() -> Result<i32> {
@@ -239,7 +279,14 @@ fn spec(a: &ExecArgs) -> Result<ExecSpec> {
         Some(t) => Some(Duration::from_secs_f64(t).as_millis() as u64),
         None => None,
     };
-    s.output_cap = a.output_cap;
+    s.output_cap = Some(match a.output_cap {
+        Some(c) if c > MAX_EXEC_OUTPUT => bail!(
+            "--output-cap {c} is over the limit of {MAX_EXEC_OUTPUT} bytes (16 MiB) that every command has; \
+             ask for at most that"
+        ),
+        Some(c) => c,
+        None => MAX_EXEC_OUTPUT,
+    });
     Ok(s)
 }
 
@@ -323,9 +370,11 @@ fn refs(engine: &Engine, cmd: RefCmd, json: bool) -> Result<i32> {
                 all.iter().map(|(n, s)| serde_json::json!({"ref": n, "snapshot": s})).collect();
             print(json, &v, || all.iter().map(|(n, s)| format!("{n} -> {s}")).collect::<Vec<_>>().join("\n"));
         }
-        RefCmd::Rm { name } => {
-            engine.delete_ref(&name)?;
-            print(json, &serde_json::json!({"removed": name}), String::new);
+        RefCmd::Rm { names } => {
+            return each_target(json, "ref rm", "removed", false, &names, |n| {
+                engine.delete_ref(n)?;
+                Ok(vec![n.to_string()])
+            })
         }
     }
     Ok(0)

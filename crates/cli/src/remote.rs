@@ -109,10 +109,20 @@ pub fn run(cli: &Cli) -> Result<Option<i32>> {
             out(&v, lines.join("\n"));
         }
         Cmd::Kill { ids } => {
+            // Every id is tried, as on the local path; each failure is reported.
+            let mut failed = Vec::new();
+            let mut killed = Vec::new();
             for id in ids {
-                svc.json("DELETE", &format!("/v1/sandboxes/{}", enc(id)), None)?;
+                match svc.json("DELETE", &format!("/v1/sandboxes/{}", enc(id)), None) {
+                    Ok(_) => killed.push(id),
+                    Err(e) => {
+                        eprintln!("error: kill {id}: {e:#}");
+                        failed.push(json!({ "target": id, "error": { "message": format!("{e:#}") } }));
+                    }
+                }
             }
-            out(&json!({ "killed": ids }), String::new());
+            out(&json!({ "killed": killed, "failed": failed }), String::new());
+            return Ok(Some(if failed.is_empty() { 0 } else { 1 }));
         }
         Cmd::Pause { id } => {
             svc.json("POST", &format!("/v1/sandboxes/{}/pause", enc(id)), None)?;

@@ -1,7 +1,7 @@
 //! Garbage collection: finds what nothing can reach any more and frees it.
 
-use crate::engine::Engine;
-use branchbox_model::{now_ms, Error, Result, SandboxId, SnapshotId};
+use crate::engine::{Engine, ReconcileReport};
+use branchbox_model::{now_ms, Error, Result, SandboxId, Snapshot, SnapshotId, SnapshotKind};
 use serde::Serialize;
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -11,10 +11,14 @@ use std::path::Path;
 pub struct GcReport {
     /// Nothing was changed.
     pub dry_run: bool,
+    /// What the reconciliation run first did (none in a dry run).
+    pub reconciled: Option<ReconcileReport>,
     /// Snapshots past their TTL.
     pub expired_snapshots: Vec<SnapshotId>,
     /// Expired snapshots kept because others descend from them.
     pub kept_with_descendants: Vec<SnapshotId>,
+    /// Unnamed fork points that no sandbox, ref or live snapshot reaches any more.
+    pub unreachable_fork_points: Vec<SnapshotId>,
     /// Snapshot directories with no complete record (an interrupted snapshot).
     pub orphan_snapshot_dirs: Vec<String>,
     /// Sandbox records whose runtime is gone.
@@ -27,7 +31,8 @@ pub struct GcReport {
     pub freed_bytes: u64,
 }
 
-fn dir_bytes(p: &Path) -> u64 {
+/// Bytes under `p`.
+pub(crate) fn dir_bytes(p: &Path) -> u64 {
     let Ok(md) = p.symlink_metadata() else { return 0 };
     if !md.is_dir() {
         return md.len();
@@ -48,10 +53,24 @@ fn remove(p: &Path) -> Result<()> {
     }
 }
 
-/// Collects garbage in the engine's data directory.
+/// Collects garbage in the engine's data directory. Outside a dry run it reconciles first,
+/// so complete children of an interrupted fork are adopted rather than collected.
 pub fn collect(engine: &Engine, dry_run: bool) -> Result<GcReport> {
-    let _only_gc = engine.exclusive()?;
+    let only_gc = engine.exclusive()?;
     let mut r = GcReport { dry_run, ..GcReport::default() };
+    if !dry_run {
+        r.reconciled = Some(engine.reconcile_held(&only_gc)?);
+    }
+    let views = engine.list()?;
+    let known: BTreeSet<String> = views.iter().map(|v| v.sandbox.id.to_string()).collect();
+    let mut lost = BTreeSet::new();
+    for v in views.iter().filter(|v| !v.alive) {
+        if !dry_run {
+            engine.kill(&v.sandbox.id)?;
+        }
+        lost.insert(v.sandbox.id.to_string());
+        r.lost_sandboxes.push(v.sandbox.id.clone());
+    }
     let now = now_ms();
     for s in engine.snapshots()? {
         if s.deleted_ms.is_none() && s.expires_ms.is_some_and(|t| t <= now) {
@@ -70,6 +89,19 @@ pub fn collect(engine: &Engine, dry_run: bool) -> Result<GcReport> {
             }
         }
     }
+    for id in unreachable_fork_points(engine, &lost)? {
+        let bytes = dir_bytes(&engine.snapshot_path(&id));
+        if !dry_run {
+            match engine.delete_snapshot(id.as_str(), false) {
+                Ok(_) => {}
+                // Something came to depend on it since it was looked at: it stays.
+                Err(Error::Conflict(_)) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        r.freed_bytes += bytes;
+        r.unreachable_fork_points.push(id);
+    }
     let live: BTreeSet<String> = engine
         .snapshots()?
         .into_iter()
@@ -87,16 +119,6 @@ pub fn collect(engine: &Engine, dry_run: bool) -> Result<GcReport> {
             r.orphan_snapshot_dirs.push(name);
         }
     }
-    let views = engine.list()?;
-    let known: BTreeSet<String> = views.iter().map(|v| v.sandbox.id.to_string()).collect();
-    for v in &views {
-        if !v.alive {
-            if !dry_run {
-                engine.kill(&v.sandbox.id)?;
-            }
-            r.lost_sandboxes.push(v.sandbox.id.clone());
-        }
-    }
     let box_root = engine.config().data_dir.join("sandboxes");
     for name in names(&box_root) {
         if known.contains(&name) {
@@ -106,7 +128,7 @@ pub fn collect(engine: &Engine, dry_run: bool) -> Result<GcReport> {
         r.freed_bytes += dir_bytes(&p);
         if !dry_run {
             match SandboxId::parse(&name) {
-                Ok(id) => engine.destroy_orphan(&id)?,
+                Ok(id) => engine.reap(&id)?,
                 Err(_) => remove(&p)?,
             }
         }
@@ -114,6 +136,43 @@ pub fn collect(engine: &Engine, dry_run: bool) -> Result<GcReport> {
     }
     collect_images(engine, dry_run, &mut r)?;
     Ok(r)
+}
+
+/// Fork points nothing a user made reaches: unnamed, no ref, no sandbox (other than the lost
+/// ones gc removes) started from it or descending from it, and no live snapshot below it.
+/// Leaves come first, so each can be deleted in order; a fork point whose only descendants are
+/// such fork points goes too. Named snapshots, checkpoints and snapshots taken on request are
+/// never in the list.
+fn unreachable_fork_points(engine: &Engine, lost: &BTreeSet<String>) -> Result<Vec<SnapshotId>> {
+    let snaps: Vec<Snapshot> = engine.snapshots()?.into_iter().filter(|s| s.deleted_ms.is_none()).collect();
+    let reffed: BTreeSet<String> = engine.refs()?.into_iter().map(|(_, s)| s).collect();
+    let used: BTreeSet<SnapshotId> = engine
+        .sandbox_records()?
+        .into_iter()
+        .filter(|b| !lost.contains(b.id.as_str()))
+        .filter_map(|b| b.parent_snapshot)
+        .collect();
+    let mut gone: BTreeSet<SnapshotId> = BTreeSet::new();
+    let mut order = Vec::new();
+    loop {
+        let next: Vec<SnapshotId> = snaps
+            .iter()
+            .filter(|s| {
+                s.kind == SnapshotKind::ForkPoint
+                    && s.name.is_none()
+                    && !gone.contains(&s.id)
+                    && !reffed.contains(s.id.as_str())
+                    && !used.contains(&s.id)
+                    && !snaps.iter().any(|c| c.parent.as_ref() == Some(&s.id) && !gone.contains(&c.id))
+            })
+            .map(|s| s.id.clone())
+            .collect();
+        if next.is_empty() {
+            return Ok(order);
+        }
+        gone.extend(next.iter().cloned());
+        order.extend(next);
+    }
 }
 
 /// Images are collected only when the cache belongs to this data directory: a shared cache

@@ -8,11 +8,13 @@ pub mod backend;
 pub mod bench;
 pub mod error;
 pub mod ids;
+pub mod names;
 pub mod sandbox;
 
 pub use backend::{AgentConn, Backend, ChildResult, SandboxPlan};
 pub use error::{Error, Result};
 pub use ids::{SandboxId, SnapshotId};
+pub use names::{check_snapshot_ref, Name, MAX_NAME_BYTES, NAME_RULE};
 pub use sandbox::{BackendKind, Limits, Sandbox, SandboxState, Snapshot, SnapshotKind};
 
 /// Milliseconds since the Unix epoch, now.

@@ -21,3 +21,5 @@ pub const PROTOCOL_VERSION: u32 = 1;
 
 /// Largest body a sender puts in one frame of a stream (file data, command output).
 pub const CHUNK: usize = 256 * 1024;
+/// Most output bytes one command returns, through the CLI or the service (docs/limits.md).
+pub const MAX_EXEC_OUTPUT: u64 = 16 * 1024 * 1024;

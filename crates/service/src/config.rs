@@ -43,7 +43,7 @@ impl ServiceConfig {
             max_json_bytes: 1 << 20,
             max_upload_bytes: 512 << 20,
             max_download_bytes: 512 << 20,
-            max_output_bytes: 16 << 20,
+            max_output_bytes: branchbox_protocol::MAX_EXEC_OUTPUT,
             default_timeout_s: 300,
             max_timeout_s: 24 * 3600,
             max_exec_timeout_s: 3600,

@@ -1,23 +1,29 @@
-//! Sandbox timeouts, enforced by a background task, and the reconciliation run at start: the
-//! service's records are matched to what the engine still has, so a restart loses nothing.
+//! Sandbox timeouts, enforced by a background task, and reconciliation, run at start and then
+//! every [`RECONCILE_EVERY`]: the engine matches runtime to its records (adopting complete
+//! children of a fork a crash interrupted, reaping the rest, marking lost what is gone), and
+//! the service matches its own records to the engine's, so a restart loses nothing and leaves
+//! nothing running unseen.
 
 use crate::api::sandboxes::db_err;
-use crate::db::{AuditEntry, OnTimeout};
+use crate::db::{AuditEntry, OnTimeout, SandboxMeta};
 use crate::error::{engine_status, ApiResult};
 use crate::state::AppState;
+use branchbox_core::engine::ReconcileReport;
 use branchbox_core::Engine;
 use branchbox_model::{now_ms, Error, SandboxId, SandboxState};
 use std::collections::BTreeSet;
 
 /// How long a failed timeout action waits before it is tried again, ms.
 const RETRY_MS: i64 = 30_000;
+/// How often the engine's runtime is reconciled with its records while the service runs.
+pub const RECONCILE_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
 
 fn record(
     st: &AppState,
     action: &str,
     status: u16,
     code: Option<&str>,
-    sandbox: &str,
+    sandbox: Option<&str>,
     detail: Option<String>,
 ) {
     let e = AuditEntry {
@@ -27,7 +33,7 @@ fn record(
         action: action.into(),
         status,
         code: code.map(Into::into),
-        sandbox: Some(sandbox.into()),
+        sandbox: sandbox.map(Into::into),
         snapshot: None,
         parent: None,
         detail,
@@ -93,7 +99,7 @@ pub fn tick(engine: &Engine, st: &AppState, now: i64) -> ApiResult<Vec<(String, 
             &format!("ttl.{}", if action == OnTimeout::Kill { "kill" } else { "pause" }),
             status,
             code,
-            &id,
+            Some(&id),
             None,
         );
         st.metrics.ttl(outcome);
@@ -102,20 +108,61 @@ pub fn tick(engine: &Engine, st: &AppState, now: i64) -> ApiResult<Vec<(String, 
     Ok(done)
 }
 
-/// Runs [`tick`] forever.
+/// Runs [`tick`] forever, and [`recover`] every [`RECONCILE_EVERY`].
 pub async fn run(st: AppState) {
+    let mut last = std::time::Instant::now();
     loop {
         tokio::time::sleep(st.cfg.ttl_tick).await;
         if let Err(e) = st.blocking(|engine, st| tick(engine, st, now_ms())).await {
             tracing::warn!("timeout check failed: {e}");
         }
+        if last.elapsed() >= RECONCILE_EVERY {
+            last = std::time::Instant::now();
+            if let Err(e) = st.blocking(recover).await {
+                tracing::warn!("reconciliation failed: {e}");
+            }
+        }
     }
+}
+
+/// Has the engine reconcile (skipped while another operation holds the data directory), audits
+/// what it did, and gives adopted children the service record a fork would have given them:
+/// their source's metadata and timeout.
+pub fn recover(engine: &Engine, st: &AppState) -> ApiResult<ReconcileReport> {
+    let r = engine.reconcile()?;
+    if r.is_empty() {
+        return Ok(r);
+    }
+    let default_ms = (st.cfg.default_timeout_s * 1000) as i64;
+    for id in &r.adopted {
+        let source = engine
+            .sandbox(id)?
+            .parent_snapshot
+            .and_then(|p| engine.find_snapshot(p.as_str()).ok())
+            .and_then(|s| s.source);
+        let parent = match source {
+            Some(src) => st.db().get(&src).map_err(db_err)?,
+            None => None,
+        }
+        .unwrap_or_else(|| SandboxMeta { timeout_ms: default_ms, ..Default::default() });
+        let meta = SandboxMeta {
+            expires_ms: Some(now_ms() + parent.timeout_ms),
+            created_by: "reconcile".into(),
+            ..parent
+        };
+        st.db().put(id, &meta).map_err(db_err)?;
+    }
+    tracing::warn!("recovered from an interrupted operation: {}", r.summary());
+    let detail = serde_json::to_string(&r).unwrap_or_else(|_| r.summary());
+    record(st, "service.reconcile", 200, None, None, Some(detail));
+    Ok(r)
 }
 
 /// Matches the service's records to the engine's at start: records of sandboxes the engine no
 /// longer has are dropped, and sandboxes whose runtime is gone are reported (and audited) as lost.
 /// Returns (sandboxes alive, lost, records dropped).
 pub fn reconcile(engine: &Engine, st: &AppState) -> ApiResult<(usize, usize, usize)> {
+    recover(engine, st)?;
     let views = engine.list()?;
     let known: BTreeSet<String> = views.iter().map(|v| v.sandbox.id.to_string()).collect();
     let db = st.db();
@@ -135,8 +182,11 @@ pub fn reconcile(engine: &Engine, st: &AppState) -> ApiResult<(usize, usize, usi
             "service.lost",
             200,
             None,
-            v.sandbox.id.as_str(),
-            Some("runtime gone at service start".into()),
+            Some(v.sandbox.id.as_str()),
+            Some(format!(
+                "found lost at service start: {}",
+                v.lost_reason.as_deref().unwrap_or("runtime gone")
+            )),
         );
     }
     Ok((views.len() - lost, lost, dropped))

@@ -5,6 +5,9 @@
 //! directory, named by id. A snapshot row is inserted only after its files are complete, so a
 //! listed snapshot is always restorable.
 //!
+//! Why a sandbox was lost lives in a table of its own (`lost`), so older builds that do not
+//! know it still read the database.
+//!
 //! Not for: file contents or runtime state of sandboxes.
 
 use branchbox_model::{
@@ -47,6 +50,11 @@ CREATE TABLE IF NOT EXISTS refs(
     name TEXT PRIMARY KEY,
     snapshot TEXT NOT NULL,
     updated_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS lost(
+    id TEXT PRIMARY KEY,
+    reason TEXT NOT NULL,
+    at_ms INTEGER NOT NULL
 );
 ";
 
@@ -179,7 +187,28 @@ impl Store {
 
     /// Forgets a sandbox.
     pub fn delete_sandbox(&self, id: &SandboxId) -> Result<()> {
+        self.conn.execute("DELETE FROM lost WHERE id = ?1", [id.as_str()]).map_err(db)?;
         self.conn.execute("DELETE FROM sandboxes WHERE id = ?1", [id.as_str()]).map(drop).map_err(db)
+    }
+
+    /// Records that a sandbox's runtime is gone, and why.
+    pub fn mark_lost(&self, id: &SandboxId, reason: &str, when_ms: i64) -> Result<()> {
+        self.set_state(id, SandboxState::Lost)?;
+        self.conn
+            .execute(
+                "INSERT INTO lost(id, reason, at_ms) SELECT ?1, ?2, ?3 WHERE EXISTS(SELECT 1 FROM sandboxes WHERE id = ?1) \
+                 ON CONFLICT(id) DO UPDATE SET reason = ?2, at_ms = ?3",
+                params![id.as_str(), reason, when_ms],
+            )
+            .map(drop)
+            .map_err(db)
+    }
+
+    /// Why each lost sandbox was lost, by id.
+    pub fn lost_reasons(&self) -> Result<std::collections::BTreeMap<String, String>> {
+        let mut st = self.conn.prepare("SELECT id, reason FROM lost").map_err(db)?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).map_err(db)?;
+        rows.collect::<rusqlite::Result<_>>().map_err(db)
     }
 
     /// Records a snapshot whose files are complete.
@@ -392,6 +421,24 @@ mod tests {
         assert!(matches!(store.insert_snapshot(&dup), Err(Error::Conflict(_))));
         store.delete_sandbox(&src.id).unwrap();
         assert!(matches!(store.sandbox(&src.id), Err(Error::NotFound { .. })));
+    }
+
+    #[test]
+    fn a_lost_sandbox_keeps_its_reason_until_it_is_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("meta.db")).unwrap();
+        let s = sandbox(None);
+        store.insert_sandbox(&s).unwrap();
+        store.mark_lost(&s.id, "memory_limit: oom", 7).unwrap();
+        assert_eq!(store.sandbox(&s.id).unwrap().state, SandboxState::Lost);
+        assert_eq!(
+            store.lost_reasons().unwrap().get(s.id.as_str()).map(String::as_str),
+            Some("memory_limit: oom")
+        );
+        store.delete_sandbox(&s.id).unwrap();
+        assert!(store.lost_reasons().unwrap().is_empty());
+        store.mark_lost(&s.id, "runtime gone", 8).unwrap();
+        assert!(store.lost_reasons().unwrap().is_empty(), "a reason without a sandbox was kept");
     }
 
     #[test]

@@ -6,15 +6,18 @@ use crate::host;
 use branchbox_gvisor::GvisorBackend;
 use branchbox_image::{ensure_image, Image, Recipe};
 use branchbox_model::{
-    now_ms, AgentConn, Backend, BackendKind, Error, Limits, Result, Sandbox, SandboxId, SandboxPlan,
-    SandboxState, Snapshot, SnapshotId, SnapshotKind,
+    check_snapshot_ref, now_ms, AgentConn, Backend, BackendKind, Error, Limits, Name, Result, Sandbox,
+    SandboxId, SandboxPlan, SandboxState, Snapshot, SnapshotId, SnapshotKind,
 };
 use branchbox_protocol::{ExecSpec, ExitStatus, HookReport, OutStream};
 use branchbox_store::Store;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
+mod recover;
 mod storage;
+
+pub use recover::{LostSandbox, ReconcileReport};
 
 /// Which backend a new sandbox should use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -34,6 +37,9 @@ pub struct SandboxView {
     pub sandbox: Sandbox,
     /// True when its runtime answers.
     pub alive: bool,
+    /// Why its runtime is gone, when it is (`memory_limit: ...`, `runtime gone`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lost_reason: Option<String>,
 }
 
 /// A started child of a fork or restore.
@@ -63,6 +69,17 @@ pub struct DataLock {
 
 impl DataLock {
     fn take(data_dir: &Path, exclusive: bool) -> Result<DataLock> {
+        let op = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH };
+        DataLock::flock(data_dir, op)?
+            .ok_or_else(|| Error::Conflict("the data directory lock is busy".into()))
+    }
+
+    /// The exclusive lock if no one holds the lock now; `None` when someone does.
+    fn try_exclusive(data_dir: &Path) -> Result<Option<DataLock>> {
+        DataLock::flock(data_dir, libc::LOCK_EX | libc::LOCK_NB)
+    }
+
+    fn flock(data_dir: &Path, op: libc::c_int) -> Result<Option<DataLock>> {
         use std::os::fd::AsRawFd;
         let path = data_dir.join("gc.lock");
         let file = std::fs::OpenOptions::new()
@@ -71,12 +88,15 @@ impl DataLock {
             .write(true)
             .open(&path)
             .map_err(|e| Error::io(&path, e))?;
-        let op = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH };
         // SAFETY: flock on a descriptor we own; released when the file closes.
         if unsafe { libc::flock(file.as_raw_fd(), op) } != 0 {
-            return Err(Error::io(&path, std::io::Error::last_os_error()));
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::WouldBlock {
+                return Ok(None);
+            }
+            return Err(Error::io(&path, e));
         }
-        Ok(DataLock { _file: file })
+        Ok(Some(DataLock { _file: file }))
     }
 }
 
@@ -246,16 +266,27 @@ impl Engine {
     /// Every sandbox with its liveness.
     pub fn list(&self) -> Result<Vec<SandboxView>> {
         let all = self.store.sandboxes()?;
+        let recorded = self.store.lost_reasons()?;
         Ok(all
             .into_iter()
             .map(|s| {
                 let alive =
                     self.backend(s.backend).map(|b| b.is_alive(&self.sandbox_dir(&s.id))).unwrap_or(false);
                 let mut sandbox = s;
-                if !alive {
+                let mut lost_reason = None;
+                if alive && sandbox.state == SandboxState::Lost {
+                    // Its runtime answers after all (it was marked lost while unreachable).
+                    sandbox.state = SandboxState::Running;
+                } else if !alive {
                     sandbox.state = SandboxState::Lost;
+                    lost_reason = Some(
+                        recorded
+                            .get(sandbox.id.as_str())
+                            .cloned()
+                            .unwrap_or_else(|| recover::end_reason(&self.sandbox_dir(&sandbox.id))),
+                    );
                 }
-                SandboxView { sandbox, alive }
+                SandboxView { sandbox, alive, lost_reason }
             })
             .collect())
     }
@@ -299,15 +330,7 @@ impl Engine {
 
     fn check_name(&self, name: Option<&str>) -> Result<()> {
         if let Some(n) = name {
-            let ok = !n.is_empty()
-                && n.len() <= 128
-                && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-                && SnapshotId::parse(n).is_err();
-            if !ok {
-                return Err(Error::InvalidInput(format!(
-                    "invalid snapshot name {n:?}: use 1-128 letters, digits, '-', '_' or '.'"
-                )));
-            }
+            Name::parse("snapshot name", n)?;
             if self.store.snapshot_name_taken(n)? {
                 return Err(Error::Conflict(format!(
                     "a snapshot named {n:?} exists already; choose another name"
@@ -417,8 +440,14 @@ impl Engine {
         Ok(None)
     }
 
+    /// A snapshot by id, name or ref, after checking the reference against the naming rule.
+    fn lookup(&self, id_or_name: &str) -> Result<Snapshot> {
+        check_snapshot_ref(id_or_name)?;
+        self.store.snapshot(id_or_name)
+    }
+
     fn usable_snapshot(&self, id_or_name: &str) -> Result<Snapshot> {
-        let snap = self.store.snapshot(id_or_name)?;
+        let snap = self.lookup(id_or_name)?;
         if snap.deleted_ms.is_some() {
             return Err(Error::Conflict(format!(
                 "snapshot {} was deleted (only its place in the lineage remains)",
@@ -435,7 +464,7 @@ impl Engine {
 
     /// A snapshot by id or name.
     pub fn find_snapshot(&self, id_or_name: &str) -> Result<Snapshot> {
-        self.store.snapshot(id_or_name)
+        self.lookup(id_or_name)
     }
 
     /// Starts a new sandbox from a snapshot.
@@ -445,6 +474,7 @@ impl Engine {
         let backend = self.backend(snap.backend)?;
         let rootfs = self.image_rootfs(&snap.image)?;
         let plan = self.plan(SandboxId::generate(), rootfs, snap.limits);
+        recover::write_intent(&plan.dir, &snap)?;
         let hook = match backend.restore(&self.snapshot_dir(&snap.id), &plan) {
             Ok(h) => h,
             Err(e) => {
@@ -485,15 +515,25 @@ impl Engine {
             (0..n).map(|_| self.plan(SandboxId::generate(), rootfs.clone(), s.limits)).collect();
         let snap_id = SnapshotId::generate();
         let dir = self.snapshot_dir(&snap_id);
-        let (size, results) = match backend.fork(&self.sandbox_dir(id), &dir, &plans) {
+        let opts = SnapshotOptions { kind: SnapshotKind::ForkPoint, name: None, ttl: None };
+        // Each child carries the fork point's record-to-be, so a child that a crash leaves
+        // unrecorded can be adopted (see `recover`).
+        let pending = self.snapshot_record(snap_id, &s, &opts, 0);
+        let forked = plans
+            .iter()
+            .try_for_each(|p| recover::write_intent(&p.dir, &pending))
+            .and_then(|()| backend.fork(&self.sandbox_dir(id), &dir, &plans));
+        let (size, results) = match forked {
             Ok(r) => r,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
+                for p in &plans {
+                    let _ = std::fs::remove_dir_all(&p.dir);
+                }
                 return Err(e);
             }
         };
-        let opts = SnapshotOptions { kind: SnapshotKind::ForkPoint, name: None, ttl: None };
-        let snapshot = self.snapshot_record(snap_id, &s, &opts, size);
+        let snapshot = Snapshot { size_bytes: size, ..pending };
         self.store.insert_snapshot(&snapshot)?;
         self.store.set_parent(id, &snapshot.id)?;
         let children = plans

@@ -3,7 +3,7 @@
 
 use super::Engine;
 use branchbox_image::Recipe;
-use branchbox_model::{now_ms, Backend, Error, Result, Sandbox, SandboxId, Snapshot, SnapshotId};
+use branchbox_model::{now_ms, Error, Name, Result, Sandbox, SandboxId, Snapshot, SnapshotId};
 use std::path::PathBuf;
 
 impl Engine {
@@ -11,7 +11,7 @@ impl Engine {
     /// `cascade` (which deletes them first). The row stays as a tombstone while sandboxes or
     /// snapshots still name it as their parent, so the lineage keeps its shape.
     pub fn delete_snapshot(&self, id_or_name: &str, cascade: bool) -> Result<Vec<SnapshotId>> {
-        let snap = self.store.snapshot(id_or_name)?;
+        let snap = self.lookup(id_or_name)?;
         let mut deleted = Vec::new();
         self.delete_tree(&snap, cascade, &mut deleted)?;
         Ok(deleted)
@@ -50,11 +50,9 @@ impl Engine {
 
     /// Points ref `name` at a snapshot (moving it if it exists).
     pub fn set_ref(&self, name: &str, snapshot: &str) -> Result<Snapshot> {
+        let name = Name::parse("ref name", name)?;
         let snap = self.usable_snapshot(snapshot)?;
-        if SnapshotId::parse(name).is_ok() || name.is_empty() || name.len() > 128 {
-            return Err(Error::InvalidInput(format!("invalid ref name {name:?}")));
-        }
-        self.store.set_ref(name, &snap.id, now_ms())?;
+        self.store.set_ref(name.as_str(), &snap.id, now_ms())?;
         Ok(snap)
     }
 
@@ -63,7 +61,8 @@ impl Engine {
         self.store.refs()
     }
 
-    /// Removes a ref.
+    /// Removes a ref. Any existing name is accepted, so refs made before the naming rule can
+    /// still be removed.
     pub fn delete_ref(&self, name: &str) -> Result<()> {
         if self.store.delete_ref(name)? {
             Ok(())
@@ -80,11 +79,6 @@ impl Engine {
     /// The data directory of a snapshot.
     pub fn snapshot_path(&self, id: &SnapshotId) -> PathBuf {
         self.snapshot_dir(id)
-    }
-
-    /// Destroys whatever runtime a sandbox directory without a record still has.
-    pub fn destroy_orphan(&self, id: &SandboxId) -> Result<()> {
-        self.gvisor.destroy(id, &self.sandbox_dir(id))
     }
 
     /// The id the default image has with the current agent, without building it.

@@ -6,7 +6,7 @@ use crate::state::AppState;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
-use branchbox_model::{SandboxId, SnapshotId};
+use branchbox_model::SandboxId;
 use serde::de::DeserializeOwned;
 
 /// A JSON body; an empty body reads as `{}` so bodies with only optional fields may be left out.
@@ -60,20 +60,10 @@ pub fn sandbox_id(s: &str) -> Result<SandboxId, ApiError> {
     SandboxId::parse(s).map_err(|e| ApiError::bad_request("invalid_id", e.to_string()))
 }
 
-/// Checks a snapshot reference (an id, or a name as the engine allows them).
+/// Checks a snapshot reference: an id, or a name under the one naming rule
+/// (`branchbox_model::names`).
 pub fn snapshot_ref(s: &str) -> Result<String, ApiError> {
-    if let Ok(id) = SnapshotId::parse(s) {
-        return Ok(id.into());
-    }
-    let ok = !s.is_empty()
-        && s.len() <= 128
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
-    if !ok {
-        return Err(ApiError::bad_request(
-            "invalid_id",
-            format!("{s:?} is neither a snapshot id (snap-<16 hex digits>) nor a snapshot name (1-128 of A-Z a-z 0-9 - _ .)"),
-        ));
-    }
+    branchbox_model::check_snapshot_ref(s).map_err(|e| ApiError::bad_request("invalid_id", e.to_string()))?;
     Ok(s.to_string())
 }
 
@@ -137,7 +127,7 @@ mod tests {
 
     #[test]
     fn hostile_ids_and_names_are_refused() {
-        for bad in ["", "../etc", "snap-../../x", "a b", &"n".repeat(129)] {
+        for bad in ["", "..", ".", "../etc", "snap-../../x", "a b", "a/b", &"n".repeat(129)] {
             assert!(snapshot_ref(bad).is_err(), "{bad:?}");
         }
         assert_eq!(snapshot_ref("warm-1.0").unwrap(), "warm-1.0");

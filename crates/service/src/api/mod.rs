@@ -7,6 +7,7 @@
 pub mod commands;
 pub mod extract;
 pub mod files;
+pub mod gc;
 pub mod sandboxes;
 pub mod snapshots;
 pub mod system;
@@ -86,6 +87,7 @@ pub fn router(st: AppState) -> (Router, OpenApiDoc) {
         .routes(routes!(system::lineage))
         .routes(routes!(system::audit))
         .routes(routes!(system::metrics))
+        .routes(routes!(gc::report, gc::run))
         .routes(routes!(commands::list_processes))
         .routes(routes!(commands::signal))
         .routes(routes!(files::list))

@@ -6,6 +6,7 @@ service's files in the data directory).
 """
 
 from .async_sandbox import AsyncCommandHandle, AsyncSandbox
+from ._names import MAX_NAME_BYTES, check_name
 from .exceptions import (
     AuthenticationError,
     BranchboxError,
@@ -20,7 +21,7 @@ from .exceptions import (
     ServiceUnavailableError,
     TimeoutException,
 )
-from .models import CommandResult, EntryInfo, Lineage, ProcessInfo, SandboxInfo, SnapshotInfo, WriteInfo
+from .models import CommandResult, EntryInfo, GcReport, Lineage, ProcessInfo, SandboxInfo, SnapshotInfo, WriteInfo
 from .sandbox import CommandHandle, Sandbox
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "CommandResult",
     "ConflictError",
     "EntryInfo",
+    "GcReport",
     "InvalidArgumentError",
     "Lineage",
     "NotFoundError",
@@ -47,4 +49,6 @@ __all__ = [
     "SnapshotInfo",
     "TimeoutException",
     "WriteInfo",
+    "MAX_NAME_BYTES",
+    "check_name",
 ]

@@ -12,6 +12,7 @@ from urllib.parse import quote, urlencode
 
 import httpx
 
+from ._names import check_name, check_snapshot_ref
 from .exceptions import BranchboxError, CommandExitException, from_response
 from .models import CommandResult
 
@@ -40,6 +41,25 @@ def sandbox_path(sandbox_id: str, rest: str = "") -> str:
     return f"/v1/sandboxes/{_q(sandbox_id)}{rest}"
 
 
+def snapshot_body(name: Optional[str]) -> Dict[str, Any]:
+    """The body that takes a snapshot or checkpoint, its name checked first."""
+    return {} if name is None else {"name": check_name("snapshot name", name)}
+
+
+def rollback(sandbox_id: str, checkpoint: str) -> Call:
+    return Call("POST", sandbox_path(sandbox_id, "/rollback"), json={"checkpoint": check_snapshot_ref(checkpoint)})
+
+
+def delete_snapshot(snapshot: str, cascade: bool) -> Call:
+    path = f"/v1/snapshots/{_q(check_snapshot_ref(snapshot))}"
+    return Call("DELETE", path, params={"cascade": str(cascade).lower()})
+
+
+def gc(dry_run: bool) -> Call:
+    """A report of what gc would free (``dry_run``), or the collection itself."""
+    return Call("GET" if dry_run else "POST", "/v1/gc")
+
+
 def create(
     template: Optional[str],
     snapshot_id: Optional[str],
@@ -52,6 +72,8 @@ def create(
     cpus: Optional[int],
     pids: Optional[int],
 ) -> Call:
+    if snapshot_id is not None:
+        check_snapshot_ref(snapshot_id)
     body = {
         "template": template,
         "snapshot_id": snapshot_id,

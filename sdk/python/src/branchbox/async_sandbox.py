@@ -10,7 +10,7 @@ import httpx
 from . import _api
 from ._config import ConnectionConfig
 from .exceptions import BranchboxError, NotFoundError, ServiceUnavailableError, TimeoutException, from_response
-from .models import CommandResult, EntryInfo, Lineage, ProcessInfo, SandboxInfo, SnapshotInfo, WriteInfo
+from .models import CommandResult, EntryInfo, GcReport, Lineage, ProcessInfo, SandboxInfo, SnapshotInfo, WriteInfo
 
 
 class _AsyncHttp:
@@ -253,6 +253,16 @@ class AsyncSandbox:
         finally:
             await http.client.aclose()
 
+    @classmethod
+    async def gc(cls, dry_run: bool = False, *, api_url: Optional[str] = None,
+                 token: Optional[str] = None) -> GcReport:
+        """As `Sandbox.gc`."""
+        http = _AsyncHttp(ConnectionConfig.resolve(api_url, token))
+        try:
+            return GcReport.parse((await http.call(_api.gc(dry_run))).json())
+        finally:
+            await http.client.aclose()
+
     async def get_info(self) -> SandboxInfo:
         """The sandbox's state, metadata and timeout now."""
         self._info = SandboxInfo.parse((await self._http.call(_api.Call("GET", _api.sandbox_path(self.sandbox_id)))).json())
@@ -307,13 +317,13 @@ class AsyncSandbox:
 
     async def create_snapshot(self, name: Optional[str] = None) -> SnapshotInfo:
         """Captures the full state; the sandbox keeps running."""
-        body = {} if name is None else {"name": name}
+        body = _api.snapshot_body(name)
         r = await self._http.call(_api.Call("POST", _api.sandbox_path(self.sandbox_id, "/snapshots"), json=body))
         return SnapshotInfo.parse(r.json())
 
     async def checkpoint(self, name: Optional[str] = None) -> SnapshotInfo:
         """Takes a checkpoint to roll back to later."""
-        body = {} if name is None else {"name": name}
+        body = _api.snapshot_body(name)
         r = await self._http.call(_api.Call("POST", _api.sandbox_path(self.sandbox_id, "/checkpoints"), json=body))
         return SnapshotInfo.parse(r.json())
 
@@ -324,7 +334,7 @@ class AsyncSandbox:
 
     async def rollback(self, checkpoint_id: str) -> SandboxInfo:
         """Returns this sandbox, in place, to a checkpoint."""
-        c = _api.Call("POST", _api.sandbox_path(self.sandbox_id, "/rollback"), json={"checkpoint": checkpoint_id})
+        c = _api.rollback(self.sandbox_id, checkpoint_id)
         return SandboxInfo.parse((await self._http.call(c)).json())
 
     async def lineage(self) -> Lineage:

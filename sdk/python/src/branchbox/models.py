@@ -72,6 +72,30 @@ class SnapshotInfo:
 
 
 @dataclass(frozen=True)
+class GcReport:
+    """What gc found, and freed unless it was a report only (``dry_run``)."""
+
+    dry_run: bool
+    freed_bytes: int
+    expired_snapshots: List[str]
+    kept_with_descendants: List[str]
+    unreachable_fork_points: List[str]
+    orphan_snapshot_dirs: List[str]
+    lost_sandboxes: List[str]
+    orphan_sandbox_dirs: List[str]
+    unused_images: List[str]
+    adopted: List[str]
+    reaped: List[str]
+
+    @staticmethod
+    def parse(d: Dict[str, Any]) -> "GcReport":
+        lists = {k: [str(x) for x in d.get(k) or []] for k in (
+            "expired_snapshots", "kept_with_descendants", "unreachable_fork_points", "orphan_snapshot_dirs",
+            "lost_sandboxes", "orphan_sandbox_dirs", "unused_images", "adopted", "reaped")}
+        return GcReport(dry_run=bool(d["dry_run"]), freed_bytes=int(d.get("freed_bytes", 0)), **lists)
+
+
+@dataclass(frozen=True)
 class CommandResult:
     """How a command ended, with its output."""
 

@@ -10,7 +10,7 @@ import httpx
 from . import _api
 from ._config import ConnectionConfig
 from .exceptions import BranchboxError, NotFoundError, ServiceUnavailableError, TimeoutException, from_response
-from .models import CommandResult, EntryInfo, Lineage, ProcessInfo, SandboxInfo, SnapshotInfo, WriteInfo
+from .models import CommandResult, EntryInfo, GcReport, Lineage, ProcessInfo, SandboxInfo, SnapshotInfo, WriteInfo
 
 #: How much of a file upload is sent per chunk.
 UPLOAD_CHUNK = 256 * 1024
@@ -281,7 +281,17 @@ class Sandbox:
         """Deletes a snapshot (and, with `cascade`, the snapshots descending from it)."""
         http = _Http(ConnectionConfig.resolve(api_url, token))
         try:
-            http.call(_api.Call("DELETE", f"/v1/snapshots/{_api._q(snapshot_id)}", params={"cascade": str(cascade).lower()}))
+            http.call(_api.delete_snapshot(snapshot_id, cascade))
+        finally:
+            http.client.close()
+
+    @classmethod
+    def gc(cls, dry_run: bool = False, *, api_url: Optional[str] = None, token: Optional[str] = None) -> GcReport:
+        """Reconciles sandboxes with their records, then frees what nothing can reach (expired
+        snapshots, unreachable fork points, lost sandboxes...); with `dry_run`, only reports."""
+        http = _Http(ConnectionConfig.resolve(api_url, token))
+        try:
+            return GcReport.parse(http.call(_api.gc(dry_run)).json())
         finally:
             http.client.close()
 
@@ -337,12 +347,12 @@ class Sandbox:
 
     def create_snapshot(self, name: Optional[str] = None) -> SnapshotInfo:
         """Captures the full state; the sandbox keeps running. `Sandbox.create(snapshot_id=...)` starts it again."""
-        body = {} if name is None else {"name": name}
+        body = _api.snapshot_body(name)
         return SnapshotInfo.parse(self._http.call(_api.Call("POST", _api.sandbox_path(self.sandbox_id, "/snapshots"), json=body)).json())
 
     def checkpoint(self, name: Optional[str] = None) -> SnapshotInfo:
         """Takes a checkpoint to roll back to later."""
-        body = {} if name is None else {"name": name}
+        body = _api.snapshot_body(name)
         return SnapshotInfo.parse(self._http.call(_api.Call("POST", _api.sandbox_path(self.sandbox_id, "/checkpoints"), json=body)).json())
 
     def checkpoints(self) -> List[SnapshotInfo]:
@@ -352,7 +362,7 @@ class Sandbox:
 
     def rollback(self, checkpoint_id: str) -> SandboxInfo:
         """Returns this sandbox, in place, to a checkpoint: processes, memory and files."""
-        c = _api.Call("POST", _api.sandbox_path(self.sandbox_id, "/rollback"), json={"checkpoint": checkpoint_id})
+        c = _api.rollback(self.sandbox_id, checkpoint_id)
         return SandboxInfo.parse(self._http.call(c).json())
 
     def lineage(self) -> Lineage:

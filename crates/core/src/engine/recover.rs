@@ -1,0 +1,316 @@
+//! Reconciliation: after a crash (a CLI or branchboxd killed in the middle of a fork, say) the
+//! runtime and the records disagree. This matches them up again:
+//!
+//! - a sandbox directory without a record is *adopted* when it is a complete child of a
+//!   recorded (or provably complete) snapshot, and *reaped* (every process stopped, its
+//!   directory removed) otherwise;
+//! - a record whose runtime is gone is marked lost, with the reason the shim left in
+//!   `ended.json` (`memory_limit`, `process_limit`, `agent_exited`) or "runtime gone".
+//!
+//! A child is complete when the engine wrote its intent (`intent.json`: the record of the
+//! snapshot it starts from) before starting it, that snapshot is recorded or its data is on
+//! disk, and the child's agent answers as the child itself: the agent learns its sandbox id
+//! only from the after-fork hook, which runs after the whole image was restored. A child that
+//! was restored but never thawed answers with the source's id (or not at all) and is reaped.
+//!
+//! It runs only under the data directory's exclusive lock, taken without waiting: operations
+//! in progress hold the lock shared until their sandboxes are recorded, so their work is never
+//! mistaken for a crash's leftovers, and a reconciliation never waits behind a long fork.
+//! Every reconciliation that changed something appends one JSON line to `<data>/audit.log`.
+
+use super::{DataLock, Engine};
+use branchbox_model::{now_ms, Backend, Error, Result, SandboxId, SandboxState, Snapshot, SnapshotId};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::time::Duration;
+
+/// The intent file in a child's directory.
+const INTENT: &str = "intent.json";
+/// Written by the shim when its container ends: `{"reason", "detail"}`.
+const ENDED: &str = "ended.json";
+/// Longest wait for an orphan's agent to say who it is.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Most bytes read of an intent or `ended.json` (both are written small; anything larger is
+/// not ours to trust).
+const MAX_FILE_BYTES: u64 = 64 * 1024;
+/// `audit.log` is moved to `audit.log.1` past this size, so it never grows without bound.
+const AUDIT_MAX_BYTES: u64 = 1024 * 1024;
+/// Most characters of a shim's `detail` kept in a lost reason.
+const MAX_DETAIL_CHARS: usize = 200;
+
+#[derive(Serialize, Deserialize)]
+struct Intent {
+    /// The snapshot the child starts from (for a fork, its record-to-be).
+    snapshot: Snapshot,
+}
+
+#[derive(Deserialize)]
+struct Ended {
+    reason: String,
+    #[serde(default)]
+    detail: String,
+}
+
+/// A sandbox found without its runtime.
+#[derive(Debug, Clone, Serialize)]
+pub struct LostSandbox {
+    /// Its id.
+    pub id: SandboxId,
+    /// Why (`memory_limit: ...`, `runtime gone`).
+    pub reason: String,
+}
+
+/// What a reconciliation did.
+#[derive(Debug, Default, Serialize)]
+pub struct ReconcileReport {
+    /// Another operation held the data directory, so nothing was checked this time.
+    pub skipped: bool,
+    /// Unrecorded complete children, now recorded.
+    pub adopted: Vec<SandboxId>,
+    /// Fork points recorded because a child of theirs was adopted.
+    pub recorded_fork_points: Vec<SnapshotId>,
+    /// Sandbox directories without a record whose processes were stopped and files removed.
+    pub reaped: Vec<String>,
+    /// Records whose runtime is gone, now marked lost.
+    pub lost: Vec<LostSandbox>,
+}
+
+impl ReconcileReport {
+    /// True when nothing was changed.
+    pub fn is_empty(&self) -> bool {
+        self.adopted.is_empty() && self.reaped.is_empty() && self.lost.is_empty()
+    }
+
+    /// One line for people.
+    pub fn summary(&self) -> String {
+        format!(
+            "adopted {} unrecorded sandbox(es) ({} fork point(s) recorded), reaped {}, marked {} lost",
+            self.adopted.len(),
+            self.recorded_fork_points.len(),
+            self.reaped.len(),
+            self.lost.len()
+        )
+    }
+}
+
+/// Records what a child starts from, before it is started.
+pub(super) fn write_intent(dir: &Path, snapshot: &Snapshot) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let path = dir.join(INTENT);
+    let text = serde_json::to_vec(&Intent { snapshot: snapshot.clone() })
+        .map_err(|e| Error::Backend(format!("cannot encode the intent of {}: {e}", dir.display())))?;
+    std::fs::write(&path, text).map_err(|e| Error::io(&path, e))
+}
+
+fn read_small(path: &Path) -> Option<Vec<u8>> {
+    let mut buf = Vec::new();
+    std::fs::File::open(path).ok()?.take(MAX_FILE_BYTES).read_to_end(&mut buf).ok()?;
+    Some(buf)
+}
+
+/// Why the sandbox in `dir` ended: the shim's `ended.json` when it left one, else "runtime gone".
+pub(crate) fn end_reason(dir: &Path) -> String {
+    let Some(ended) = read_small(&dir.join(ENDED)).and_then(|b| serde_json::from_slice::<Ended>(&b).ok())
+    else {
+        return "runtime gone".into();
+    };
+    // Written by a process that watched a hostile workload: keep it short and printable.
+    let reason: String =
+        ended.reason.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '_').take(32).collect();
+    let detail: String = ended.detail.chars().filter(|c| !c.is_control()).take(MAX_DETAIL_CHARS).collect();
+    match (reason.is_empty(), detail.is_empty()) {
+        (true, _) => "runtime gone".into(),
+        (false, true) => reason,
+        (false, false) => format!("{reason}: {detail}"),
+    }
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// SIGKILLs every runtime process of sandbox `id` (its shim, runsc and runsc's sandbox and
+/// gofer), found by their command lines; returns how many were signalled.
+fn kill_runtime(id: &SandboxId, shim_only: bool) -> usize {
+    let me = std::process::id().to_string();
+    let mut n = 0;
+    for pid in names(Path::new("/proc")).into_iter().filter(|p| p.bytes().all(|b| b.is_ascii_digit())) {
+        if pid == me {
+            continue;
+        }
+        let Some(cmd) = read_small(&Path::new("/proc").join(&pid).join("cmdline")) else { continue };
+        let argv0 = cmd.split(|b| *b == 0).next().unwrap_or_default();
+        let prog = argv0.rsplit(|b| *b == b'/').next().unwrap_or_default();
+        let is_shim = prog.starts_with(b"branchbox-shim");
+        let ours = if shim_only { is_shim } else { is_shim || prog.starts_with(b"runsc") };
+        let names_it = cmd.windows(id.as_str().len()).any(|w| w == id.as_str().as_bytes());
+        if ours && names_it {
+            if let Ok(p) = pid.parse::<i32>() {
+                // SAFETY: a runtime process of this sandbox only (checked by its command line).
+                unsafe { libc::kill(p, libc::SIGKILL) };
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+impl Engine {
+    /// Matches runtime to records (see the module docs); does nothing, and says so, while
+    /// another operation holds the data directory.
+    pub fn reconcile(&self) -> Result<ReconcileReport> {
+        match DataLock::try_exclusive(&self.cfg.data_dir)? {
+            None => Ok(ReconcileReport { skipped: true, ..ReconcileReport::default() }),
+            Some(lock) => self.reconcile_held(&lock),
+        }
+    }
+
+    /// [`Engine::reconcile`] for a caller that holds the exclusive lock already (gc).
+    pub fn reconcile_held(&self, _exclusive: &DataLock) -> Result<ReconcileReport> {
+        let mut r = ReconcileReport::default();
+        let recorded: BTreeSet<String> =
+            self.store.sandboxes()?.into_iter().map(|s| s.id.to_string()).collect();
+        for name in names(&self.cfg.data_dir.join("sandboxes")) {
+            if recorded.contains(&name) {
+                continue;
+            }
+            match SandboxId::parse(&name) {
+                Ok(id) if self.adopt(&id, &mut r)? => r.adopted.push(id),
+                Ok(id) => {
+                    self.reap(&id)?;
+                    r.reaped.push(name);
+                }
+                Err(_) => {
+                    let p = self.cfg.data_dir.join("sandboxes").join(&name);
+                    std::fs::remove_dir_all(&p).map_err(|e| Error::io(&p, e))?;
+                    r.reaped.push(name);
+                }
+            }
+        }
+        for s in self.store.sandboxes()? {
+            let dir = self.sandbox_dir(&s.id);
+            let alive = || self.backend(s.backend).map(|b| b.is_alive(&dir)).unwrap_or(false);
+            // Asked twice, a moment apart: "lost" is recorded, so one refused connection (a
+            // shim busy swapping containers) must not be enough.
+            if s.state != SandboxState::Lost && !alive() && {
+                std::thread::sleep(Duration::from_millis(50));
+                !alive()
+            } {
+                let reason = end_reason(&dir);
+                self.store.mark_lost(&s.id, &reason, now_ms())?;
+                r.lost.push(LostSandbox { id: s.id, reason });
+            }
+        }
+        if !r.is_empty() {
+            self.audit("reconcile", &r);
+        }
+        Ok(r)
+    }
+
+    /// Records the unrecorded sandbox `id` when it is a complete child (see the module docs).
+    fn adopt(&self, id: &SandboxId, r: &mut ReconcileReport) -> Result<bool> {
+        let dir = self.sandbox_dir(id);
+        let Some(intent) =
+            read_small(&dir.join(INTENT)).and_then(|b| serde_json::from_slice::<Intent>(&b).ok())
+        else {
+            return Ok(false);
+        };
+        let snap = intent.snapshot;
+        let recorded = match self.store.snapshot(snap.id.as_str()) {
+            Ok(s) if s.deleted_ms.is_some() => return Ok(false),
+            Ok(s) => Some(s),
+            Err(Error::NotFound { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        let data = self.snapshot_dir(&snap.id);
+        if (recorded.is_none() && !data.is_dir()) || !self.answers_as(&dir, id) {
+            return Ok(false);
+        }
+        let snap = match recorded {
+            Some(s) => s,
+            None => {
+                // The child restored from this image and thawed, so the image was complete.
+                let snap = Snapshot { size_bytes: crate::gc::dir_bytes(&data), ..snap };
+                self.store.insert_snapshot(&snap)?;
+                if let Some(src) = &snap.source {
+                    if self.store.sandbox(src).is_ok_and(|s| s.parent_snapshot == snap.parent) {
+                        self.store.set_parent(src, &snap.id)?;
+                    }
+                }
+                r.recorded_fork_points.push(snap.id.clone());
+                snap
+            }
+        };
+        self.store.insert_sandbox(&self.child_record(id.clone(), &snap))?;
+        Ok(true)
+    }
+
+    /// True when the agent in `dir` answers, within [`PROBE_TIMEOUT`], as sandbox `id`.
+    fn answers_as(&self, dir: &Path, id: &SandboxId) -> bool {
+        let Ok(mut conn) = self.gvisor.connect(dir) else { return false };
+        let s = conn.stream_mut();
+        if s.set_read_timeout(Some(PROBE_TIMEOUT)).is_err()
+            || s.set_write_timeout(Some(PROBE_TIMEOUT)).is_err()
+        {
+            return false;
+        }
+        conn.info().is_ok_and(|i| i.sandbox_id == id.as_str())
+    }
+
+    /// Stops every process an unrecorded sandbox has and removes its directory. The shim goes
+    /// first, so it starts nothing more; runsc processes it had started but runsc had not yet
+    /// registered are killed by command line, and what runsc registered meanwhile is destroyed.
+    pub(crate) fn reap(&self, id: &SandboxId) -> Result<()> {
+        let dir = self.sandbox_dir(id);
+        kill_runtime(id, true);
+        self.gvisor.destroy(id, &dir)?;
+        if kill_runtime(id, false) > 0 {
+            self.gvisor.destroy(id, &dir)?;
+        }
+        Ok(())
+    }
+
+    /// Appends one JSON line to `<data>/audit.log`. The audit is a record, not a precondition:
+    /// a failure to write it is reported on stderr and the work stands.
+    pub(crate) fn audit(&self, action: &str, what: &impl Serialize) {
+        let path = self.cfg.data_dir.join("audit.log");
+        if std::fs::metadata(&path).is_ok_and(|m| m.len() > AUDIT_MAX_BYTES) {
+            let _ = std::fs::rename(&path, path.with_extension("log.1"));
+        }
+        let line = serde_json::json!({ "at_ms": now_ms(), "pid": std::process::id(), "action": action, "report": what });
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(format!("{line}\n").as_bytes()));
+        if let Err(e) = written {
+            eprintln!("branchbox: could not append to {}: {e}", path.display());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shims_end_reason_is_read_bounded_and_cleaned() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(end_reason(dir.path()), "runtime gone");
+        std::fs::write(dir.path().join(ENDED), r#"{"reason":"memory_limit","detail":"oom at 512 MiB"}"#)
+            .unwrap();
+        assert_eq!(end_reason(dir.path()), "memory_limit: oom at 512 MiB");
+        let hostile = format!(r#"{{"reason":"x\u001b[2J","detail":"{}\n"}}"#, "d".repeat(5000));
+        std::fs::write(dir.path().join(ENDED), hostile).unwrap();
+        let r = end_reason(dir.path());
+        assert!(r.starts_with("x2J: ") && r.len() <= 5 + MAX_DETAIL_CHARS, "{r}");
+        std::fs::write(dir.path().join(ENDED), "not json").unwrap();
+        assert_eq!(end_reason(dir.path()), "runtime gone");
+    }
+}
