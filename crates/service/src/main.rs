@@ -42,6 +42,10 @@ struct Args {
     /// Longest a client may take to send a request's headers, seconds.
     #[arg(long, default_value_t = 30)]
     header_timeout: u64,
+    /// Longest a sandbox's agent may stay silent in a call (beyond the call's own time, such as
+    /// a command's timeout) before the call fails and frees its worker, seconds.
+    #[arg(long, default_value_t = 60)]
+    agent_stall: u64,
     /// A host name clients may use in the Host header besides IP addresses and localhost
     /// (repeatable); other names are refused, which stops DNS rebinding.
     #[arg(long)]
@@ -70,6 +74,7 @@ fn main() -> anyhow::Result<()> {
     cfg.max_connections = a.max_connections.max(1);
     cfg.header_timeout = Duration::from_secs(a.header_timeout.max(1));
     cfg.allowed_hosts = a.allowed_host.clone();
+    cfg.agent_stall = Duration::from_secs(a.agent_stall.max(1));
     // Bound before anything else, so the address (port 0 picks one) is known to the challenge.
     let listener =
         std::net::TcpListener::bind(&a.listen).with_context(|| format!("listening on {}", a.listen))?;

@@ -85,3 +85,26 @@ def test_requests_a_web_page_could_send_are_refused(service):
         r = c.get("/v1/sandboxes", headers={"origin": "http://evil.example"})
         assert (r.status_code, r.json()["error"]["code"]) == (403, "origin_not_allowed")
         assert c.get("/v1/sandboxes").status_code == 200
+
+
+def test_an_agent_that_stops_answering_frees_its_worker(workdir):
+    """A frozen agent: the call fails after the stall limit instead of holding a service worker
+    until the 600 s request limit (the client's own timeout is far below that)."""
+    import os
+    import subprocess
+
+    from conftest import _serve
+
+    with _serve(workdir, "stall", "--agent-stall", "2") as svc, svc.client() as c:
+        r = c.post("/v1/sandboxes", json={})
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        runsc = [os.environ.get("BRANCHBOX_RUNSC", "runsc"), "--root", str(svc.data_dir / "runsc")]
+        # Frozen behind the service's back: the shim still accepts, the agent never answers.
+        subprocess.run([*runsc, "pause", f"{sid}-g1"], check=True)
+        try:
+            r = c.get(f"/v1/sandboxes/{sid}/files/list", params={"path": "/"}, timeout=120)
+            assert (r.status_code, r.json()["error"]["code"]) == (502, "agent_unavailable"), r.text
+        finally:
+            subprocess.run([*runsc, "resume", f"{sid}-g1"], check=True)
+        assert c.get(f"/v1/sandboxes/{sid}/files/list", params={"path": "/"}).status_code == 200

@@ -32,8 +32,9 @@ impl Write for ChannelSink {
             return Err(std::io::Error::other("the file grew past the download limit while it was read"));
         }
         self.left -= buf.len() as u64;
-        let sent =
-            self.rt.block_on(tokio::time::timeout(self.stall, self.tx.send(Ok(Bytes::copy_from_slice(buf)))));
+        let (tx, stall, chunk) = (&self.tx, self.stall, Bytes::copy_from_slice(buf));
+        // The timer is made inside the runtime, whichever thread this runs on.
+        let sent = self.rt.block_on(async move { tokio::time::timeout(stall, tx.send(Ok(chunk))).await });
         match sent {
             Ok(Ok(())) => Ok(buf.len()),
             Ok(Err(_)) => Err(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away")),
@@ -262,4 +263,27 @@ pub async fn mkdir(
         })
         .await?;
     Ok(Json(Made { created }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_download_whose_client_stops_reading_frees_its_worker() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_time().build().unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::channel(2);
+        let mut sink =
+            ChannelSink { tx, left: 1 << 20, stall: Duration::from_millis(50), rt: rt.handle().clone() };
+        // Nobody reads `rx`: two chunks fill the channel, the third waits out the stall limit.
+        let mut written = 0;
+        let e = loop {
+            match sink.write(b"chunk") {
+                Ok(n) => written += n,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!((written, e.kind()), (10, std::io::ErrorKind::TimedOut));
+        assert!(rx.try_recv().is_ok());
+    }
 }
