@@ -3,7 +3,7 @@
 use crate::args::{
     BackendArg, BenchCmd, Cli, Cmd, CreateArgs, ExecArgs, FilesCmd, ImageCmd, RefCmd, TravelArgs,
 };
-use crate::output::{print, Progress};
+use crate::output::{clean, print, Progress};
 use anyhow::{anyhow, bail, Context, Result};
 use branchbox_core::bench_travel::{self, Travel};
 use branchbox_core::{bench, host, BackendChoice, Config, Engine, SnapshotOptions};
@@ -93,9 +93,9 @@ pub fn run(cli: Cli) -> Result<i32> {
         Cmd::Diff { from, to } => {
             let d = branchbox_core::diff::diff(&engine, &from, &to)?;
             print(json, &d, || {
-                let mut lines: Vec<String> = d.added.iter().map(|p| format!("A {p}")).collect();
-                lines.extend(d.changed.iter().map(|p| format!("M {p}")));
-                lines.extend(d.removed.iter().map(|p| format!("D {p}")));
+                let mut lines: Vec<String> = d.added.iter().map(|p| format!("A {}", clean(p))).collect();
+                lines.extend(d.changed.iter().map(|p| format!("M {}", clean(p))));
+                lines.extend(d.removed.iter().map(|p| format!("D {}", clean(p))));
                 lines.join("\n")
             });
             Ok(0)
@@ -399,26 +399,8 @@ fn files(engine: &Engine, cmd: FilesCmd, json: bool) -> Result<i32> {
     match cmd {
         FilesCmd::Get { id, path, local } => {
             let mut conn = engine.connect(&parse_id(&id)?)?;
-            let size = match local.filter(|l| l.as_os_str() != "-") {
-                Some(l) => {
-                    // Write next to the target and rename, so a failed copy leaves no partial file.
-                    let tmp = l.with_extension("branchbox-part");
-                    let mut f =
-                        std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-                    let r = conn.read_file(&path, &mut f);
-                    match r {
-                        Ok(n) => {
-                            std::fs::rename(&tmp, &l).with_context(|| format!("writing {}", l.display()))?;
-                            n
-                        }
-                        Err(e) => {
-                            let _ = std::fs::remove_file(&tmp);
-                            return Err(e.into());
-                        }
-                    }
-                }
-                None => conn.read_file(&path, &mut std::io::stdout().lock())?,
-            };
+            let size =
+                crate::download::get(&mut conn, &path, local.as_deref().filter(|l| l.as_os_str() != "-"))?;
             if json {
                 print(true, &serde_json::json!({"path": path, "size": size}), String::new);
             }
@@ -454,7 +436,7 @@ fn files(engine: &Engine, cmd: FilesCmd, json: bool) -> Result<i32> {
                             "{:>4o} {:>10}  {}{}",
                             e.mode,
                             e.size,
-                            e.name,
+                            clean(&e.name),
                             if e.kind == branchbox_protocol::FileKind::Dir { "/" } else { "" }
                         )
                     })
@@ -484,7 +466,7 @@ fn fork(engine: &Engine, id: &SandboxId, n: usize, json: bool) -> Result<i32> {
             .iter()
             .map(|c| match c {
                 Ok(s) => s.sandbox.id.to_string(),
-                Err(e) => format!("error: {e}"),
+                Err(e) => format!("error: {}", clean(&e.to_string())),
             })
             .collect::<Vec<_>>()
             .join("\n")
@@ -499,6 +481,7 @@ fn doctor(cfg: &Config, json: bool) -> Result<i32> {
     let gv =
         branchbox_gvisor::GvisorBackend::new(cfg.runsc.clone(), cfg.data_dir.join("runsc"), cfg.shim.clone());
     let runsc = gv.check();
+    let exposed = exposed_data_dir(&cfg.data_dir);
     let v = serde_json::json!({
         "kvm": kvm,
         "linux_microvm": {"usable": blocker.is_none(), "why_not": blocker},
@@ -506,6 +489,7 @@ fn doctor(cfg: &Config, json: bool) -> Result<i32> {
                                  Err(e) => serde_json::json!({"usable": false, "why_not": e.to_string()}) },
         "auto": {"backend": auto, "why": why},
         "data_dir": cfg.data_dir,
+        "data_dir_private": {"private": exposed.is_none(), "why_not": exposed},
         "agent": cfg.agent,
     });
     print(json, &v, || {
@@ -520,9 +504,27 @@ fn doctor(cfg: &Config, json: bool) -> Result<i32> {
         });
         lines.push(format!("auto backend:  {why}"));
         lines.push(format!("data dir:      {}", cfg.data_dir.display()));
+        if let Some(why) = &exposed {
+            lines.push(format!("warning:       {why}"));
+        }
         lines.join("\n")
     });
     Ok(if runsc.is_ok() || blocker.is_none() { 0 } else { 1 })
+}
+
+/// Why other users can reach the data directory (it holds checkpoint images, which are
+/// sandboxes' memory, and the service's database and token), with the command that fixes it;
+/// `None` when only its owner can, or it does not exist yet (it is created private).
+fn exposed_data_dir(dir: &std::path::Path) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(dir).ok()?.permissions().mode() & 0o777;
+    (mode & 0o077 != 0).then(|| {
+        format!(
+            "the data directory {} is open to other users (mode {mode:o}); run `chmod 700 {}`",
+            dir.display(),
+            dir.display()
+        )
+    })
 }
 
 /// A time-travel benchmark on the chosen backend.

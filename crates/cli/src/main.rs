@@ -2,6 +2,7 @@
 
 mod args;
 mod commands;
+mod download;
 mod output;
 mod remote;
 
@@ -9,6 +10,10 @@ use args::Cli;
 use clap::Parser;
 
 fn main() {
+    // Data directories, databases, checkpoint images and downloads hold sandboxes' memory,
+    // files and secrets: nothing this command creates is for other users.
+    // SAFETY: umask has no preconditions.
+    unsafe { libc::umask(0o077) };
     let cli = Cli::parse();
     let json = cli.json;
     match commands::run(cli) {

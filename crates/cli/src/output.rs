@@ -3,8 +3,38 @@
 use branchbox_model::Error;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
+use std::borrow::Cow;
+use std::fmt::Write as _;
 use std::io::IsTerminal;
 use std::time::Duration;
+
+/// Makes text from a sandbox (file names, messages) safe to print on a terminal: control
+/// characters (C0, DEL, C1: the escape sequences that move the cursor, retitle the window or
+/// rewrite earlier lines) and the bidirectional overrides that reorder what a reader sees are
+/// written as `\x1b` / `\u{202e}`, and a backslash as `\\` so the escapes cannot be faked.
+/// Other text, non-ASCII included, is kept.
+pub fn clean(s: &str) -> Cow<'_, str> {
+    let unsafe_char = |c: char| {
+        c.is_control() || c == '\\' || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !s.chars().any(unsafe_char) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x80 && unsafe_char(c) => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c if unsafe_char(c) => {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
 
 /// Prints `value` as JSON, or `text` for people.
 pub fn print<T: Serialize>(json: bool, value: &T, text: impl FnOnce() -> String) {
@@ -25,7 +55,10 @@ pub fn error(json: bool, e: &anyhow::Error) {
         let v = serde_json::json!({"error": {"code": code, "message": format!("{e:#}")}});
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     }
-    eprintln!("error: {e:#}");
+    // Messages can carry text from a sandbox (an agent's error, a path); each line is cleaned.
+    let text = format!("{e:#}");
+    let lines: Vec<Cow<'_, str>> = text.lines().map(clean).collect();
+    eprintln!("error: {}", lines.join("\n"));
 }
 
 /// A progress reporter: a spinner on a terminal, plain lines otherwise.
@@ -74,5 +107,21 @@ impl Drop for Progress {
         if let Some(b) = &self.bar {
             b.finish_and_clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::clean;
+
+    #[test]
+    fn control_characters_and_bidi_overrides_are_escaped() {
+        assert_eq!(clean("plain name.txt"), "plain name.txt");
+        assert_eq!(clean("caf\u{e9} \u{1f600}"), "caf\u{e9} \u{1f600}");
+        assert_eq!(clean("\u{1b}[31mred\u{1b}]0;title\u{7}"), "\\x1b[31mred\\x1b]0;title\\x07");
+        assert_eq!(clean("a\nb\rc\td\u{7f}"), "a\\x0ab\\x0dc\\x09d\\x7f");
+        assert_eq!(clean("\u{9b}2J"), "\\u{9b}2J");
+        assert_eq!(clean("evil\u{202e}txt.exe"), "evil\\u{202e}txt.exe");
+        assert_eq!(clean("back\\x1b"), "back\\\\x1b");
     }
 }

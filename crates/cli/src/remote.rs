@@ -5,6 +5,7 @@
 //! the same either way). `BRANCHBOX_NO_SERVICE=1` always uses the engine.
 
 use crate::args::{Cli, Cmd, CreateArgs, ExecArgs};
+use crate::output::clean;
 use anyhow::{anyhow, bail, Context, Result};
 use branchbox_core::Config;
 use serde_json::{json, Value};
@@ -21,14 +22,16 @@ fn first_line(p: &std::path::Path) -> Option<String> {
     std::fs::read_to_string(p).ok()?.lines().next().map(|l| l.trim().to_string()).filter(|l| !l.is_empty())
 }
 
-/// The service to use and whether it was named explicitly, if any.
-fn locate(cli: &Cli) -> Option<(Service, bool)> {
+/// The service to use and whether it was named explicitly, if any; an error when something
+/// answers at the service's address but cannot prove it is the service.
+fn locate(cli: &Cli) -> Result<Option<(Service, bool)>> {
     if std::env::var("BRANCHBOX_NO_SERVICE").is_ok_and(|v| v == "1") {
-        return None;
+        return Ok(None);
     }
     let dir = Config::from_env(cli.data_dir.as_deref()).data_dir.join("service");
     let explicit = std::env::var("BRANCHBOX_URL").ok().filter(|u| !u.is_empty());
-    let url = explicit.clone().or_else(|| first_line(&dir.join("url")))?;
+    let url_file = dir.join("url");
+    let Some(url) = explicit.clone().or_else(|| first_line(&url_file)) else { return Ok(None) };
     let token = std::env::var("BRANCHBOX_TOKEN")
         .ok()
         .filter(|t| !t.is_empty())
@@ -39,12 +42,69 @@ fn locate(cli: &Cli) -> Option<(Service, bool)> {
     if explicit.is_none()
         && svc.agent.get(&format!("{}/healthz", svc.url)).timeout(Duration::from_secs(1)).call().is_err()
     {
-        return None;
+        return Ok(None);
     }
-    Some((svc, explicit.is_some()))
+    if let Some(token) = &svc.token {
+        // The URL file is the service's own listen address; an explicit URL may pass a proxy
+        // or tunnel, where the service listens on another address than the client dials.
+        let expect = if explicit.is_none() { svc.url.strip_prefix("http://") } else { None };
+        svc.verify(token, expect).map_err(|why| {
+            let fix = if explicit.is_none() {
+                format!("if branchboxd is not running, remove {}", url_file.display())
+            } else {
+                "check BRANCHBOX_URL".to_string()
+            };
+            anyhow!(
+                "the process answering at {} did not prove it is the branchbox service, so the token was not sent to \
+                 it: {why}; {fix}",
+                svc.url
+            )
+        })?;
+    }
+    Ok(Some((svc, explicit.is_some())))
+}
+
+/// The proof a service holding `token` gives for `nonce` at `listen` (see
+/// `branchbox_service::auth::proof`, which this must match).
+fn proof(token: &str, listen: &str, nonce: &str) -> String {
+    use hmac::{Hmac, Mac};
+    use sha2::{Digest, Sha256};
+    let key = Sha256::digest(token.as_bytes());
+    // HMAC takes keys of any length; an empty proof (never a match) keeps this total anyway.
+    let Ok(mut mac) = <Hmac<Sha256> as Mac>::new_from_slice(&key) else { return String::new() };
+    mac.update(format!("branchbox-service-proof\n{listen}\n{nonce}").as_bytes());
+    hex::encode(mac.finalize().into_bytes())
 }
 
 impl Service {
+    /// Asks the service to prove it holds `token` (an HMAC over a fresh nonce) before the
+    /// token is ever sent; with `expect_listen`, the proof must also name that address.
+    fn verify(&self, token: &str, expect_listen: Option<&str>) -> std::result::Result<(), String> {
+        let nonce = hex::encode(rand::random::<[u8; 32]>());
+        let answer: Value = self
+            .agent
+            .get(&format!("{}/v1/auth/challenge", self.url))
+            .query("nonce", &nonce)
+            .timeout(Duration::from_secs(5))
+            .call()
+            .map_err(|e| format!("the challenge failed ({e})"))?
+            .into_json()
+            .map_err(|e| format!("the challenge's answer is not JSON ({e})"))?;
+        let listen = answer["listen"].as_str().ok_or("the challenge's answer names no address")?;
+        if let Some(want) = expect_listen {
+            if listen != want {
+                return Err(format!("it proved itself for {listen:?}, not {want:?}"));
+            }
+        }
+        let want = proof(token, listen, &nonce);
+        let proofs = answer["proofs"].as_array().map(Vec::as_slice).unwrap_or_default();
+        if proofs.iter().any(|p| p.as_str() == Some(want.as_str())) {
+            Ok(())
+        } else {
+            Err("its answer does not match the token".into())
+        }
+    }
+
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<ureq::Response> {
         let mut req = self.agent.request(method, &format!("{}{path}", self.url));
         if let Some(t) = &self.token {
@@ -77,7 +137,7 @@ impl Service {
 /// Runs the command through the service when one is configured and offers it; `None` means
 /// the engine should run it.
 pub fn run(cli: &Cli) -> Result<Option<i32>> {
-    let Some((svc, explicit)) = locate(cli) else { return Ok(None) };
+    let Some((svc, explicit)) = locate(cli)? else { return Ok(None) };
     if cli.json && !explicit {
         return Ok(None);
     }
@@ -147,7 +207,7 @@ pub fn run(cli: &Cli) -> Result<Option<i32>> {
                 .iter()
                 .map(|c| match c["sandbox"]["id"].as_str() {
                     Some(id) => id.to_string(),
-                    None => format!("error: {}", c["error"]["message"].as_str().unwrap_or("failed")),
+                    None => format!("error: {}", clean(c["error"]["message"].as_str().unwrap_or("failed"))),
                 })
                 .collect();
             out(&v, lines.join("\n"));
@@ -282,6 +342,17 @@ fn b64(s: &str) -> Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proofs_match_the_services_definition() {
+        // The same vector pins the service's `auth::proof` (and was computed independently with
+        // Python's hmac module), so client and service cannot drift apart.
+        let p = proof("secret-token-0123456789", "127.0.0.1:7420", "00ff");
+        assert_eq!(p, "7af8c442632867802dc53a3e0a0fd3b677ffcd76eceee573d08d1a3044cd570a");
+        assert_ne!(p, proof("secret-token-0123456789", "127.0.0.1:7421", "00ff"));
+        assert_ne!(p, proof("secret-token-0123456789", "127.0.0.1:7420", "00fe"));
+        assert_ne!(p, proof("other-token-0123456789", "127.0.0.1:7420", "00ff"));
+    }
 
     #[test]
     fn base64_decodes_every_padding_length() {

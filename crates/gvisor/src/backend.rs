@@ -5,6 +5,7 @@ use crate::runsc::Runsc;
 use branchbox_model::{AgentConn, Backend, BackendKind, ChildResult, Error, Result, SandboxId, SandboxPlan};
 use branchbox_protocol::{AfterFork, AgentClient, HookReport, Request, Response};
 use rand::RngCore;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -119,12 +120,17 @@ impl GvisorBackend {
     /// complete while the shim is still restoring the source.
     fn checkpoint(&self, dir: &Path, dest: &Path, early: bool) -> Result<u64> {
         let image = dest.join("checkpoint");
-        std::fs::create_dir_all(&image).map_err(|e| Error::io(&image, e))?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&image)
+            .map_err(|e| Error::io(&image, e))?;
         let image = image.canonicalize().map_err(|e| Error::io(&image, e))?;
         control::call(
             &socket(dir),
             &ShimRequest::ShimCheckpoint { image: image.display().to_string(), early },
         )?;
+        restrict_tree(dest).map_err(|e| Error::io(dest, e))?;
         Ok(dir_size(dest))
     }
 
@@ -164,6 +170,23 @@ fn checkpoint_image(src: &Path) -> Result<PathBuf> {
         )));
     }
     Ok(image)
+}
+
+/// Makes everything under `dir` owner-only (directories 0700, files 0600): runsc writes the
+/// image with modes of its own, and the image holds the sandbox's memory and files. Symlinks
+/// are left alone, not followed.
+fn restrict_tree(dir: &Path) -> std::io::Result<()> {
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            restrict_tree(&entry.path())?;
+        } else if kind.is_file() {
+            std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(0o600))?;
+        }
+    }
+    Ok(())
 }
 
 /// Bytes used by the files under `dir`.

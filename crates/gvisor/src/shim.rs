@@ -237,6 +237,10 @@ impl Shim {
         let mut next_conn = 0u64;
         for conn in listener.incoming() {
             let Ok(conn) = conn else { continue };
+            if let Err(why) = crate::control::peer_allowed(&conn) {
+                eprintln!("branchbox-shim: refused a connection: {why}");
+                continue;
+            }
             next_conn += 1;
             let me = Arc::clone(self);
             let id = next_conn;
@@ -296,9 +300,12 @@ impl Shim {
     fn control(self: &Arc<Self>, req: ShimRequest, answer: &dyn Fn(ShimResponse)) {
         let r = match req {
             ShimRequest::ShimCheckpoint { image, early } => {
-                self.checkpoint(PathBuf::from(image), early.then_some(answer))
+                crate::control::confine_image(&self.cfg.dir, &image)
+                    .and_then(|image| self.checkpoint(image, early.then_some(answer)))
             }
-            ShimRequest::ShimRollback { image } => self.rollback(PathBuf::from(image)),
+            ShimRequest::ShimRollback { image } => {
+                crate::control::confine_image(&self.cfg.dir, &image).and_then(|image| self.rollback(image))
+            }
             ShimRequest::ShimPause => {
                 let cid = lock(&self.container).cid.clone();
                 self.cfg
@@ -468,6 +475,9 @@ pub fn run(cfg: ShimConfig) -> Result<(), String> {
     let _ = std::fs::remove_file(&tmp);
     let listener =
         UnixListener::bind(&tmp).map_err(|e| format!("cannot listen on {}: {e}", tmp.display()))?;
+    // Owner only whatever the umask; `serve` also checks each peer's uid.
+    std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .map_err(|e| format!("cannot restrict {}: {e}", tmp.display()))?;
     std::fs::rename(&tmp, &sock).map_err(|e| format!("cannot publish {}: {e}", sock.display()))?;
     shim.serve(listener);
     Ok(())

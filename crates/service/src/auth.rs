@@ -1,6 +1,7 @@
 //! Bearer tokens: generated at first start into `<data>/service/token` (mode 0600), compared in
 //! constant time, identified in the audit log by a short id derived from the token's hash (never
-//! the token itself).
+//! the token itself). The service proves it holds a token before a client sends it: see
+//! [`proof`].
 
 use crate::error::ApiError;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -26,6 +27,18 @@ fn digest(token: &[u8]) -> [u8; 32] {
     Sha256::digest(token).into()
 }
 
+/// The answer to a client's challenge: hex HMAC-SHA256, keyed with the SHA-256 of the token,
+/// over `branchbox-service-proof\n<listen address>\n<nonce>`. Only a holder of the token (or
+/// of its hash, which the service keeps) can compute it; the address binds it to the service's
+/// own socket, so a process on a stale port cannot relay another service's answer.
+pub fn proof(token_digest: &[u8; 32], listen: &str, nonce: &str) -> String {
+    use hmac::{Hmac, Mac};
+    // HMAC takes keys of any length; an empty proof (never a match) keeps this total anyway.
+    let Ok(mut mac) = <Hmac<Sha256> as Mac>::new_from_slice(token_digest) else { return String::new() };
+    mac.update(format!("branchbox-service-proof\n{listen}\n{nonce}").as_bytes());
+    hex::encode(mac.finalize().into_bytes())
+}
+
 /// The audit id of a token: `tok-` and the first 12 hex digits of its SHA-256.
 pub fn token_id(token: &str) -> String {
     format!("tok-{}", &hex::encode(digest(token.as_bytes()))[..12])
@@ -47,7 +60,8 @@ impl Tokens {
     pub fn load_or_create(path: &Path) -> anyhow::Result<Tokens> {
         if !path.exists() {
             if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir)?;
+                std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+                    .create(dir)?;
             }
             let token = format!("bbx_{}", hex::encode(rand::random::<[u8; 24]>()));
             let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
@@ -69,6 +83,11 @@ impl Tokens {
             anyhow::bail!("{} must hold one token of 16 to {MAX_TOKEN} characters per line", path.display());
         }
         Ok(Tokens::new(lines))
+    }
+
+    /// One [`proof`] per accepted token (the service does not know which one the client holds).
+    pub fn proofs(&self, listen: &str, nonce: &str) -> Vec<String> {
+        self.digests.iter().map(|d| proof(d, listen, nonce)).collect()
     }
 
     /// Checks a presented token against every accepted one; every comparison runs in full so the
@@ -165,5 +184,17 @@ mod tests {
         std::fs::write(&path, "0123456789abcdef0123\n").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert!(Tokens::load_or_create(&path).is_err());
+    }
+
+    #[test]
+    fn proofs_depend_on_the_token_the_address_and_the_nonce() {
+        let t = Tokens::new(["secret-token-0123456789", "second-token-0123456789"]);
+        let p = t.proofs("127.0.0.1:7420", "00ff");
+        assert_eq!(p.len(), 2);
+        // Also pinned by the command line's tests (computed independently with Python's hmac).
+        assert_eq!(p[0], "7af8c442632867802dc53a3e0a0fd3b677ffcd76eceee573d08d1a3044cd570a");
+        assert_ne!(p[0], p[1]);
+        assert_ne!(p[0], t.proofs("127.0.0.1:7421", "00ff")[0]);
+        assert_ne!(p[0], t.proofs("127.0.0.1:7420", "00fe")[0]);
     }
 }

@@ -32,6 +32,20 @@ pub struct ServiceConfig {
     pub auth: bool,
     /// How often the TTL task looks for expired sandboxes.
     pub ttl_tick: Duration,
+    /// Longest a connection may take to send a request's headers (and longest an idle
+    /// kept-alive connection is held); slower ones are closed.
+    pub header_timeout: Duration,
+    /// Most client connections at once; more are answered 503 and closed.
+    pub max_connections: usize,
+    /// Longest the agent of a sandbox may stay silent during a call (and a streamed download
+    /// may wait for its client) before the call fails and its worker is freed.
+    pub agent_stall: Duration,
+    /// The address the service listens on, as written to `<data>/service/url`; it is part of
+    /// the challenge proof, so a relay on another address cannot pass one on.
+    pub listen: Option<String>,
+    /// Host names accepted in the `Host` header besides IP addresses and `localhost`
+    /// (any other name is how a DNS-rebinding page would reach the service).
+    pub allowed_hosts: Vec<String>,
 }
 
 impl ServiceConfig {
@@ -51,6 +65,11 @@ impl ServiceConfig {
             request_timeout: Duration::from_secs(600),
             auth: true,
             ttl_tick: Duration::from_millis(500),
+            header_timeout: Duration::from_secs(30),
+            max_connections: 512,
+            agent_stall: Duration::from_secs(60),
+            listen: None,
+            allowed_hosts: Vec::new(),
         }
     }
 

@@ -127,8 +127,15 @@ fn from_json(s: &str) -> BTreeMap<String, String> {
 }
 
 impl ServiceDb {
-    /// Opens (creating) the database at `path`.
+    /// Opens (creating) the database at `path`, readable by its owner only (it holds
+    /// sandboxes' environments, which are often secrets).
     pub fn open(path: &Path) -> DbResult<ServiceDb> {
+        branchbox_store::make_private(path).map_err(|e| {
+            rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
+                Some(format!("cannot make {} private: {e}", path.display())),
+            )
+        })?;
         let conn = Connection::open(path)?;
         conn.busy_timeout(Duration::from_secs(30))?;
         conn.pragma_update(None, "journal_mode", "WAL")?;

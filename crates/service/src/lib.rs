@@ -11,7 +11,9 @@ pub mod auth;
 pub mod config;
 pub mod db;
 pub mod error;
+pub mod guard;
 pub mod metrics;
+pub mod serve;
 pub mod state;
 pub mod ttl;
 

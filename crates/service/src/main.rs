@@ -2,6 +2,7 @@
 
 use anyhow::Context;
 use branchbox_service::auth::Tokens;
+use branchbox_service::serve::{self, ServeLimits};
 use branchbox_service::{api, ttl, AppState, ServiceConfig};
 use clap::Parser;
 use std::path::PathBuf;
@@ -35,9 +36,27 @@ struct Args {
     /// Largest file upload or download, MiB.
     #[arg(long, default_value_t = 512)]
     max_file_mib: u64,
+    /// Most client connections at once; more are answered 503.
+    #[arg(long, default_value_t = 512)]
+    max_connections: usize,
+    /// Longest a client may take to send a request's headers, seconds.
+    #[arg(long, default_value_t = 30)]
+    header_timeout: u64,
+    /// Longest a sandbox's agent may stay silent in a call (beyond the call's own time, such as
+    /// a command's timeout) before the call fails and frees its worker, seconds.
+    #[arg(long, default_value_t = 60)]
+    agent_stall: u64,
+    /// A host name clients may use in the Host header besides IP addresses and localhost
+    /// (repeatable); other names are refused, which stops DNS rebinding.
+    #[arg(long)]
+    allowed_host: Vec<String>,
 }
 
 fn main() -> anyhow::Result<()> {
+    // The service writes its database (sandboxes' environments), token and the engine's files:
+    // none of them is for other users, whatever umask it was started with.
+    // SAFETY: umask has no preconditions.
+    unsafe { libc::umask(0o077) };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
@@ -52,24 +71,37 @@ fn main() -> anyhow::Result<()> {
     cfg.request_timeout = Duration::from_secs(a.request_timeout.max(1));
     cfg.max_upload_bytes = a.max_file_mib << 20;
     cfg.max_download_bytes = a.max_file_mib << 20;
+    cfg.max_connections = a.max_connections.max(1);
+    cfg.header_timeout = Duration::from_secs(a.header_timeout.max(1));
+    cfg.allowed_hosts = a.allowed_host.clone();
+    cfg.agent_stall = Duration::from_secs(a.agent_stall.max(1));
+    // Bound before anything else, so the address (port 0 picks one) is known to the challenge.
+    let listener =
+        std::net::TcpListener::bind(&a.listen).with_context(|| format!("listening on {}", a.listen))?;
+    listener.set_nonblocking(true)?;
+    cfg.listen = Some(listener.local_addr()?.to_string());
     let service_dir = cfg.service_dir();
-    std::fs::create_dir_all(&service_dir).with_context(|| format!("creating {}", service_dir.display()))?;
+    std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+        .create(&service_dir)
+        .with_context(|| format!("creating {}", service_dir.display()))?;
     let tokens = if cfg.auth {
         let path = a.token_file.clone().unwrap_or_else(|| service_dir.join("token"));
         Some(Tokens::load_or_create(&path).with_context(|| format!("token file {}", path.display()))?)
     } else {
-        tracing::warn!("authentication is off: anyone who can reach {} controls every sandbox", a.listen);
+        tracing::warn!(
+            "authentication is off: anyone who can reach {} controls every sandbox",
+            cfg.listen.as_deref().unwrap_or(&a.listen)
+        );
         None
     };
     let st = AppState::open(cfg, tokens).context("opening the data directory")?;
-    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve(st, &a.listen))
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve(st, listener))
 }
 
-async fn serve(st: AppState, listen: &str) -> anyhow::Result<()> {
+async fn serve(st: AppState, listener: std::net::TcpListener) -> anyhow::Result<()> {
     let (alive, lost, dropped) = st.blocking(ttl::reconcile).await?;
     tracing::info!("found {alive} sandboxes alive, {lost} lost; dropped {dropped} stale records");
-    let listener =
-        tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
+    let listener = tokio::net::TcpListener::from_std(listener)?;
     let url = format!("http://{}", listener.local_addr()?);
     let url_file = st.cfg.service_dir().join("url");
     let tmp = url_file.with_extension("tmp");
@@ -78,12 +110,14 @@ async fn serve(st: AppState, listen: &str) -> anyhow::Result<()> {
     tracing::info!("branchboxd serving {} at {url}", st.cfg.engine.data_dir.display());
     tokio::spawn(ttl::run(st.clone()));
     let (router, _) = api::router(st.clone());
-    let r = axum::serve(listener, router).with_graceful_shutdown(stop_signal()).await;
+    let limits =
+        ServeLimits { header_timeout: st.cfg.header_timeout, max_connections: st.cfg.max_connections };
+    serve::serve(listener, router, limits, stop_signal(), Duration::from_secs(10)).await;
     // Only our own URL is removed: another branchboxd may have started on this directory since.
     if std::fs::read_to_string(&url_file).is_ok_and(|u| u.trim() == url) {
         let _ = std::fs::remove_file(&url_file);
     }
-    r.context("serving")
+    Ok(())
 }
 
 async fn stop_signal() {

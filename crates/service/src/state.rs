@@ -12,9 +12,10 @@ use crate::error::{ApiError, ApiResult};
 use crate::metrics::Metrics;
 use axum::http::StatusCode;
 use branchbox_core::Engine;
-use branchbox_model::{SandboxId, SandboxState};
+use branchbox_model::{AgentConn, SandboxId, SandboxState};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 /// Shared state, cheap to clone.
 #[derive(Clone)]
@@ -67,7 +68,8 @@ impl AppState {
     /// Opens the service's database and checks the engine's data directory.
     pub fn open(cfg: ServiceConfig, tokens: Option<Tokens>) -> anyhow::Result<AppState> {
         let dir = cfg.service_dir();
-        std::fs::create_dir_all(&dir)?;
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+            .create(&dir)?;
         let db = ServiceDb::open(&dir.join("service.db"))?;
         let engine = Engine::open(cfg.engine.clone())?;
         Ok(AppState(Arc::new(Inner {
@@ -116,6 +118,21 @@ impl AppState {
         })
         .await
         .map_err(|e| ApiError::internal(format!("a worker failed: {e}; the request was not completed")))?
+    }
+
+    /// Connects to a sandbox's agent with a stall limit: a read or write on the connection that
+    /// waits longer than the service's `agent_stall` plus `beyond` (the time the call itself
+    /// may legitimately take, such as a command's timeout) fails, so a guest that stops
+    /// answering frees the worker thread instead of holding it after the client got its 504.
+    pub fn agent(&self, engine: &Engine, id: &SandboxId, beyond: Duration) -> ApiResult<AgentConn> {
+        let mut conn = engine.connect(id)?;
+        let stall = Some(self.cfg.agent_stall + beyond);
+        let stream = conn.stream_mut();
+        stream
+            .set_read_timeout(stall)
+            .and_then(|()| stream.set_write_timeout(stall))
+            .map_err(|e| ApiError::internal(format!("cannot bound the agent connection: {e}")))?;
+        Ok(conn)
     }
 
     /// Runs `f` while holding the sandbox's runtime lock (see `sandbox_locks`).

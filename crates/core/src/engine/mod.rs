@@ -130,6 +130,14 @@ pub struct Engine {
     gvisor: GvisorBackend,
 }
 
+/// Creates `dir` and any missing parents with mode 0700 whatever the umask: the data directory
+/// holds checkpoint images (a sandbox's memory) and secrets. An existing directory keeps its
+/// mode; `branchbox doctor` reports one that others can read.
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
 fn check_writable(dir: &Path) -> Result<()> {
     let fail = |e: std::io::Error| {
         Error::Unavailable(format!(
@@ -137,7 +145,7 @@ fn check_writable(dir: &Path) -> Result<()> {
             dir.display()
         ))
     };
-    std::fs::create_dir_all(dir).map_err(fail)?;
+    private_dir(dir).map_err(fail)?;
     // Unique per call: engines may be opened on several threads of one process at once.
     let probe = dir.join(format!(".probe-{}-{:016x}", std::process::id(), rand::random::<u64>()));
     std::fs::write(&probe, b"ok").map_err(fail)?;
@@ -150,7 +158,7 @@ impl Engine {
         check_writable(&cfg.data_dir)?;
         for sub in ["sandboxes", "snapshots", "runsc"] {
             let d = cfg.data_dir.join(sub);
-            std::fs::create_dir_all(&d).map_err(|e| Error::io(&d, e))?;
+            private_dir(&d).map_err(|e| Error::io(&d, e))?;
         }
         let store = Store::open(&cfg.data_dir.join("meta.db"))?;
         let gvisor = GvisorBackend::new(cfg.runsc.clone(), cfg.data_dir.join("runsc"), cfg.shim.clone());

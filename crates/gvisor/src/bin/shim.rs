@@ -31,6 +31,10 @@ fn parse() -> Result<ShimConfig, String> {
 }
 
 fn main() {
+    // The shim writes sockets, bundles and (through runsc) checkpoint images holding the
+    // sandbox's memory: nothing it creates is for other users.
+    // SAFETY: umask has no preconditions.
+    unsafe { libc::umask(0o077) };
     let result = parse().and_then(run);
     if let Err(e) = result {
         eprintln!("branchbox-shim: {e}");

@@ -15,6 +15,7 @@ use branchbox_model::SandboxId;
 use branchbox_protocol::{Command, ExecSpec, ExitStatus, OutStream};
 use futures_util::Stream;
 use std::convert::Infallible;
+use std::time::Duration;
 
 /// Largest command description (argv, shell line, environment, cwd); the agent protocol's
 /// frame header is 64 KiB and the spec travels in it.
@@ -59,6 +60,12 @@ fn spec(st: &AppState, id: &SandboxId, req: &RunCommand) -> ApiResult<ExecSpec> 
     Ok(s)
 }
 
+/// How long a command may run, beyond which its agent connection counts as stalled (the
+/// agent answers at the command's timeout, when it kills it).
+fn run_time(spec: &ExecSpec) -> Duration {
+    Duration::from_millis(spec.timeout_ms.unwrap_or(0))
+}
+
 /// Runs a command to completion and returns its output.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/commands", tag = "commands",
     params(("id" = String, Path, description = "sandbox id")), request_body = RunCommand,
@@ -73,7 +80,7 @@ pub async fn run(
     let out = st
         .blocking(move |engine, st| {
             let spec = spec(st, &id, &req)?;
-            let mut conn = engine.connect(&id)?;
+            let mut conn = st.agent(engine, &id, run_time(&spec))?;
             let out = conn.exec(spec, req.stdin.as_deref().map(str::as_bytes))?;
             drop(conn);
             let mut result = CommandResult::new(&out.stdout, &out.stderr, &out.status);
@@ -130,7 +137,7 @@ pub async fn run_stream(
     let (mut conn, spec) = st
         .blocking(move |engine, st| {
             let spec = spec(st, &id, &req)?;
-            Ok((engine.connect(&id)?, (spec, req.stdin)))
+            Ok((st.agent(engine, &id, run_time(&spec))?, (spec, req.stdin)))
         })
         .await?;
     let (spec, stdin) = spec;
@@ -195,7 +202,7 @@ pub async fn start_process(
             if req.timeout.is_none() {
                 spec.timeout_ms = None;
             }
-            Ok(engine.connect(&id)?.spawn(spec)?)
+            Ok(st.agent(engine, &id, Duration::ZERO)?.spawn(spec)?)
         })
         .await?;
     Ok((StatusCode::CREATED, Json(ProcessStarted { pid })))
@@ -210,7 +217,8 @@ pub async fn list_processes(
     Path(id): Path<String>,
 ) -> ApiResult<Json<Vec<ProcessInfo>>> {
     let id = sandbox_id(&id)?;
-    let procs = st.blocking(move |engine, _| Ok(engine.connect(&id)?.list_procs()?)).await?;
+    let procs =
+        st.blocking(move |engine, st| Ok(st.agent(engine, &id, Duration::ZERO)?.list_procs()?)).await?;
     Ok(Json(
         procs
             .into_iter()
@@ -249,7 +257,10 @@ pub async fn signal(
     if !(1..=64).contains(&req.signal) {
         return Err(ApiError::invalid(format!("signal {} is out of range (1-64)", req.signal)));
     }
-    st.blocking(move |engine, _| Ok(engine.connect(&id)?.signal(p, req.signal, req.group)?)).await?;
+    st.blocking(move |engine, st| {
+        Ok(st.agent(engine, &id, Duration::ZERO)?.signal(p, req.signal, req.group)?)
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -271,8 +282,8 @@ pub async fn wait(
         st.cfg.max_exec_timeout_s,
     )?;
     let out = st
-        .blocking(move |engine, _| {
-            let r = engine.connect(&id)?.wait(p, Some(t.as_millis().max(1) as u64))?;
+        .blocking(move |engine, st| {
+            let r = st.agent(engine, &id, t)?.wait(p, Some(t.as_millis().max(1) as u64))?;
             Ok(match r {
                 None => WaitResult { running: true, result: None },
                 Some(o) => WaitResult {

@@ -11,15 +11,19 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use branchbox_protocol::FileKind;
-use futures_util::TryStreamExt;
+use futures_util::{StreamExt, TryStreamExt};
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
-/// A `Write` that hands file data to the response body as it arrives, up to a limit.
+/// A `Write` that hands file data to the response body as it arrives, up to a limit. A client
+/// that stops reading for longer than `stall` ends the download, freeing the worker.
 struct ChannelSink {
     tx: tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
     left: u64,
+    stall: Duration,
+    rt: tokio::runtime::Handle,
 }
 
 impl Write for ChannelSink {
@@ -28,10 +32,14 @@ impl Write for ChannelSink {
             return Err(std::io::Error::other("the file grew past the download limit while it was read"));
         }
         self.left -= buf.len() as u64;
-        self.tx
-            .blocking_send(Ok(Bytes::copy_from_slice(buf)))
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away"))?;
-        Ok(buf.len())
+        let (tx, stall, chunk) = (&self.tx, self.stall, Bytes::copy_from_slice(buf));
+        // The timer is made inside the runtime, whichever thread this runs on.
+        let sent = self.rt.block_on(async move { tokio::time::timeout(stall, tx.send(Ok(chunk))).await });
+        match sent {
+            Ok(Ok(())) => Ok(buf.len()),
+            Ok(Err(_)) => Err(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away")),
+            Err(_) => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the client stopped reading")),
+        }
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
@@ -55,8 +63,8 @@ pub async fn read(
     // Stat first, so a missing file, a directory or an oversized file gets its status code
     // before the body starts.
     let (mut conn, size, path) = st
-        .blocking(move |engine, _| {
-            let mut conn = engine.connect(&id)?;
+        .blocking(move |engine, st| {
+            let mut conn = st.agent(engine, &id, Duration::ZERO)?;
             let s = conn.stat(&path)?;
             if s.kind == FileKind::Dir {
                 return Err(ApiError::invalid(format!("{path} is a directory; list it with GET .../files/list")));
@@ -71,8 +79,9 @@ pub async fn read(
         })
         .await?;
     let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let (stall, rt) = (st.cfg.agent_stall, tokio::runtime::Handle::current());
     tokio::task::spawn_blocking(move || {
-        let mut sink = ChannelSink { tx: tx.clone(), left: limit };
+        let mut sink = ChannelSink { tx: tx.clone(), left: limit, stall, rt };
         if let Err(e) = conn.read_file(&path, &mut sink) {
             // An error after the head was sent can only cut the body short; the client sees a
             // truncated transfer (its length no longer matches).
@@ -116,7 +125,13 @@ pub async fn write(
     let over = Arc::new(AtomicBool::new(false));
     let seen = Arc::new(AtomicU64::new(0));
     let (o2, s2) = (over.clone(), seen.clone());
-    let stream = body.into_data_stream().map_err(std::io::Error::other).and_then(move |chunk: Bytes| {
+    // A client that stops sending for longer than the stall limit ends the upload, freeing
+    // the worker that feeds the agent.
+    let stalled =
+        || std::io::Error::new(std::io::ErrorKind::TimedOut, "the client stopped sending the upload");
+    let chunks = tokio_stream::StreamExt::timeout(body.into_data_stream(), st.cfg.agent_stall)
+        .map(move |r| r.map_err(|_| stalled()).and_then(|c| c.map_err(std::io::Error::other)));
+    let stream = Box::pin(chunks).and_then(move |chunk: Bytes| {
         let total = s2.fetch_add(chunk.len() as u64, Ordering::Relaxed) + chunk.len() as u64;
         let r = if total > limit {
             o2.store(true, Ordering::Relaxed);
@@ -130,8 +145,8 @@ pub async fn write(
     let p2 = path.clone();
     let parents = q.parents.unwrap_or(true);
     let r = st
-        .blocking(move |engine, _| {
-            let mut conn = engine.connect(&id)?;
+        .blocking(move |engine, st| {
+            let mut conn = st.agent(engine, &id, Duration::ZERO)?;
             let mut reader = reader;
             Ok(conn.write_file(&p2, &mut reader, mode, false, parents)?)
         })
@@ -156,8 +171,8 @@ pub async fn list(
     let id = sandbox_id(&id)?;
     let path = sandbox_path(&q.path)?;
     let out = st
-        .blocking(move |engine, _| {
-            let entries = engine.connect(&id)?.list_dir(&path)?;
+        .blocking(move |engine, st| {
+            let entries = st.agent(engine, &id, Duration::ZERO)?.list_dir(&path)?;
             let base = path.trim_end_matches('/');
             Ok(entries.iter().map(|e| EntryInfo::new(e, format!("{base}/{}", e.name))).collect())
         })
@@ -177,8 +192,8 @@ pub async fn stat(
     let id = sandbox_id(&id)?;
     let path = sandbox_path(&q.path)?;
     let out = st
-        .blocking(move |engine, _| {
-            let s = engine.connect(&id)?.stat(&path)?;
+        .blocking(move |engine, st| {
+            let s = st.agent(engine, &id, Duration::ZERO)?.stat(&path)?;
             Ok(EntryInfo::new(&s, path))
         })
         .await?;
@@ -197,7 +212,8 @@ pub async fn remove(
     let id = sandbox_id(&id)?;
     let path = sandbox_path(&q.path)?;
     let recursive = q.recursive.unwrap_or(false);
-    st.blocking(move |engine, _| Ok(engine.connect(&id)?.remove(&path, recursive)?)).await?;
+    st.blocking(move |engine, st| Ok(st.agent(engine, &id, Duration::ZERO)?.remove(&path, recursive)?))
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -212,7 +228,7 @@ pub async fn rename(
 ) -> ApiResult<StatusCode> {
     let id = sandbox_id(&id)?;
     let (from, to) = (sandbox_path(&req.from)?, sandbox_path(&req.to)?);
-    st.blocking(move |engine, _| Ok(engine.connect(&id)?.rename(&from, &to)?)).await?;
+    st.blocking(move |engine, st| Ok(st.agent(engine, &id, Duration::ZERO)?.rename(&from, &to)?)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -236,8 +252,8 @@ pub async fn mkdir(
     let path = sandbox_path(&req.path)?;
     let parents = req.parents.unwrap_or(true);
     let created = st
-        .blocking(move |engine, _| {
-            let mut conn = engine.connect(&id)?;
+        .blocking(move |engine, st| {
+            let mut conn = st.agent(engine, &id, Duration::ZERO)?;
             let existed = conn.stat(&path).is_ok_and(|s| s.kind == FileKind::Dir);
             if existed && parents {
                 return Ok(false);
@@ -247,4 +263,27 @@ pub async fn mkdir(
         })
         .await?;
     Ok(Json(Made { created }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_download_whose_client_stops_reading_frees_its_worker() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_time().build().unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::channel(2);
+        let mut sink =
+            ChannelSink { tx, left: 1 << 20, stall: Duration::from_millis(50), rt: rt.handle().clone() };
+        // Nobody reads `rx`: two chunks fill the channel, the third waits out the stall limit.
+        let mut written = 0;
+        let e = loop {
+            match sink.write(b"chunk") {
+                Ok(n) => written += n,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!((written, e.kind()), (10, std::io::ErrorKind::TimedOut));
+        assert!(rx.try_recv().is_ok());
+    }
 }

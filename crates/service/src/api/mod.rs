@@ -105,11 +105,11 @@ pub fn router(st: AppState) -> (Router, OpenApiDoc) {
         .merge(streams)
         .layer(from_fn_with_state(st.clone(), audit))
         .layer(from_fn_with_state(st.clone(), authenticate));
-    let open = OpenApiRouter::new().routes(routes!(system::healthz));
+    let open = OpenApiRouter::new().routes(routes!(system::healthz)).routes(routes!(system::challenge));
     let (router, mut api) =
         OpenApiRouter::with_openapi(ApiDoc::openapi()).merge(authed).merge(open).split_for_parts();
     for (path, item) in api.paths.paths.iter_mut() {
-        let needs_token = path != "/healthz";
+        let needs_token = path != "/healthz" && path != "/v1/auth/challenge";
         for op in [&mut item.get, &mut item.put, &mut item.post, &mut item.delete].into_iter().flatten() {
             // Handler names repeat across modules (list, get); the tag makes each id unique.
             let tag = op.tags.as_ref().and_then(|t| t.first()).cloned().unwrap_or_default();
@@ -140,6 +140,7 @@ pub fn router(st: AppState) -> (Router, OpenApiDoc) {
             )
         })
         .layer(axum::extract::DefaultBodyLimit::max(st.cfg.max_json_bytes))
+        .layer(from_fn_with_state(st.clone(), crate::guard::guard))
         .layer(from_fn_with_state(st.clone(), count))
         .with_state(st);
     (router, doc)
@@ -285,12 +286,25 @@ mod route_tests {
         for (path, method, _) in ops(&doc) {
             let uri =
                 path.replace("{id}", "sbx-0000000000000000").replace("{snapshot}", "x").replace("{pid}", "1");
-            let req = axum::http::Request::builder().method(method).uri(&uri).body(Body::empty()).unwrap();
+            let req = axum::http::Request::builder()
+                .method(method)
+                .uri(&uri)
+                .header("host", "127.0.0.1")
+                .body(Body::empty())
+                .unwrap();
             let r = router.clone().oneshot(req).await.unwrap();
-            let want = if path == "/healthz" { 200 } else { 401 };
+            let want = match path.as_str() {
+                "/healthz" => 200,
+                "/v1/auth/challenge" => 400,
+                _ => 401,
+            };
             assert_eq!(r.status().as_u16(), want, "{method} {path}");
         }
-        let req = axum::http::Request::builder().uri("/v1/nope").body(Body::empty()).unwrap();
+        let req = axum::http::Request::builder()
+            .uri("/v1/nope")
+            .header("host", "127.0.0.1")
+            .body(Body::empty())
+            .unwrap();
         assert_eq!(router.oneshot(req).await.unwrap().status().as_u16(), 404);
     }
 }

@@ -19,6 +19,41 @@ pub async fn healthz() -> Json<Health> {
     Json(Health { status: "ok".into() })
 }
 
+/// Query of the service's proof.
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ChallengeQuery {
+    /// A fresh random value of the client's, 32 to 128 hex digits.
+    pub nonce: String,
+}
+
+/// The service's proof that it holds the client's token.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct Challenge {
+    /// The address the service listens on (as in `<data>/service/url`, without `http://`).
+    pub listen: String,
+    /// Hex HMAC-SHA256 keyed with SHA-256(token) over `branchbox-service-proof\n<listen>\n<nonce>`,
+    /// one per accepted token; empty when authentication is off.
+    pub proofs: Vec<String>,
+}
+
+/// Proves the service holds a token before a client sends it: a process that took over the
+/// service's port after the service died cannot answer. Needs no token.
+#[utoipa::path(get, path = "/v1/auth/challenge", tag = "service", params(ChallengeQuery),
+    responses((status = 200, body = Challenge), (status = "4XX", body = ErrorBody, description = "bad nonce")))]
+pub async fn challenge(
+    State(st): State<AppState>,
+    ApiQuery(q): ApiQuery<ChallengeQuery>,
+) -> ApiResult<Json<Challenge>> {
+    let n = &q.nonce;
+    if !(32..=128).contains(&n.len()) || !n.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(ApiError::invalid("nonce must be 32 to 128 hex digits, fresh and random for each check"));
+    }
+    let listen = st.cfg.listen.clone().unwrap_or_default();
+    let proofs = st.tokens.as_ref().map(|t| t.proofs(&listen, n)).unwrap_or_default();
+    Ok(Json(Challenge { listen, proofs }))
+}
+
 /// Metrics in the Prometheus text format.
 #[utoipa::path(get, path = "/metrics", tag = "service",
     responses((status = 200, content_type = "text/plain", body = String), (status = "4XX", body = ErrorBody, description = "unauthorized")))]

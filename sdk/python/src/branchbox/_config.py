@@ -1,12 +1,20 @@
 """Where the service is and how to authenticate: arguments, then environment, then the
-service's own files in the data directory."""
+service's own files in the data directory. A token read from those files is only sent to a
+service that first proves it holds it (docs/security.md, "The service's proof")."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
+
+import httpx
+
+from .exceptions import AuthenticationError
 
 DEFAULT_URL = "http://127.0.0.1:7420"
 #: Time limit of control requests (create, fork, snapshot), seconds.
@@ -30,6 +38,42 @@ def _read_first_line(p: Path) -> Optional[str]:
     return line[0].strip() if line else None
 
 
+def proof(token: str, listen: str, nonce: str) -> str:
+    """What a service holding `token` answers to `nonce` at address `listen`: hex
+    HMAC-SHA256 keyed with SHA-256(token) (the service keeps only that hash)."""
+    key = hashlib.sha256(token.encode()).digest()
+    return hmac.new(key, f"branchbox-service-proof\n{listen}\n{nonce}".encode(), hashlib.sha256).hexdigest()
+
+
+def verify_service(url: str, token: str, expect_listen: Optional[str]) -> None:
+    """Raises `AuthenticationError` unless the process at `url` proves it holds `token`
+    (and, with `expect_listen`, that it listens there): after branchboxd dies, its URL file
+    stays, and whoever takes the port next must not receive the token."""
+    nonce = secrets.token_hex(32)
+    why = None
+    try:
+        answer = httpx.get(f"{url}/v1/auth/challenge", params={"nonce": nonce}, timeout=5).json()
+    except (httpx.HTTPError, ValueError) as e:
+        answer, why = None, f"the challenge failed ({e})"
+    if why is None:
+        listen = answer.get("listen") if isinstance(answer, dict) else None
+        proofs = answer.get("proofs") if isinstance(answer, dict) else None
+        if not isinstance(listen, str) or not isinstance(proofs, list):
+            why = "its answer to the challenge is not the service's"
+        elif expect_listen is not None and listen != expect_listen:
+            why = f"it proved itself for {listen!r}, not {expect_listen!r}"
+        else:
+            want = proof(token, listen, nonce)
+            if not any(isinstance(p, str) and hmac.compare_digest(p, want) for p in proofs):
+                why = "its answer does not match the token"
+    if why is not None:
+        raise AuthenticationError(
+            f"the process answering at {url} did not prove it is the branchbox service, so the token was "
+            f"not sent to it: {why}; if branchboxd is not running, remove its url file",
+            code="unverified_service",
+        )
+
+
 @dataclass(frozen=True)
 class ConnectionConfig:
     """Connection settings of a client."""
@@ -46,10 +90,19 @@ class ConnectionConfig:
     ) -> "ConnectionConfig":
         """Settings from the arguments, `BRANCHBOX_URL`/`BRANCHBOX_TOKEN`, or the data directory."""
         service = _data_dir() / "service"
-        url = api_url or os.environ.get("BRANCHBOX_URL") or _read_first_line(service / "url") or DEFAULT_URL
-        tok = token or os.environ.get("BRANCHBOX_TOKEN") or _read_first_line(service / "token")
+        named_url = api_url or os.environ.get("BRANCHBOX_URL")
+        file_url = None if named_url else _read_first_line(service / "url")
+        url = (named_url or file_url or DEFAULT_URL).rstrip("/")
+        tok = token or os.environ.get("BRANCHBOX_TOKEN")
+        if not tok:
+            tok = _read_first_line(service / "token")
+            if tok:
+                # A URL from the service's own file is its listen address; a named one may
+                # pass a proxy or tunnel that listens elsewhere.
+                expect = file_url.rstrip("/").removeprefix("http://") if file_url else None
+                verify_service(url, tok, expect)
         return ConnectionConfig(
-            api_url=url.rstrip("/"),
+            api_url=url,
             token=tok,
             request_timeout=request_timeout if request_timeout is not None else DEFAULT_REQUEST_TIMEOUT,
         )

@@ -1,0 +1,94 @@
+//! The HTTP server loop: HTTP/1.1 connections with a header-read timeout and a cap on open
+//! connections. `axum::serve` has neither, so a client could hold any number of connections
+//! open by never finishing its headers.
+
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+/// The answer to a connection over the cap, written before it is closed.
+fn busy_answer() -> Vec<u8> {
+    let body = r#"{"error":{"code":"too_many_connections","message":"the service holds its most connections; retry later"}}"#;
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Limits of the server loop.
+#[derive(Debug, Clone, Copy)]
+pub struct ServeLimits {
+    /// Longest a connection may take to send a request's headers, and longest an idle
+    /// kept-alive connection is kept.
+    pub header_timeout: Duration,
+    /// Most connections at once; more are answered 503 and closed.
+    pub max_connections: usize,
+}
+
+/// Serves `router` on `listener` until `shutdown` completes, then lets open requests finish
+/// for up to `drain`.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: ServeLimits,
+    shutdown: impl Future<Output = ()>,
+    drain: Duration,
+) {
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let busy = busy_answer();
+    let graceful = GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors and the like: back off instead of spinning.
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            // A fresh socket's send buffer takes this whole; if not, the client just sees the close.
+            let _ = stream.try_write(&busy);
+            continue;
+        };
+        let conn = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(router.clone()));
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            let _ = conn.await;
+            drop(permit);
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(drain, graceful.shutdown()).await.is_err() {
+        tracing::warn!("requests still open after {} s; stopping anyway", drain.as_secs());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_busy_answer_declares_its_body_length() {
+        let answer = busy_answer();
+        let text = std::str::from_utf8(&answer).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(head.contains(&format!("content-length: {}", body.len())), "{head}");
+        serde_json::from_str::<serde_json::Value>(body).unwrap();
+    }
+}
