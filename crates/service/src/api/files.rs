@@ -73,7 +73,7 @@ pub async fn read(
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     tokio::task::spawn_blocking(move || {
         let mut sink = ChannelSink { tx: tx.clone(), left: limit };
-        if let Err(e) = conn.read_file(&path, &mut sink) {
+        if let Err(e) = conn.read_file_max(&path, &mut sink, limit) {
             // An error after the head was sent can only cut the body short; the client sees a
             // truncated transfer (its length no longer matches).
             let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
