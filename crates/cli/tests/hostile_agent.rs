@@ -122,3 +122,13 @@ fn a_flood_of_the_containers_stderr_stays_within_the_capped_log() {
     assert!(older > 0, "the flood never reached the log");
     assert_eq!(s.sh("echo still here").trim(), "still here");
 }
+
+#[test]
+fn an_over_long_argv_fails_saying_what_fits() {
+    let s = Sandbox::new();
+    let long = "a".repeat(10_000);
+    let mut args = vec!["exec", s.0.as_str(), "--", "echo"];
+    args.extend(std::iter::repeat_n(long.as_str(), 10));
+    let err = String::from_utf8_lossy(&run(&args).stderr).into_owned();
+    assert!(err.contains("over the limit of 65472 bytes") && err.contains("stdin or a file"), "{err}");
+}
