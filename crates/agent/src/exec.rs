@@ -11,8 +11,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-/// Output cap when the request sets none.
-pub const DEFAULT_OUTPUT_CAP: u64 = 64 * 1024 * 1024;
+/// Output cap when the request sets none (the host assumes the same).
+pub use branchbox_protocol::limits::DEFAULT_OUTPUT_CAP;
 /// Most arguments or environment entries a command may have.
 const MAX_ITEMS: usize = 4096;
 /// How long output is still read after the command exited, for grandchildren that keep the

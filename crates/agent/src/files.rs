@@ -1,6 +1,7 @@
 //! File operations. Paths must be absolute, at most 4096 bytes, without NUL; writes replace a
 //! file atomically (temporary file in the same directory, then rename).
 
+use crate::cancel::{cancelled, Token};
 use crate::Failure;
 use branchbox_protocol::{ErrorCode, FileKind, FileStat, CHUNK};
 use std::fs;
@@ -56,16 +57,46 @@ fn ctx(path: &Path) -> impl Fn(std::io::Error) -> Failure + '_ {
     move |e| Failure::io_at(e, path)
 }
 
-/// Streams a file in chunks to `emit`; returns its size.
-pub fn read(path: &str, emit: &mut dyn FnMut(&[u8])) -> Result<u64, Failure> {
+/// Streams a regular file in chunks to `emit`, at most the size it had when opened; returns
+/// the bytes sent. Anything else is refused: a FIFO or a device such as `/dev/zero` could
+/// block a worker or stream forever. Stops when `token` is cancelled.
+pub fn read(
+    path: &str,
+    max: Option<u64>,
+    token: &Token,
+    emit: &mut dyn FnMut(&[u8]),
+) -> Result<u64, Failure> {
     let p = check_path(path)?;
-    let mut f = fs::File::open(&p).map_err(ctx(&p))?;
-    if f.metadata().map_err(ctx(&p))?.is_dir() {
+    // Non-blocking, so that opening a FIFO returns at once instead of waiting for a writer.
+    let f = fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&p).map_err(ctx(&p))?;
+    let md = f.metadata().map_err(ctx(&p))?;
+    if md.is_dir() {
         return Err(Failure::new(ErrorCode::BadRequest, format!("{path} is a directory; use ls")));
     }
+    if !md.is_file() {
+        return Err(Failure::new(
+            ErrorCode::BadRequest,
+            format!(
+                "{path} is not a regular file (a FIFO, socket or device); only regular files can be read"
+            ),
+        ));
+    }
+    let size = md.len();
+    if let Some(max) = max.filter(|m| size > *m) {
+        return Err(Failure::new(
+            ErrorCode::BadRequest,
+            format!("{path} has {size} bytes, over the limit of {max} bytes for this read"),
+        ));
+    }
+    // A file that grows while it is read is cut at its size at open, so the host can rely on
+    // the stat it may have taken first.
+    let mut f = f.take(size);
     let mut buf = vec![0u8; CHUNK];
     let mut total = 0u64;
     loop {
+        if token.is_cancelled() {
+            return Err(cancelled());
+        }
         let n = f.read(&mut buf).map_err(ctx(&p))?;
         if n == 0 {
             return Ok(total);
@@ -88,16 +119,25 @@ pub struct WriteTarget<'a> {
 }
 
 /// Writes the chunks arriving on `chunks` (ended by `None`) to `target`. On failure the rest of
-/// the stream is drained, so the connection stays in step.
-pub fn write(target: &WriteTarget<'_>, chunks: &Receiver<Option<Vec<u8>>>) -> Result<u64, Failure> {
-    let result = write_stream(target, chunks);
+/// the stream is drained, so the connection stays in step. A cancelled write (its stream ends
+/// without `eof`) leaves the file as it was.
+pub fn write(
+    target: &WriteTarget<'_>,
+    chunks: &Receiver<Option<Vec<u8>>>,
+    token: &Token,
+) -> Result<u64, Failure> {
+    let result = write_stream(target, chunks, token);
     if result.is_err() {
         while let Ok(Some(_)) = chunks.recv() {}
     }
     result
 }
 
-fn write_stream(t: &WriteTarget<'_>, chunks: &Receiver<Option<Vec<u8>>>) -> Result<u64, Failure> {
+fn write_stream(
+    t: &WriteTarget<'_>,
+    chunks: &Receiver<Option<Vec<u8>>>,
+    token: &Token,
+) -> Result<u64, Failure> {
     let (path, mode, append, parents) = (t.path, t.mode, t.append, t.parents);
     let p = check_path(path)?;
     let mode = mode.unwrap_or(0o644) & 0o7777;
@@ -118,12 +158,23 @@ fn write_stream(t: &WriteTarget<'_>, chunks: &Receiver<Option<Vec<u8>>>) -> Resu
         .truncate(!append)
         .mode(mode)
         .open(&target)
-        .map_err(ctx(&target))?;
+        // Name the path the user gave, not our hidden temporary file.
+        .map_err(ctx(&p))?;
     let mut total = 0u64;
     let outcome = (|| {
-        while let Ok(Some(chunk)) = chunks.recv() {
-            f.write_all(&chunk).map_err(ctx(&p))?;
-            total += chunk.len() as u64;
+        loop {
+            match chunks.recv() {
+                Ok(Some(chunk)) => {
+                    f.write_all(&chunk).map_err(ctx(&p))?;
+                    total += chunk.len() as u64;
+                }
+                Ok(None) => break,
+                // The stream was dropped without `eof`: only a cancel does that.
+                Err(_) => return Err(cancelled()),
+            }
+        }
+        if token.is_cancelled() {
+            return Err(cancelled());
         }
         f.flush().map_err(ctx(&p))?;
         if !append {
@@ -202,18 +253,26 @@ pub fn mkdir(path: &str, parents: bool) -> Result<(), Failure> {
     if parents { fs::create_dir_all(&p) } else { fs::create_dir(&p) }.map_err(ctx(&p))
 }
 
-/// Most entries a walk returns.
-pub const MAX_WALK: usize = 2_000_000;
+/// Most entries a walk returns (the host accepts no more).
+const MAX_WALK: usize = branchbox_protocol::limits::MAX_WALK_ENTRIES as usize;
 
 /// Walks the tree under `root` without following symlinks or entering `exclude`, handing
 /// batches of JSON lines to `emit`; returns the number of entries.
-pub fn walk(root: &str, exclude: &[String], emit: &mut dyn FnMut(&[u8])) -> Result<u64, Failure> {
+pub fn walk(
+    root: &str,
+    exclude: &[String],
+    token: &Token,
+    emit: &mut dyn FnMut(&[u8]),
+) -> Result<u64, Failure> {
     let root = check_path(root)?;
     let exclude: Vec<PathBuf> = exclude.iter().map(PathBuf::from).collect();
     let mut stack = vec![root];
     let mut batch: Vec<u8> = Vec::new();
     let mut count = 0u64;
     while let Some(dir) = stack.pop() {
+        if token.is_cancelled() {
+            return Err(cancelled());
+        }
         let Ok(entries) = fs::read_dir(&dir) else { continue };
         for entry in entries.flatten() {
             let path = entry.path();

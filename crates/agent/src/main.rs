@@ -5,6 +5,7 @@
 //! checkpoint/restore). Each request that can block runs on a thread of its own; client
 //! streams (stdin, file data) are routed to it by request id. See `docs/agent-protocol.md`.
 
+mod cancel;
 mod exec;
 mod files;
 mod hook;
@@ -70,6 +71,7 @@ struct Agent {
     started: Instant,
     sandbox_id: Mutex<String>,
     streams: Mutex<HashMap<u64, SyncSender<Option<Vec<u8>>>>>,
+    running: cancel::Registry,
 }
 
 impl Agent {
@@ -147,21 +149,43 @@ impl Agent {
             }
             Request::Data => self.route(id, Some(f.body)),
             Request::Eof => self.route(id, None),
+            Request::Cancel => {
+                if self.running.cancel(id) {
+                    // Closing the request's client stream ends a write or a command's stdin.
+                    self.streams.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                }
+            }
             other => {
                 let stream = match &other {
                     Request::WriteFile { .. } => Some(self.open_stream(id)),
                     Request::Exec(spec) if spec.stdin => Some(self.open_stream(id)),
                     _ => None,
                 };
+                let token = self.running.start(id);
                 let me = Arc::clone(self);
-                std::thread::spawn(move || me.work(id, other, stream));
+                std::thread::spawn(move || {
+                    me.work(id, other, stream, &token);
+                    me.running.finish(id);
+                });
             }
         }
     }
 
-    fn work(&self, id: u64, req: Request, stream: Option<std::sync::mpsc::Receiver<Option<Vec<u8>>>>) {
+    fn work(
+        &self,
+        id: u64,
+        req: Request,
+        stream: Option<std::sync::mpsc::Receiver<Option<Vec<u8>>>>,
+        token: &cancel::Token,
+    ) {
+        // Frames of a cancelled request reach nobody: stop sending them.
+        let emit = |kind: &Response, c: &[u8]| {
+            if !token.is_cancelled() {
+                self.out.send(id, kind, c)
+            }
+        };
         let r = match req {
-            Request::Exec(spec) => self.exec(id, spec, stream),
+            Request::Exec(spec) => self.exec(spec, stream, token, &emit),
             Request::Spawn(spec) => self.procs.spawn(&self.reaper, spec).map(|pid| Response::Spawned { pid }),
             Request::ListProcs => Ok(Response::Procs { procs: self.procs.list() }),
             Request::Signal { pid, signal, group } => {
@@ -177,11 +201,15 @@ impl Agent {
                     None => Response::StillRunning,
                 })
             }
-            Request::ReadFile { path } => files::read(&path, &mut |c| self.out.send(id, &Response::Data, c))
-                .map(|size| Response::FileEnd { size }),
+            Request::ReadFile { path, max } => {
+                files::read(&path, max, token, &mut |c| emit(&Response::Data, c))
+                    .map(|size| Response::FileEnd { size })
+            }
             Request::WriteFile { path, mode, append, parents } => match stream {
-                Some(rx) => files::write(&files::WriteTarget { path: &path, mode, append, parents }, &rx)
-                    .map(|size| Response::Written { size }),
+                Some(rx) => {
+                    files::write(&files::WriteTarget { path: &path, mode, append, parents }, &rx, token)
+                        .map(|size| Response::Written { size })
+                }
                 None => Err(Failure::new(ErrorCode::BadRequest, "write_file needs a data stream")),
             },
             Request::ListDir { path } => {
@@ -189,7 +217,7 @@ impl Agent {
             }
             Request::Stat { path } => files::stat(&path).map(Response::Stat),
             Request::Walk { path, exclude } => {
-                files::walk(&path, &exclude, &mut |c| self.out.send(id, &Response::Data, c))
+                files::walk(&path, &exclude, token, &mut |c| emit(&Response::Data, c))
                     .map(|size| Response::FileEnd { size })
             }
             Request::Remove { path, recursive } => files::remove(&path, recursive).map(|()| Response::Ok),
@@ -208,9 +236,10 @@ impl Agent {
 
     fn exec(
         &self,
-        id: u64,
         spec: branchbox_protocol::ExecSpec,
         stream: Option<std::sync::mpsc::Receiver<Option<Vec<u8>>>>,
+        token: &cancel::Token,
+        emit: &dyn Fn(&Response, &[u8]),
     ) -> Result<Response, Failure> {
         let cap = spec.output_cap.unwrap_or(exec::DEFAULT_OUTPUT_CAP);
         let timeout = spec.timeout_ms.map(Duration::from_millis);
@@ -224,6 +253,7 @@ impl Agent {
             }
         };
         let mut started = started;
+        token.watch_group(started.child.id() as i32);
         if let Some(rx) = stream {
             exec::feed_stdin(&mut started.child, rx);
         }
@@ -232,8 +262,11 @@ impl Agent {
                 exec::Stream::Stdout => Response::Stdout,
                 exec::Stream::Stderr => Response::Stderr,
             };
-            self.out.send(id, &kind, chunk);
+            emit(&kind, chunk);
         });
+        if token.is_cancelled() {
+            return Err(cancel::cancelled());
+        }
         Ok(Response::Exited(status))
     }
 }
@@ -246,6 +279,7 @@ fn main() {
         started: Instant::now(),
         sandbox_id: Mutex::new(String::new()),
         streams: Mutex::new(HashMap::new()),
+        running: cancel::Registry::default(),
     });
     let mut input = std::io::stdin().lock();
     loop {

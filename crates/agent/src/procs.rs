@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// Output kept per stream of a background process.
-const TAIL: usize = 1024 * 1024;
+/// Output kept per stream of a background process (the host accepts no more from `wait`).
+use branchbox_protocol::limits::PROC_TAIL as TAIL;
 /// Most background processes tracked at once (finished ones count until waited for).
 const MAX_PROCS: usize = 1024;
 

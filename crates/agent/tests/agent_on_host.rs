@@ -3,18 +3,36 @@
 //! it would change the host's hostname and clock; the gVisor end-to-end tests cover it.)
 
 use branchbox_protocol::frame::{read_frame, write_raw};
-use branchbox_protocol::{AgentClient, ClientError, Command, ErrorCode, ExecSpec, Response};
+use branchbox_protocol::{
+    AgentClient, ClientError, Command, ErrorCode, ExecSpec, Request, Response, Transport,
+};
 use std::io::{Read, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 
 struct Pipes {
     input: ChildStdin,
     output: ChildStdout,
+    timeout: Option<std::time::Duration>,
 }
 
 impl Read for Pipes {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if let Some(t) = self.timeout {
+            use std::os::fd::AsRawFd;
+            let mut fd = libc::pollfd { fd: self.output.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd for the duration of the call.
+            if unsafe { libc::poll(&mut fd, 1, t.as_millis().min(i32::MAX as u128) as i32) } == 0 {
+                return Err(std::io::ErrorKind::WouldBlock.into());
+            }
+        }
         self.output.read(buf)
+    }
+}
+
+impl Transport for Pipes {
+    fn set_read_timeout(&mut self, timeout: Option<std::time::Duration>) -> std::io::Result<()> {
+        self.timeout = timeout;
+        Ok(())
     }
 }
 
@@ -46,7 +64,8 @@ fn agent() -> Agent {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("start agent");
-    let pipes = Pipes { input: child.stdin.take().unwrap(), output: child.stdout.take().unwrap() };
+    let pipes =
+        Pipes { input: child.stdin.take().unwrap(), output: child.stdout.take().unwrap(), timeout: None };
     let mut client = AgentClient::new(pipes);
     client.hello().expect("hello");
     Agent { child, client }
@@ -136,7 +155,7 @@ fn binary_file_round_trips_byte_exact() {
     let data: Vec<u8> = (0..1024 * 1024u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
     let n = a.client.write_file(p, &mut data.as_slice(), Some(0o600), false, false).unwrap();
     assert_eq!(n, data.len() as u64);
-    assert!(a.client.read_file_bytes(p).unwrap() == data);
+    assert!(a.client.read_file_bytes(p, u64::MAX).unwrap() == data);
     let st = a.client.stat(p).unwrap();
     assert_eq!((st.size, st.mode), (data.len() as u64, 0o600));
 }
@@ -150,7 +169,7 @@ fn file_operations_work_and_fail_clearly() {
     a.client.write_file(&format!("{d}/x/y/f"), &mut &b"abc"[..], None, false, false).unwrap();
     a.client.write_file(&format!("{d}/x/y/f"), &mut &b"def"[..], None, true, false).unwrap();
     a.client.write_file(&format!("{d}/new/deep/g"), &mut &b"g"[..], None, false, true).unwrap();
-    assert_eq!(a.client.read_file_bytes(&format!("{d}/x/y/f")).unwrap(), b"abcdef");
+    assert_eq!(a.client.read_file_bytes(&format!("{d}/x/y/f"), 6).unwrap(), b"abcdef");
     a.client.rename(&format!("{d}/x/y/f"), &format!("{d}/x/f2")).unwrap();
     let names: Vec<String> =
         a.client.list_dir(&format!("{d}/x")).unwrap().into_iter().map(|e| e.name).collect();
@@ -160,7 +179,7 @@ fn file_operations_work_and_fail_clearly() {
     a.client.remove(&format!("{d}/x"), true).unwrap();
     let err = a.client.stat(&format!("{d}/x")).unwrap_err();
     assert!(matches!(err, ClientError::Agent { code: ErrorCode::NotFound, .. }), "{err}");
-    let err = a.client.read_file_bytes("relative/path").unwrap_err();
+    let err = a.client.read_file_bytes("relative/path", 1).unwrap_err();
     assert!(matches!(err, ClientError::Agent { code: ErrorCode::BadRequest, .. }), "{err}");
     let err = a.client.write_file("/no/such/dir/file", &mut &b"x"[..], None, false, false).unwrap_err();
     assert!(matches!(err, ClientError::Agent { code: ErrorCode::NotFound, .. }), "{err}");
@@ -214,4 +233,113 @@ fn walk_lists_a_tree_with_full_paths_and_skips_excluded_directories() {
     assert_eq!(names, vec!["/a", "/a/b", "/a/b/c", "/a/b/c/f", "/link"]);
     assert_eq!(entries[3].size, 5);
     assert_eq!(entries[4].kind, branchbox_protocol::FileKind::Symlink);
+}
+
+/// Reads frames until request `id` ends; returns the data bytes seen and the terminal answer.
+fn drain(a: &mut Agent, id: u64) -> (u64, Response) {
+    let mut bytes = 0;
+    loop {
+        let f = read_frame::<Response, _>(a.client.stream_mut()).unwrap().expect("the agent hung up");
+        if f.id != id {
+            continue;
+        }
+        if f.msg.is_terminal() {
+            return (bytes, f.msg);
+        }
+        bytes += f.body.len() as u64;
+    }
+}
+
+fn send(a: &mut Agent, id: u64, req: &Request) {
+    write_raw(a.client.stream_mut(), &branchbox_protocol::frame::encode_header(id, req), b"").unwrap();
+}
+
+fn is_cancelled(r: &Response) -> bool {
+    matches!(r, Response::Error { message, .. } if message.contains("cancelled"))
+}
+
+#[test]
+fn fifos_and_devices_are_refused_not_read_forever() {
+    let mut a = agent();
+    let mut limits = a.client.limits();
+    limits.timeout = Some(std::time::Duration::from_secs(10));
+    a.client.set_limits(limits);
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo on a path we own.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    for path in [fifo.to_str().unwrap(), "/dev/zero"] {
+        let err = a.client.read_file_bytes(path, 1 << 20).unwrap_err();
+        match &err {
+            ClientError::Agent { code: ErrorCode::BadRequest, message } => {
+                assert!(message.contains("not a regular file"), "{message}")
+            }
+            other => panic!("reading {path}: expected a refusal, got {other}"),
+        }
+    }
+    a.client.ping().unwrap();
+}
+
+#[test]
+fn a_file_over_the_callers_maximum_is_refused_up_front() {
+    let mut a = agent();
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("f");
+    std::fs::write(&p, vec![7u8; 5000]).unwrap();
+    let err = a.client.read_file_bytes(p.to_str().unwrap(), 4999).unwrap_err();
+    assert!(
+        matches!(&err, ClientError::Agent { code: ErrorCode::BadRequest, message } if message.contains("4999")),
+        "{err}"
+    );
+    assert_eq!(a.client.read_file_bytes(p.to_str().unwrap(), 5000).unwrap().len(), 5000);
+}
+
+#[test]
+fn a_cancelled_read_stops_streaming() {
+    let mut a = agent();
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("huge");
+    let size = 64u64 << 30;
+    std::fs::File::create(&p).unwrap().set_len(size).unwrap();
+    send(&mut a, 50, &Request::ReadFile { path: p.to_str().unwrap().to_string(), max: None });
+    let first = read_frame::<Response, _>(a.client.stream_mut()).unwrap().unwrap();
+    assert_eq!((first.id, first.msg), (50, Response::Data));
+    send(&mut a, 50, &Request::Cancel);
+    let (bytes, end) = drain(&mut a, 50);
+    assert!(is_cancelled(&end), "{end:?}");
+    assert!(bytes < size / 2, "{bytes} bytes were sent after the cancel");
+    a.client.ping().unwrap();
+}
+
+#[test]
+fn a_cancelled_command_loses_its_whole_process_group() {
+    let mut a = agent();
+    let spec = sh("sleep 60 & echo $!; yes");
+    send(&mut a, 60, &Request::Exec(spec));
+    let mut out = Vec::new();
+    while !out.contains(&b'\n') {
+        let f = read_frame::<Response, _>(a.client.stream_mut()).unwrap().unwrap();
+        out.extend_from_slice(&f.body);
+    }
+    let line = out.split(|b| *b == b'\n').next().unwrap().to_vec();
+    let pid: i32 = String::from_utf8_lossy(&line).trim().parse().expect("background pid");
+    send(&mut a, 60, &Request::Cancel);
+    let (_, end) = drain(&mut a, 60);
+    assert!(is_cancelled(&end), "{end:?}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !process_is_gone(pid) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(process_is_gone(pid), "background {pid} of a cancelled command survived");
+}
+
+#[test]
+fn a_failed_write_names_the_path_given_not_the_temporary_file() {
+    let mut a = agent();
+    let dir = tempfile::tempdir().unwrap();
+    let target = format!("{}/missing/f.txt", dir.path().display());
+    let err = a.client.write_file(&target, &mut &b"x"[..], None, false, false).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains(&target) && !text.contains("branchbox-"), "{text}");
 }

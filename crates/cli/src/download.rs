@@ -63,7 +63,7 @@ pub fn get(conn: &mut AgentConn, path: &str, local: Option<&Path>) -> Result<u64
     let cap = cap_for(conn, path)?;
     let Some(local) = local else {
         let mut out = Capped { inner: std::io::stdout().lock(), left: cap, cap };
-        return Ok(conn.read_file(path, &mut out)?);
+        return Ok(conn.read_file_max(path, &mut out, cap)?);
     };
     let name = local.file_name().ok_or_else(|| anyhow!("{} does not name a file", local.display()))?;
     let dir = match local.parent() {
@@ -80,7 +80,7 @@ pub fn get(conn: &mut AgentConn, path: &str, local: Option<&Path>) -> Result<u64
         .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
     let mut sink = Capped { inner: tmp.as_file(), left: cap, cap };
     // On failure `tmp` is dropped, which removes it: no partial file is left.
-    let n = conn.read_file(path, &mut sink)?;
+    let n = conn.read_file_max(path, &mut sink, cap)?;
     tmp.persist(local).map_err(|e| anyhow!("writing {}: {}", local.display(), e.error))?;
     Ok(n)
 }

@@ -31,7 +31,11 @@ fn socket(dir: &Path) -> PathBuf {
 }
 
 fn log_tail(dir: &Path) -> String {
-    let text = std::fs::read_to_string(dir.join("shim.log")).unwrap_or_default();
+    // The shim rotates its log (see `shimlog`): the last lines may begin in the older file.
+    let log = dir.join(crate::shimlog::LOG_NAME);
+    let mut bytes = std::fs::read(crate::shimlog::older(&log)).unwrap_or_default();
+    bytes.extend(std::fs::read(&log).unwrap_or_default());
+    let text = String::from_utf8_lossy(&bytes);
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     lines[lines.len().saturating_sub(4)..].join(" / ")
 }

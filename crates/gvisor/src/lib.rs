@@ -12,5 +12,6 @@ pub mod bundle;
 pub mod control;
 pub mod runsc;
 pub mod shim;
+pub mod shimlog;
 
 pub use backend::GvisorBackend;

@@ -16,9 +16,9 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{channel, sync_channel, Sender, SyncSender};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How the shim starts its container.
 #[derive(Debug, Clone)]
@@ -44,6 +44,13 @@ pub struct ShimConfig {
 
 /// Longest the shim waits for the agent's answer to its own requests.
 const AGENT_WAIT: Duration = Duration::from_secs(60);
+/// Frames queued for one client before the agent's reader waits for it: at most this many
+/// frames of at most 1 MiB each (256 KiB from an honest agent) per client.
+const CLIENT_QUEUE: usize = 8;
+/// Longest the agent's reader waits for room in one client's queue. One pipe carries every
+/// answer, so while it waits every other client of the sandbox waits too; a client that
+/// takes no frame for this long is disconnected and its requests are cancelled.
+const CLIENT_STALL: Duration = Duration::from_secs(15);
 
 enum Route {
     Client { conn: u64, orig: u64 },
@@ -68,13 +75,20 @@ struct Shim {
     cfg: ShimConfig,
     container: Mutex<Container>,
     routes: Mutex<Routes>,
-    writers: Mutex<HashMap<u64, Sender<Vec<u8>>>>,
+    writers: Mutex<HashMap<u64, Writer>>,
     next_id: AtomicU64,
     /// Forwarding holds it shared; a checkpoint holds it exclusively, so no client frame can
     /// reach the agent between freeze and thaw.
     gate: RwLock<()>,
     swapping: AtomicBool,
     paused: AtomicBool,
+}
+
+/// The sending side of one client connection.
+struct Writer {
+    queue: SyncSender<Vec<u8>>,
+    /// Shut down to disconnect a client that stalled.
+    socket: UnixStream,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -128,6 +142,7 @@ fn spawn_container(
         None => cmd.arg("run"),
     };
     cmd.arg("--bundle").arg(&bundle).arg(&cid);
+    // Standard error is the shim's own: a pipe into the capped log (see `shimlog`).
     let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn()?;
     let stdin = child.stdin.take().ok_or_else(|| std::io::Error::other("no stdin pipe"))?;
     let stdout = child.stdout.take().ok_or_else(|| std::io::Error::other("no stdout pipe"))?;
@@ -160,9 +175,7 @@ impl Shim {
                 routes.by_client.remove(&(conn, orig));
             }
             drop(routes);
-            if let Some(w) = lock(&self.writers).get(&conn) {
-                let _ = w.send(encode(&with_id(map, orig), &raw.body));
-            }
+            self.deliver(conn, encode(&with_id(map, orig), &raw.body));
         }
         let current = lock(&self.container).generation == generation;
         if current && !self.swapping.load(Ordering::SeqCst) {
@@ -230,6 +243,7 @@ impl Shim {
     fn shutdown(&self, code: i32) -> ! {
         self.retire(&mut lock(&self.container));
         let _ = std::fs::remove_file(self.cfg.dir.join("agent.sock"));
+        crate::shimlog::flush();
         std::process::exit(code);
     }
 
@@ -248,13 +262,39 @@ impl Shim {
         }
     }
 
+    /// Queues `frame` for client `conn`, waiting at most [`CLIENT_STALL`] for room; a client
+    /// that stays full that long is disconnected (its reader then cancels its requests).
+    fn deliver(&self, conn: u64, frame: Vec<u8>) {
+        let Some(queue) = lock(&self.writers).get(&conn).map(|w| w.queue.clone()) else { return };
+        let deadline = Instant::now() + CLIENT_STALL;
+        let mut frame = frame;
+        loop {
+            match queue.try_send(frame) {
+                Ok(()) | Err(TrySendError::Disconnected(_)) => return,
+                Err(TrySendError::Full(back)) if Instant::now() < deadline => {
+                    frame = back;
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(TrySendError::Full(_)) => break,
+            }
+        }
+        if let Some(w) = lock(&self.writers).remove(&conn) {
+            eprintln!(
+                "branchbox-shim: client {conn} took nothing for {} s; disconnecting it and cancelling its requests",
+                CLIENT_STALL.as_secs()
+            );
+            let _ = w.socket.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
     fn client(self: &Arc<Self>, mut conn: UnixStream, conn_id: u64) {
-        let Ok(mut out) = conn.try_clone() else { return };
-        let (tx, rx) = channel::<Vec<u8>>();
-        lock(&self.writers).insert(conn_id, tx.clone());
+        let (Ok(mut out), Ok(socket)) = (conn.try_clone(), conn.try_clone()) else { return };
+        let (tx, rx) = sync_channel::<Vec<u8>>(CLIENT_QUEUE);
+        lock(&self.writers).insert(conn_id, Writer { queue: tx, socket });
         std::thread::spawn(move || {
             while let Ok(buf) = rx.recv() {
                 if out.write_all(&buf).is_err() {
+                    let _ = out.shutdown(std::net::Shutdown::Both);
                     break;
                 }
             }
@@ -266,7 +306,7 @@ impl Shim {
                 let answered = std::cell::Cell::new(false);
                 let answer = |reply: ShimResponse| {
                     if !answered.replace(true) {
-                        let _ = tx.send(encode(&encode_header(orig, &reply), &[]));
+                        self.deliver(conn_id, encode(&encode_header(orig, &reply), &[]));
                     }
                 };
                 match serde_json::from_slice::<ShimRequest>(&raw.header) {
@@ -293,6 +333,26 @@ impl Shim {
             }
         }
         lock(&self.writers).remove(&conn_id);
+        self.cancel_requests_of(conn_id);
+    }
+
+    /// Forgets the open requests of a closed connection and tells the agent to stop them, so
+    /// nothing keeps streaming (or running) for a reader that is gone.
+    fn cancel_requests_of(&self, conn_id: u64) {
+        let gids: Vec<u64> = {
+            let mut routes = lock(&self.routes);
+            let keys: Vec<(u64, u64)> =
+                routes.by_client.keys().filter(|(c, _)| *c == conn_id).copied().collect();
+            let gids: Vec<u64> = keys.iter().filter_map(|k| routes.by_client.remove(k)).collect();
+            for gid in &gids {
+                routes.by_gid.remove(gid);
+            }
+            gids
+        };
+        let _open = self.gate.read().unwrap_or_else(|e| e.into_inner());
+        for gid in gids {
+            let _ = self.send_to_agent(&encode_header(gid, &Request::Cancel), &[]);
+        }
     }
 
     /// Performs a control request; `answer` is called once (a checkpoint with `early` answers
@@ -329,6 +389,7 @@ impl Shim {
                 // Answer first, then exit: the caller waits for the answer.
                 std::thread::spawn(|| {
                     std::thread::sleep(Duration::from_millis(50));
+                    crate::shimlog::flush();
                     std::process::exit(0);
                 });
                 Ok(())
@@ -407,11 +468,8 @@ impl Shim {
             code: branchbox_protocol::ErrorCode::Io,
             message: why.to_string(),
         };
-        let writers = lock(&self.writers);
         for (conn, orig) in pending {
-            if let Some(w) = writers.get(&conn) {
-                let _ = w.send(encode(&encode_header(orig, &msg), &[]));
-            }
+            self.deliver(conn, encode(&encode_header(orig, &msg), &[]));
         }
     }
 
@@ -446,6 +504,7 @@ impl Shim {
 }
 /// Runs the shim until the sandbox ends or is stopped.
 pub fn run(cfg: ShimConfig) -> Result<(), String> {
+    crate::shimlog::capture_stderr(&cfg.dir).map_err(|e| format!("cannot set up the log: {e}"))?;
     let sock = cfg.dir.join("agent.sock");
     let _ = std::fs::remove_file(&sock);
     let image = match &cfg.start {

@@ -1,12 +1,16 @@
 //! A synchronous host-side client for one agent connection.
 //!
 //! One request is in flight per client; run several clients for concurrency (the gVisor shim
-//! multiplexes many connections onto one agent).
+//! multiplexes many connections onto one agent). Every answer is checked against the client's
+//! [`Limits`]: the agent is inside the sandbox, and so is anything that can forge its frames.
 
-use crate::frame::{read_frame, write_frame, Frame, FrameError};
+use crate::frame::{encode_header, read_frame, write_frame, write_raw, Frame, FrameError, MAX_HEADER};
+use crate::limits::{Limits, MAX_WALK_LINE, PROC_TAIL, SHIM_HEADER_ROOM};
 use crate::message::*;
 use crate::{CHUNK, PROTOCOL_VERSION};
-use std::io::{Read, Write};
+use std::io::{self, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
 
 /// What can go wrong talking to the agent.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +32,75 @@ pub enum ClientError {
     /// The agent answered with a response that does not fit the request.
     #[error("unexpected answer from the agent: {0}")]
     Unexpected(String),
+    /// The answer broke a limit the host enforces; the call was stopped. Either the request
+    /// asked for more than the limit allows, or something in the sandbox forged the agent's
+    /// frames.
+    #[error("{what} went over the host's limit of {limit} bytes, so the call was stopped (a process in the sandbox may be writing to the agent's pipes)")]
+    LimitExceeded {
+        /// What went over.
+        what: &'static str,
+        /// The limit.
+        limit: u64,
+    },
+    /// No frame of the answer arrived in time.
+    #[error("the sandbox's agent sent nothing for {} s, so the call was abandoned; check that the sandbox still runs (`branchbox ls`) and retry", .waited.as_secs())]
+    Timeout {
+        /// How long the client waited.
+        waited: Duration,
+    },
+    /// The request is too large for one frame; nothing was sent.
+    #[error("the request takes {len} bytes, over the limit of {limit} bytes for one request ({what} together): pass long data through stdin or a file")]
+    RequestTooLarge {
+        /// What the request holds.
+        what: &'static str,
+        /// Its encoded size.
+        len: usize,
+        /// The limit.
+        limit: usize,
+    },
+}
+
+/// A byte stream to an agent whose reads can be bounded in time.
+pub trait Transport: Read + Write {
+    /// Bounds each following read to `timeout` (`None`: no bound). Transports without
+    /// timeouts keep the default, which bounds nothing.
+    fn set_read_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        let _ = timeout;
+        Ok(())
+    }
+}
+
+impl Transport for UnixStream {
+    fn set_read_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        UnixStream::set_read_timeout(self, timeout)
+    }
+}
+
+/// Reads from a transport until a deadline, then fails with `TimedOut`.
+struct Within<'a, S> {
+    stream: &'a mut S,
+    deadline: Option<Instant>,
+}
+
+impl<S: Transport> Read for Within<'_, S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = match self.deadline {
+            None => None,
+            Some(d) => {
+                // A zero timeout means "none" to the socket: never hand it one.
+                let left = d.saturating_duration_since(Instant::now());
+                if left < Duration::from_millis(1) {
+                    return Err(io::ErrorKind::TimedOut.into());
+                }
+                Some(left)
+            }
+        };
+        self.stream.set_read_timeout(left)?;
+        match self.stream.read(buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(io::ErrorKind::TimedOut.into()),
+            r => r,
+        }
+    }
 }
 
 /// Output of a command collected in memory.
@@ -51,15 +124,37 @@ pub enum OutStream {
 }
 
 /// A client over any byte stream to an agent (or to a shim in front of one).
-pub struct AgentClient<S: Read + Write> {
+pub struct AgentClient<S: Transport> {
     stream: S,
     next_id: u64,
+    limits: Limits,
 }
 
-impl<S: Read + Write> AgentClient<S> {
-    /// Wraps a connected stream.
+/// Bytes counted against a limit.
+struct Budget {
+    what: &'static str,
+    used: u64,
+    limit: u64,
+}
+
+impl Budget {
+    fn new(what: &'static str, limit: u64) -> Self {
+        Budget { what, used: 0, limit }
+    }
+
+    fn take(&mut self, n: usize) -> Result<(), ClientError> {
+        self.used = self.used.saturating_add(n as u64);
+        if self.used > self.limit {
+            return Err(ClientError::LimitExceeded { what: self.what, limit: self.limit });
+        }
+        Ok(())
+    }
+}
+
+impl<S: Transport> AgentClient<S> {
+    /// Wraps a connected stream, with the default [`Limits`].
     pub fn new(stream: S) -> Self {
-        AgentClient { stream, next_id: 1 }
+        AgentClient { stream, next_id: 1, limits: Limits::default() }
     }
 
     /// The underlying stream.
@@ -67,10 +162,37 @@ impl<S: Read + Write> AgentClient<S> {
         &mut self.stream
     }
 
+    /// The limits this client enforces.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Replaces the limits this client enforces.
+    pub fn set_limits(&mut self, limits: Limits) {
+        self.limits = limits;
+    }
+
+    /// How long to wait for each frame of an answer to a request with its own timeout
+    /// (`exec`, `wait`): that timeout plus the grace, or the client's timeout if longer; no
+    /// bound when the request has none.
+    fn wait_for(&self, own_ms: Option<u64>) -> Option<Duration> {
+        let own = Duration::from_millis(own_ms?).saturating_add(self.limits.grace);
+        Some(self.limits.timeout.map_or(own, |t| t.max(own)))
+    }
+
     fn send(&mut self, req: Request, body: Vec<u8>) -> Result<u64, ClientError> {
         let id = self.next_id;
         self.next_id += 1;
-        write_frame(&mut self.stream, &Frame::with_body(id, req, body))?;
+        let header = encode_header(id, &req);
+        let limit = MAX_HEADER - SHIM_HEADER_ROOM;
+        if header.len() > limit {
+            let what = match req {
+                Request::Exec(_) | Request::Spawn(_) => "argv or shell line, environment and cwd",
+                _ => "paths and names",
+            };
+            return Err(ClientError::RequestTooLarge { what, len: header.len(), limit });
+        }
+        write_raw(&mut self.stream, &header, &body)?;
         Ok(id)
     }
 
@@ -92,31 +214,43 @@ impl<S: Read + Write> AgentClient<S> {
     }
 
     /// Reads the next frame for `id`, skipping frames of other ids (answers to requests whose
-    /// caller gave up, e.g. after a restore).
-    fn recv(&mut self, id: u64) -> Result<Frame<Response>, ClientError> {
+    /// caller gave up, e.g. after a restore). Fails when no frame for `id` arrives within
+    /// `wait`: skipped frames do not extend it.
+    fn recv_within(&mut self, id: u64, wait: Option<Duration>) -> Result<Frame<Response>, ClientError> {
+        let mut r = Within { stream: &mut self.stream, deadline: wait.map(|w| Instant::now() + w) };
+        let timed_out =
+            |e: &FrameError| matches!(e, FrameError::Io(e) if e.kind() == io::ErrorKind::TimedOut);
         loop {
-            match read_frame::<Response, _>(&mut self.stream)? {
-                None => return Err(ClientError::Closed),
-                Some(f) if f.id == id => {
+            match read_frame::<Response, _>(&mut r) {
+                Err(e) if timed_out(&e) => {
+                    return Err(ClientError::Timeout { waited: wait.unwrap_or_default() })
+                }
+                Err(e) => return Err(e.into()),
+                Ok(None) => return Err(ClientError::Closed),
+                Ok(Some(f)) if f.id == id => {
                     if let Response::Error { code, message } = f.msg {
                         return Err(ClientError::Agent { code, message });
                     }
                     return Ok(f);
                 }
-                Some(_) => continue,
+                Ok(Some(_)) => continue,
             }
         }
     }
 
-    /// Sends a request with no streams and returns its terminal response.
+    fn recv(&mut self, id: u64) -> Result<Frame<Response>, ClientError> {
+        self.recv_within(id, self.limits.timeout)
+    }
+
+    /// Sends a request with no streams and returns its terminal response; a streamed answer
+    /// (`data`, `stdout`, `stderr`) is refused.
     pub fn call(&mut self, req: Request, body: Vec<u8>) -> Result<Response, ClientError> {
         let id = self.send(req, body)?;
-        loop {
-            let f = self.recv(id)?;
-            if f.msg.is_terminal() {
-                return Ok(f.msg);
-            }
+        let f = self.recv(id)?;
+        if f.msg.is_terminal() {
+            return Ok(f.msg);
         }
+        Err(unexpected(f.msg))
     }
 
     /// Version handshake.
@@ -143,7 +277,9 @@ impl<S: Read + Write> AgentClient<S> {
         }
     }
 
-    /// Runs a command, handing each output chunk to `on_output` as it arrives.
+    /// Runs a command, handing each output chunk to `on_output` as it arrives. At most the
+    /// spec's `output_cap` (the client's default when it sets none) is accepted: the agent
+    /// truncates there, so more is a violation and ends the call.
     pub fn exec_streaming(
         &mut self,
         mut spec: ExecSpec,
@@ -151,22 +287,31 @@ impl<S: Read + Write> AgentClient<S> {
         on_output: &mut dyn FnMut(OutStream, &[u8]),
     ) -> Result<ExitStatus, ClientError> {
         spec.stdin = stdin.is_some();
+        let cap = *spec.output_cap.get_or_insert(self.limits.output_bytes);
+        let wait = self.wait_for(spec.timeout_ms);
         let id = self.send(Request::Exec(spec), Vec::new())?;
         if let Some(src) = stdin {
             self.send_stream(id, src)?;
         }
+        let mut budget = Budget::new("the command's output", cap);
         loop {
-            let f = self.recv(id)?;
+            let f = self.recv_within(id, wait)?;
             match f.msg {
-                Response::Stdout => on_output(OutStream::Stdout, &f.body),
-                Response::Stderr => on_output(OutStream::Stderr, &f.body),
+                Response::Stdout => {
+                    budget.take(f.body.len())?;
+                    on_output(OutStream::Stdout, &f.body)
+                }
+                Response::Stderr => {
+                    budget.take(f.body.len())?;
+                    on_output(OutStream::Stderr, &f.body)
+                }
                 Response::Exited(status) => return Ok(status),
                 other => return Err(unexpected(other)),
             }
         }
     }
 
-    /// Runs a command and collects its output in memory.
+    /// Runs a command and collects its output in memory (at most its `output_cap`).
     pub fn exec(&mut self, spec: ExecSpec, stdin: Option<&[u8]>) -> Result<ExecOutput, ClientError> {
         let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
         let mut src = stdin;
@@ -201,15 +346,25 @@ impl<S: Read + Write> AgentClient<S> {
         expect_ok(self.call(Request::Signal { pid, signal, group }, Vec::new())?)
     }
 
-    /// Waits for a background process; `None` when `timeout_ms` passed first.
+    /// Waits for a background process; `None` when `timeout_ms` passed first. Its output
+    /// tails are at most [`PROC_TAIL`] bytes each.
     pub fn wait(&mut self, pid: i32, timeout_ms: Option<u64>) -> Result<Option<ExecOutput>, ClientError> {
+        let wait = self.wait_for(timeout_ms);
         let id = self.send(Request::Wait { pid, timeout_ms }, Vec::new())?;
         let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        let mut out_budget = Budget::new("a background process's stdout tail", PROC_TAIL as u64);
+        let mut err_budget = Budget::new("a background process's stderr tail", PROC_TAIL as u64);
         loop {
-            let f = self.recv(id)?;
+            let f = self.recv_within(id, wait)?;
             match f.msg {
-                Response::Stdout => stdout.extend_from_slice(&f.body),
-                Response::Stderr => stderr.extend_from_slice(&f.body),
+                Response::Stdout => {
+                    out_budget.take(f.body.len())?;
+                    stdout.extend_from_slice(&f.body)
+                }
+                Response::Stderr => {
+                    err_budget.take(f.body.len())?;
+                    stderr.extend_from_slice(&f.body)
+                }
                 Response::Exited(status) => return Ok(Some(ExecOutput { stdout, stderr, status })),
                 Response::StillRunning => return Ok(None),
                 other => return Err(unexpected(other)),
@@ -217,23 +372,39 @@ impl<S: Read + Write> AgentClient<S> {
         }
     }
 
-    /// Streams a file into `sink`; returns its size.
+    /// Streams a file into `sink`; returns its size. At most the client's `file_bytes` limit.
     pub fn read_file(&mut self, path: &str, sink: &mut dyn Write) -> Result<u64, ClientError> {
-        let id = self.send(Request::ReadFile { path: path.to_string() }, Vec::new())?;
+        self.read_file_max(path, sink, self.limits.file_bytes)
+    }
+
+    /// Streams a file of at most `max` bytes into `sink`; returns its size. The agent refuses
+    /// a larger file up front; a stream that goes past `max` anyway ends the call.
+    pub fn read_file_max(&mut self, path: &str, sink: &mut dyn Write, max: u64) -> Result<u64, ClientError> {
+        let id = self.send(Request::ReadFile { path: path.to_string(), max: Some(max) }, Vec::new())?;
+        let mut budget = Budget::new("the file's data", max);
         loop {
             let f = self.recv(id)?;
             match f.msg {
-                Response::Data => sink.write_all(&f.body).map_err(FrameError::Io)?,
-                Response::FileEnd { size } => return Ok(size),
+                Response::Data => {
+                    budget.take(f.body.len())?;
+                    sink.write_all(&f.body).map_err(FrameError::Io)?
+                }
+                Response::FileEnd { size } if size == budget.used => return Ok(size),
+                Response::FileEnd { size } => {
+                    return Err(ClientError::Unexpected(format!(
+                        "the agent reported {size} bytes of {path} but sent {}",
+                        budget.used
+                    )))
+                }
                 other => return Err(unexpected(other)),
             }
         }
     }
 
-    /// Reads a whole file into memory.
-    pub fn read_file_bytes(&mut self, path: &str) -> Result<Vec<u8>, ClientError> {
+    /// Reads a whole file of at most `max` bytes into memory.
+    pub fn read_file_bytes(&mut self, path: &str, max: u64) -> Result<Vec<u8>, ClientError> {
         let mut out = Vec::new();
-        self.read_file(path, &mut out)?;
+        self.read_file_max(path, &mut out, max)?;
         Ok(out)
     }
 
@@ -263,25 +434,52 @@ impl<S: Read + Write> AgentClient<S> {
         }
     }
 
-    /// Walks a directory tree; every entry carries its full path in `name`.
+    /// Walks a directory tree; every entry carries its full path in `name`. At most the
+    /// client's `walk_entries` entries and `walk_bytes` bytes of them, each line at most
+    /// [`MAX_WALK_LINE`] bytes.
     pub fn walk(&mut self, path: &str, exclude: &[String]) -> Result<Vec<FileStat>, ClientError> {
         let id =
             self.send(Request::Walk { path: path.to_string(), exclude: exclude.to_vec() }, Vec::new())?;
         let mut out = Vec::new();
         let mut partial: Vec<u8> = Vec::new();
+        let mut bytes = Budget::new("the walk's entries", self.limits.walk_bytes);
+        let entries = self.limits.walk_entries;
+        let too_many = || ClientError::LimitExceeded { what: "the number of walk entries", limit: entries };
         loop {
             let f = self.recv(id)?;
             match f.msg {
                 Response::Data => {
+                    bytes.take(f.body.len())?;
                     partial.extend_from_slice(&f.body);
-                    while let Some(nl) = partial.iter().position(|b| *b == b'\n') {
-                        let line: Vec<u8> = partial.drain(..=nl).collect();
-                        let entry = serde_json::from_slice(&line[..line.len() - 1])
+                    let too_long =
+                        ClientError::LimitExceeded { what: "one walk entry", limit: MAX_WALK_LINE as u64 };
+                    let mut start = 0;
+                    while let Some(nl) = partial[start..].iter().position(|b| *b == b'\n') {
+                        if nl > MAX_WALK_LINE {
+                            return Err(too_long);
+                        }
+                        let entry = serde_json::from_slice(&partial[start..start + nl])
                             .map_err(|e| ClientError::Unexpected(format!("bad walk entry: {e}")))?;
+                        start += nl + 1;
+                        if out.len() as u64 >= self.limits.walk_entries {
+                            return Err(too_many());
+                        }
                         out.push(entry);
                     }
+                    partial.drain(..start);
+                    if partial.len() > MAX_WALK_LINE {
+                        return Err(too_long);
+                    }
                 }
-                Response::FileEnd { .. } => return Ok(out),
+                Response::FileEnd { size } if size == out.len() as u64 && partial.is_empty() => {
+                    return Ok(out)
+                }
+                Response::FileEnd { size } => {
+                    return Err(ClientError::Unexpected(format!(
+                        "the agent reported {size} walk entries but sent {}",
+                        out.len()
+                    )))
+                }
                 other => return Err(unexpected(other)),
             }
         }

@@ -10,10 +10,12 @@
 
 pub mod client;
 pub mod frame;
+pub mod limits;
 pub mod message;
 
-pub use client::{AgentClient, ClientError, ExecOutput, OutStream};
+pub use client::{AgentClient, ClientError, ExecOutput, OutStream, Transport};
 pub use frame::{read_frame, write_frame, Frame, FrameError, MAX_BODY, MAX_HEADER};
+pub use limits::Limits;
 pub use message::*;
 
 /// Protocol version spoken by this build; peers with another version are refused.

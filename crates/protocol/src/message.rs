@@ -97,10 +97,14 @@ pub enum Request {
         #[serde(default)]
         timeout_ms: Option<u64>,
     },
-    /// Read a file; data arrives as `data` frames, then `file_end`.
+    /// Read a regular file; data arrives as `data` frames, then `file_end`. Other kinds
+    /// (FIFOs, devices, sockets) are refused.
     ReadFile {
         /// Absolute path.
         path: String,
+        /// Refuse a file larger than this many bytes.
+        #[serde(default)]
+        max: Option<u64>,
     },
     /// Write a file from the `data` frames that follow, ended by `eof`. Replaces the file
     /// atomically unless `append`.
@@ -171,6 +175,9 @@ pub enum Request {
     Data,
     /// End of a client stream for request `id`.
     Eof,
+    /// Stop request `id` (its client went away): the agent stops streaming and kills a
+    /// command's process group; the request ends with an `error` that is not routed anywhere.
+    Cancel,
 }
 
 /// Machine-readable error class.

@@ -108,6 +108,12 @@ fn agent_error(e: branchbox_protocol::ClientError) -> Error {
             Error::InvalidInput(message)
         }
         ClientError::Agent { code: ErrorCode::NotFound, message } => Error::InvalidInput(message),
+        // Nothing was sent: the caller's command is too long.
+        e @ ClientError::RequestTooLarge { .. } => Error::InvalidInput(e.to_string()),
+        // The sandbox broke a limit the host enforces, or stopped answering.
+        e @ (ClientError::LimitExceeded { .. } | ClientError::Timeout { .. }) => {
+            Error::Backend(format!("sandbox: {e}"))
+        }
         other => Error::Backend(other.to_string()),
     }
 }

@@ -38,6 +38,7 @@ fn main() {
     let result = parse().and_then(run);
     if let Err(e) = result {
         eprintln!("branchbox-shim: {e}");
+        branchbox_gvisor::shimlog::flush();
         std::process::exit(1);
     }
 }

@@ -82,7 +82,7 @@ pub async fn read(
     let (stall, rt) = (st.cfg.agent_stall, tokio::runtime::Handle::current());
     tokio::task::spawn_blocking(move || {
         let mut sink = ChannelSink { tx: tx.clone(), left: limit, stall, rt };
-        if let Err(e) = conn.read_file(&path, &mut sink) {
+        if let Err(e) = conn.read_file_max(&path, &mut sink, limit) {
             // An error after the head was sent can only cut the body short; the client sees a
             // truncated transfer (its length no longer matches).
             let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));

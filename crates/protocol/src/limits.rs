@@ -1,0 +1,54 @@
+//! What the host accepts from an agent. The agent enforces its own caps too, but anything in
+//! the sandbox can write to the agent's pipes (under gVisor, `/proc/1/fd/1`), so the host never
+//! relies on them: a call whose answer breaks one of these limits ends with
+//! [`crate::ClientError::LimitExceeded`] or [`crate::ClientError::Timeout`].
+
+use std::time::Duration;
+
+/// Output cap of a command whose spec sets none (stdout and stderr together). The agent applies
+/// the same default.
+pub const DEFAULT_OUTPUT_CAP: u64 = 64 * 1024 * 1024;
+/// Output a background process keeps per stream; `wait` returns at most this much of each.
+pub const PROC_TAIL: usize = 1024 * 1024;
+/// Most entries a walk returns.
+pub const MAX_WALK_ENTRIES: u64 = 2_000_000;
+/// Longest JSON line of one walk entry: a path of 4096 bytes, every byte escaped (`\u00XX`),
+/// plus the other fields.
+pub const MAX_WALK_LINE: usize = 6 * 4096 + 256;
+/// Most bytes of a whole walk held by the host.
+pub const MAX_WALK_BYTES: u64 = 256 * 1024 * 1024;
+/// Room left in a request header for the shim, which replaces the client's request id with
+/// its own (at most 20 digits).
+pub const SHIM_HEADER_ROOM: usize = 64;
+
+/// Host-side limits of one [`crate::AgentClient`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Longest wait for the next frame of a call's answer; `None` waits forever. A command or
+    /// `wait` with a timeout of its own gets that timeout plus [`Limits::grace`] instead,
+    /// whichever is longer.
+    pub timeout: Option<Duration>,
+    /// Added to a command's own timeout: the agent needs a moment to kill it and report.
+    pub grace: Duration,
+    /// Output cap of a command whose spec sets none.
+    pub output_bytes: u64,
+    /// Most bytes a file read delivers when the caller gives no maximum.
+    pub file_bytes: u64,
+    /// Most entries of a walk.
+    pub walk_entries: u64,
+    /// Most bytes of a walk's entries, together.
+    pub walk_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            timeout: Some(Duration::from_secs(60)),
+            grace: Duration::from_secs(30),
+            output_bytes: DEFAULT_OUTPUT_CAP,
+            file_bytes: 1024 * 1024 * 1024,
+            walk_entries: MAX_WALK_ENTRIES,
+            walk_bytes: MAX_WALK_BYTES,
+        }
+    }
+}
