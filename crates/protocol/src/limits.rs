@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
-/// Output cap of a command whose spec sets none (stdout and stderr together). The agent applies
-/// the same default.
-pub const DEFAULT_OUTPUT_CAP: u64 = 64 * 1024 * 1024;
+/// Output cap of a command whose spec sets none (stdout and stderr together): the one limit
+/// the CLI, the service and the agent apply (docs/limits.md).
+pub const DEFAULT_OUTPUT_CAP: u64 = crate::MAX_EXEC_OUTPUT;
 /// Output a background process keeps per stream; `wait` returns at most this much of each.
 pub const PROC_TAIL: usize = 1024 * 1024;
 /// Most entries a walk returns.
