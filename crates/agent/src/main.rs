@@ -7,7 +7,10 @@
 
 mod exec;
 mod files;
+mod forkbomb;
+mod guest;
 mod hook;
+mod oom;
 mod outbox;
 mod procs;
 mod reaper;
@@ -239,6 +242,7 @@ impl Agent {
 }
 
 fn main() {
+    guest::boot(&std::env::args().skip(1).collect::<Vec<_>>());
     let agent = Arc::new(Agent {
         out: Outbox::new(Box::new(std::io::stdout())),
         reaper: Reaper::start(),

@@ -295,6 +295,9 @@ fn run_command(engine: &Engine, id: &SandboxId, a: &ExecArgs, json: bool) -> Res
         if status.truncated {
             eprintln!("branchbox: output was cut at the output cap");
         }
+        if status.oom_killed {
+            eprintln!("branchbox: a process of the command was killed: the sandbox reached its memory limit");
+        }
         if let Some(s) = &step {
             eprintln!("branchbox: step checkpoint {}", s.id);
         }
