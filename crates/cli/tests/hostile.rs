@@ -219,3 +219,21 @@ fn processes_that_ignore_sigterm_end_with_their_sandbox() {
     assert_eq!(s.sh("pgrep -c -x sleep").trim(), "1", "SIGTERM was not ignored: the test proves nothing");
     aftermath(s, &bystander);
 }
+
+#[test]
+fn limits_and_the_hostname_file_hold_in_a_forked_child() {
+    let bystander = Sandbox::new();
+    let s = create(&["--memory", "256", "--pids", "64"]);
+    assert_eq!(s.sh("cat /etc/hostname"), s.sh("hostname"), "/etc/hostname is the build host's");
+    let v: serde_json::Value = serde_json::from_str(&ok(&["--json", "fork", &s.0, "-n", "1"])).unwrap();
+    let child = Sandbox::adopt(v["children"][0]["id"].as_str().expect("a child"));
+    assert_eq!(child.sh("cat /etc/hostname"), child.sh("hostname"), "/etc/hostname kept the source's name");
+    assert_ne!(child.sh("hostname"), s.sh("hostname"));
+    let out = run(&["--json", "exec", &child.0, "--", "python3", "-c", "x = b'x' * (600 << 20)"]);
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(r["status"]["oom_killed"], true, "{r}\n{}", shim_log(&child.0));
+    let forks = child.sh("python3 -c 'import os\nn = 0\ntry:\n    while n < 200:\n        if os.fork() == 0:\n            import time; time.sleep(60); os._exit(0)\n        n += 1\nexcept OSError as e:\n    print(e.errno, n)'");
+    assert!(forks.trim().starts_with("11 "), "fork past the limit did not fail with EAGAIN: {forks}");
+    kill_and_check_nothing_leaks(child);
+    aftermath(s, &bystander);
+}
