@@ -6,14 +6,15 @@
 //! the process exits (measured: a bomb held at 64 guest processes took its runtime past 2,000
 //! host tasks in under 2 s). Left alone, it reaches the host's backstop and the whole sandbox
 //! ends. Processes that sit at the limit without churning (1,000 background `sleep`s) are
-//! left alone.
+//! left alone; a workload that keeps starting short-lived processes while at its limit is
+//! treated as a bomb, and its largest process group is killed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
-const TICK: Duration = Duration::from_millis(100);
+const TICK: Duration = Duration::from_millis(50);
 /// Ticks at the limit, with churn, before the breaker acts.
-const TICKS: u32 = 3;
+const TICKS: usize = 3;
 
 /// The highest pid in `/proc`: gVisor, like Linux, hands out pids in increasing order, so its
 /// advance counts the processes created meanwhile.
@@ -23,11 +24,12 @@ fn highest_pid() -> i32 {
         .unwrap_or(0)
 }
 
-/// True when the advance of the highest pid over the window is churn: at least a quarter of
-/// the limit's worth of new processes (and never fewer than 16).
+/// True when the advance of the highest pid over the window (100 ms) is churn: an eighth of
+/// the limit's worth of new processes, and never fewer than 8 (a bomb held at 64 processes
+/// created about 20 per 100 ms on this host).
 fn churning(advance: i32, limit: u32) -> bool {
     // Pid reuse after wrap-around shows as a negative advance: not evidence either way.
-    advance > 0 && advance as u64 >= (u64::from(limit) / 4).max(16)
+    advance > 0 && advance as u64 >= (u64::from(limit) / 8).max(8)
 }
 
 /// The process group with the most members among `pids`, and their count.
@@ -43,32 +45,40 @@ fn biggest_group(pids: &[i32]) -> Option<(i32, usize)> {
     groups.into_iter().max_by_key(|(_, n)| *n)
 }
 
+/// True when `current` tasks are close enough to `limit` that forks fail now and then (a
+/// bomb's count swings below the limit as failing shells exit).
+fn near(current: u32, limit: u32, room: u32) -> bool {
+    current.saturating_add((limit / 8).max(room)) > limit
+}
+
+fn read_current(dir: &str) -> u32 {
+    std::fs::read_to_string(format!("{dir}/pids.current"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// Starts the breaker for the workload cgroup at `dir` with a limit of `limit` tasks.
 pub fn start(dir: &'static str, limit: u32, room: u32) {
     std::thread::spawn(move || {
-        let (mut ticks, mut first) = (0u32, 0i32);
+        // The last TICKS samples: (near the limit, highest pid).
+        let mut window: VecDeque<(bool, i32)> = VecDeque::with_capacity(TICKS);
         loop {
             std::thread::sleep(TICK);
-            let current = std::fs::read_to_string(format!("{dir}/pids.current"))
-                .ok()
-                .and_then(|s| s.trim().parse::<u32>().ok())
-                .unwrap_or(0);
-            if current.saturating_add(room) <= limit {
-                ticks = 0;
+            let current = read_current(dir);
+            if current < limit / 2 {
+                window.clear();
                 continue;
             }
-            let top = highest_pid();
-            if ticks == 0 {
-                first = top;
+            if window.len() == TICKS {
+                window.pop_front();
             }
-            ticks += 1;
-            if ticks < TICKS {
+            window.push_back((near(current, limit, room), highest_pid()));
+            let (Some(&(_, first)), Some(&(_, top))) = (window.front(), window.back()) else { continue };
+            if window.len() < TICKS || !window.iter().any(|(n, _)| *n) || !churning(top - first, limit) {
                 continue;
             }
-            ticks = 0;
-            if !churning(top - first, limit) {
-                continue;
-            }
+            window.clear();
             let procs = std::fs::read_to_string(format!("{dir}/cgroup.procs")).unwrap_or_default();
             let pids: Vec<i32> = procs.lines().filter_map(|l| l.trim().parse().ok()).collect();
             if let Some((pgid, n)) = biggest_group(&pids) {
@@ -77,7 +87,7 @@ pub fn start(dir: &'static str, limit: u32, room: u32) {
                     "branchbox-agent: process limit of {limit} reached while {} processes were created in \
                      {} ms: killed process group {pgid} ({n} processes), a fork bomb",
                     top - first,
-                    TICK.as_millis() * u128::from(TICKS - 1)
+                    TICK.as_millis() * (TICKS as u128 - 1)
                 );
             }
         }
@@ -89,12 +99,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn churn_is_a_quarter_of_the_limit_in_new_processes() {
-        assert!(churning(128, 512));
-        assert!(!churning(127, 512));
-        assert!(churning(16, 16));
-        assert!(!churning(15, 16));
+    fn churn_is_an_eighth_of_the_limit_in_new_processes() {
+        assert!(churning(64, 512));
+        assert!(!churning(63, 512));
+        assert!(churning(8, 16));
+        assert!(!churning(7, 16));
         assert!(!churning(-30_000, 512));
+    }
+
+    #[test]
+    fn near_means_within_an_eighth_of_the_limit() {
+        assert!(near(57, 64, 4));
+        assert!(!near(56, 64, 4));
+        assert!(near(13, 16, 4));
+        assert!(!near(12, 16, 4));
     }
 
     #[test]
