@@ -9,11 +9,11 @@
 //! left alone; a workload that keeps starting short-lived processes while at its limit is
 //! treated as a bomb, and its largest process group is killed.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 const TICK: Duration = Duration::from_millis(50);
-/// Ticks at the limit, with churn, before the breaker acts.
+/// Ticks after the workloads came near their limit over which churn is counted.
 const TICKS: usize = 3;
 
 /// The highest pid in `/proc`: gVisor, like Linux, hands out pids in increasing order, so its
@@ -24,12 +24,12 @@ fn highest_pid() -> i32 {
         .unwrap_or(0)
 }
 
-/// True when the advance of the highest pid over the window (100 ms) is churn: an eighth of
-/// the limit's worth of new processes, and never fewer than 8 (a bomb held at 64 processes
-/// created about 20 per 100 ms on this host).
-fn churning(advance: i32, limit: u32) -> bool {
+/// True when more processes were created in a window than there was room for at its start, by at least an eighth of the limit (and never fewer than 8): some
+/// died and were replaced, which is churn at the limit. A workload that forks up to the limit
+/// and stops (1,000 `sleep`s, a fork loop that meets EAGAIN) never gets there.
+fn churning(created: i32, room_then: u32, limit: u32) -> bool {
     // Pid reuse after wrap-around shows as a negative advance: not evidence either way.
-    advance > 0 && advance as u64 >= (u64::from(limit) / 8).max(8)
+    created > 0 && created as u64 >= u64::from(room_then) + (u64::from(limit) / 8).max(8)
 }
 
 /// The process group with the most members among `pids`, and their count.
@@ -45,12 +45,6 @@ fn biggest_group(pids: &[i32]) -> Option<(i32, usize)> {
     groups.into_iter().max_by_key(|(_, n)| *n)
 }
 
-/// True when `current` tasks are close enough to `limit` that forks fail now and then (a
-/// bomb's count swings below the limit as failing shells exit).
-fn near(current: u32, limit: u32, room: u32) -> bool {
-    current.saturating_add((limit / 8).max(room)) > limit
-}
-
 fn read_current(dir: &str) -> u32 {
     std::fs::read_to_string(format!("{dir}/pids.current"))
         .ok()
@@ -59,26 +53,32 @@ fn read_current(dir: &str) -> u32 {
 }
 
 /// Starts the breaker for the workload cgroup at `dir` with a limit of `limit` tasks.
-pub fn start(dir: &'static str, limit: u32, room: u32) {
+pub fn start(dir: &'static str, limit: u32) {
     std::thread::spawn(move || {
-        // The last TICKS samples: (near the limit, highest pid).
-        let mut window: VecDeque<(bool, i32)> = VecDeque::with_capacity(TICKS);
+        // Set while the workloads hold at least half their limit: ticks since the window
+        // opened, the highest pid and the free room then.
+        let mut armed: Option<(usize, i32, u32)> = None;
         loop {
             std::thread::sleep(TICK);
             let current = read_current(dir);
             if current < limit / 2 {
-                window.clear();
+                armed = None;
                 continue;
             }
-            if window.len() == TICKS {
-                window.pop_front();
-            }
-            window.push_back((near(current, limit, room), highest_pid()));
-            let (Some(&(_, first)), Some(&(_, top))) = (window.front(), window.back()) else { continue };
-            if window.len() < TICKS || !window.iter().any(|(n, _)| *n) || !churning(top - first, limit) {
+            let top = highest_pid();
+            let Some((ticks, first, room_then)) = armed else {
+                armed = Some((0, top, limit.saturating_sub(current)));
+                continue;
+            };
+            if !churning(top - first, room_then, limit) {
+                armed = if ticks + 1 >= TICKS {
+                    Some((0, top, limit.saturating_sub(current)))
+                } else {
+                    Some((ticks + 1, first, room_then))
+                };
                 continue;
             }
-            window.clear();
+            armed = None;
             let procs = std::fs::read_to_string(format!("{dir}/cgroup.procs")).unwrap_or_default();
             let pids: Vec<i32> = procs.lines().filter_map(|l| l.trim().parse().ok()).collect();
             if let Some((pgid, n)) = biggest_group(&pids) {
@@ -87,7 +87,7 @@ pub fn start(dir: &'static str, limit: u32, room: u32) {
                     "branchbox-agent: process limit of {limit} reached while {} processes were created in \
                      {} ms: killed process group {pgid} ({n} processes), a fork bomb",
                     top - first,
-                    TICK.as_millis() * (TICKS as u128 - 1)
+                    TICK.as_millis() * (ticks as u128 + 1)
                 );
             }
         }
@@ -99,20 +99,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn churn_is_an_eighth_of_the_limit_in_new_processes() {
-        assert!(churning(64, 512));
-        assert!(!churning(63, 512));
-        assert!(churning(8, 16));
-        assert!(!churning(7, 16));
-        assert!(!churning(-30_000, 512));
-    }
-
-    #[test]
-    fn near_means_within_an_eighth_of_the_limit() {
-        assert!(near(57, 64, 4));
-        assert!(!near(56, 64, 4));
-        assert!(near(13, 16, 4));
-        assert!(!near(12, 16, 4));
+    fn churn_is_more_new_processes_than_there_was_room_for() {
+        assert!(churning(64 + 10, 10, 512));
+        assert!(!churning(63 + 10, 10, 512));
+        assert!(churning(8, 0, 16));
+        assert!(!churning(7, 0, 16));
+        assert!(!churning(-30_000, 0, 512));
     }
 
     #[test]

@@ -172,7 +172,7 @@ pub fn boot(args: &[String]) {
     match setup_cgroups(limits.pids) {
         Ok(cg) => {
             let _ = CGROUPS.set(cg);
-            crate::forkbomb::start(WORKLOADS, limits.pids, ROOM);
+            crate::forkbomb::start(WORKLOADS, limits.pids);
         }
         Err(e) => eprintln!(
             "branchbox-agent: cannot set up the workload cgroup ({e}); the process limit is not enforced inside"
