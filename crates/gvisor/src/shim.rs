@@ -107,7 +107,13 @@ fn generation_bundle(cfg: &ShimConfig, cid: &str) -> std::io::Result<PathBuf> {
     if let Some(linux) = spec.get_mut("linux").and_then(|l| l.as_object_mut()) {
         linux.insert("cgroupsPath".into(), format!("/branchbox/{cid}").into());
     }
-    crate::hostcg::prepare(cid, &spec)?;
+    if let Err(e) = crate::hostcg::prepare(cid, &spec) {
+        // runsc then creates (and removes) the cgroups itself; only the reason is lost.
+        eprintln!(
+            "branchbox-shim: cannot create the host cgroups of {cid} ({e}); why it ends will not be known"
+        );
+        crate::hostcg::remove(cid);
+    }
     let dir = cfg.dir.join(format!("bundle-{cid}"));
     std::fs::create_dir_all(&dir)?;
     std::fs::write(dir.join("config.json"), serde_json::to_vec_pretty(&spec)?)?;
