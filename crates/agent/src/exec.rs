@@ -72,6 +72,7 @@ pub fn start(reaper: &Reaper, spec: &ExecSpec) -> Result<Started, Failure> {
         .stdin(if spec.stdin { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    crate::guest::confine(&mut cmd);
     let (child, exited) = reaper.spawn(&mut cmd).map_err(|e| {
         let what = match &spec.cmd {
             Cmd::Argv(a) => a.first().cloned().unwrap_or_default(),
@@ -79,6 +80,7 @@ pub fn start(reaper: &Reaper, spec: &ExecSpec) -> Result<Started, Failure> {
         };
         Failure::new(ErrorCode::SpawnFailed, format!("cannot start {what:?}: {e}"))
     })?;
+    crate::oom::watch(child.id() as i32);
     Ok(Started { child, exited, started: Instant::now() })
 }
 
@@ -186,7 +188,9 @@ pub fn pump(
         Some(st) => st,
         None => wait_exit(&s.exited, pid, deadline, &mut timed_out),
     };
-    decode_status(raw, timed_out, truncated, s.started.elapsed())
+    let mut status = decode_status(raw, timed_out, truncated, s.started.elapsed());
+    status.oom_killed = crate::oom::take(pid);
+    status
 }
 
 /// Waits for the exit status, killing the group if the deadline passes first.
@@ -215,10 +219,19 @@ fn wait_exit(
     }
 }
 
-/// Sends SIGKILL to the process group led by `pid`.
+/// Rounds of SIGKILL sent to a group: a fork bomb forks between rounds.
+const KILL_ROUNDS: usize = 200;
+
+/// Sends SIGKILL to the process group led by `pid` until no process is left in it (children
+/// forked while the first signal was delivered are caught by the next round).
 pub fn kill_group(pid: i32) {
-    // SAFETY: signalling a process group; failure (already gone) is harmless.
-    unsafe { libc::kill(-pid, libc::SIGKILL) };
+    for _ in 0..KILL_ROUNDS {
+        // SAFETY: signalling a process group; failure (already gone) is harmless.
+        if unsafe { libc::kill(-pid, libc::SIGKILL) } != 0 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// Turns a raw wait status into the protocol's exit status.
@@ -232,5 +245,5 @@ pub fn decode_status(raw: libc::c_int, timed_out: bool, truncated: bool, took: D
     } else {
         (None, None)
     };
-    ExitStatus { code, signal, timed_out, truncated, duration_ms: took.as_millis() as u64 }
+    ExitStatus { code, signal, timed_out, truncated, duration_ms: took.as_millis() as u64, oom_killed: false }
 }

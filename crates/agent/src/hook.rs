@@ -68,7 +68,15 @@ fn set_hostname(name: &str) -> StepOutcome {
     }
     // SAFETY: pointer and length of a valid byte string.
     let rc = unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) };
-    outcome(rc, "sethostname", "the hostname is fixed by the sandbox runtime")
+    let set = outcome(rc, "sethostname", "the hostname is fixed by the sandbox runtime");
+    if set != StepOutcome::Applied {
+        return set;
+    }
+    // `/etc/hostname` follows, or tools reading it would see the source's name.
+    match crate::guest::write_etc_hostname(name) {
+        Ok(()) => StepOutcome::Applied,
+        Err(e) => StepOutcome::Failed(format!("/etc/hostname: {e}")),
+    }
 }
 
 fn write_machine_id(id: &str) -> StepOutcome {

@@ -8,7 +8,10 @@
 mod cancel;
 mod exec;
 mod files;
+mod forkbomb;
+mod guest;
 mod hook;
+mod oom;
 mod outbox;
 mod procs;
 mod reaper;
@@ -272,6 +275,7 @@ impl Agent {
 }
 
 fn main() {
+    guest::boot(&std::env::args().skip(1).collect::<Vec<_>>());
     let agent = Arc::new(Agent {
         out: Outbox::new(Box::new(std::io::stdout())),
         reaper: Reaper::start(),

@@ -343,6 +343,22 @@ pub enum BenchCmd {
     Branch(TravelArgs),
     /// Spawn from snapshots at chain depth 0, 1, 2, 3.
     Chain(TravelArgs),
+    /// Sandboxes under a random mix of normal and hostile workloads, forks, checkpoints,
+    /// rollbacks and kills (gvisor); fails if a sandbox was lost or anything leaked.
+    Soak {
+        /// Sandboxes alive at once.
+        #[arg(long, default_value_t = 20)]
+        sandboxes: usize,
+        /// How long, seconds.
+        #[arg(long, default_value_t = 600)]
+        seconds: u64,
+        /// Seed of the random mix (default: from the clock; the report names it).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// A short version for CI (4 sandboxes, 20 s).
+        #[arg(long)]
+        short: bool,
+    },
     /// Host memory each idle microVM child adds (synthetic guest).
     Density {
         /// Guest RAM of the parent, MiB.

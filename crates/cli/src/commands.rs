@@ -342,6 +342,9 @@ fn run_command(engine: &Engine, id: &SandboxId, a: &ExecArgs, json: bool) -> Res
         if status.truncated {
             eprintln!("branchbox: output was cut at the output cap");
         }
+        if status.oom_killed {
+            eprintln!("branchbox: a process of the command was killed: the sandbox reached its memory limit");
+        }
         if let Some(s) = &step {
             eprintln!("branchbox: step checkpoint {}", s.id);
         }
@@ -580,6 +583,24 @@ fn bench_cmd(engine: &Engine, cmd: BenchCmd, json: bool) -> Result<i32> {
         BenchCmd::Rollback(t) => travel(engine, Travel::Rollback, &t)?,
         BenchCmd::Branch(t) => travel(engine, Travel::Branch, &t)?,
         BenchCmd::Chain(t) => travel(engine, Travel::Chain, &t)?,
+        BenchCmd::Soak { sandboxes, seconds, seed, short } => {
+            let seed = seed.unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0)
+            });
+            let o = if short {
+                branchbox_core::bench_soak::SoakOptions::short(seed)
+            } else {
+                branchbox_core::bench_soak::SoakOptions {
+                    sandboxes: sandboxes.max(1),
+                    duration: std::time::Duration::from_secs(seconds),
+                    seed,
+                }
+            };
+            branchbox_core::bench_soak::soak(engine, &o)?
+        }
         BenchCmd::Density { mib, children, short } => {
             let o = if short {
                 branchbox_vmm::DensityBenchOptions::short()

@@ -5,7 +5,7 @@
 //! through the agent and stores the listing as `manifest.json` beside the checkpoint; every
 //! later diff reads the stored listings only. A file counts as changed when its type, size,
 //! permissions or modification time differ; a directory when its type or permissions do. The identity files the after-fork hook writes
-//! (`/etc/machine-id`, `/run/branchbox`) are left out.
+//! (`/etc/machine-id`, `/etc/hostname`, `/run/branchbox`) are left out.
 
 use crate::engine::Engine;
 use branchbox_model::{Error, Result, SnapshotId};
@@ -16,7 +16,8 @@ use std::collections::BTreeMap;
 /// Directories never walked: kernel views, not files.
 pub const NOT_WALKED: [&str; 3] = ["/proc", "/sys", "/dev"];
 /// Paths the after-fork hook rewrites in every copy.
-const IDENTITY: [&str; 3] = ["/etc/machine-id", "/run/branchbox", "/run/branchbox/sandbox-id"];
+const IDENTITY: [&str; 4] =
+    ["/etc/machine-id", "/etc/hostname", "/run/branchbox", "/run/branchbox/sandbox-id"];
 
 /// What changed from one snapshot to another.
 #[derive(Debug, Serialize)]

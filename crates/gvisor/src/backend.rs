@@ -301,6 +301,7 @@ impl Backend for GvisorBackend {
                 unsafe { libc::kill(pid, libc::SIGKILL) };
             }
         }
+        crate::hostcg::remove_all(id.as_str());
         match std::fs::remove_dir_all(dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

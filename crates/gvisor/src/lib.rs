@@ -10,6 +10,7 @@
 pub mod backend;
 pub mod bundle;
 pub mod control;
+pub mod hostcg;
 pub mod runsc;
 pub mod shim;
 pub mod shimlog;

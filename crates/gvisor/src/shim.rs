@@ -121,6 +121,13 @@ fn generation_bundle(cfg: &ShimConfig, cid: &str) -> std::io::Result<PathBuf> {
     if let Some(linux) = spec.get_mut("linux").and_then(|l| l.as_object_mut()) {
         linux.insert("cgroupsPath".into(), format!("/branchbox/{cid}").into());
     }
+    if let Err(e) = crate::hostcg::prepare(cid, &spec) {
+        // runsc then creates (and removes) the cgroups itself; only the reason is lost.
+        eprintln!(
+            "branchbox-shim: cannot create the host cgroups of {cid} ({e}); why it ends will not be known"
+        );
+        crate::hostcg::remove(cid);
+    }
     let dir = cfg.dir.join(format!("bundle-{cid}"));
     std::fs::create_dir_all(&dir)?;
     std::fs::write(dir.join("config.json"), serde_json::to_vec_pretty(&spec)?)?;
@@ -179,7 +186,14 @@ impl Shim {
         }
         let current = lock(&self.container).generation == generation;
         if current && !self.swapping.load(Ordering::SeqCst) {
-            eprintln!("branchbox-shim: the sandbox's agent exited; shutting down");
+            let ended = crate::hostcg::verdict(&lock(&self.container).cid);
+            if let Err(e) = crate::hostcg::record(&self.cfg.dir, &ended) {
+                eprintln!("branchbox-shim: cannot record why the sandbox ended: {e}");
+            }
+            eprintln!(
+                "branchbox-shim: the sandbox ended ({}): {}; shutting down",
+                ended.reason, ended.detail
+            );
             self.shutdown(0);
         }
     }
@@ -238,6 +252,8 @@ impl Shim {
         if let Some(mut child) = c.child.take() {
             std::thread::spawn(move || child.wait());
         }
+        let cid = c.cid.clone();
+        std::thread::spawn(move || crate::hostcg::remove(&cid));
     }
 
     fn shutdown(&self, code: i32) -> ! {

@@ -247,10 +247,24 @@ mod every_message {
     }
 
     #[test]
+    fn an_exit_status_from_an_older_agent_reads_as_not_oom_killed() {
+        let old = r#"{"code":null,"signal":9,"timed_out":false,"truncated":false,"duration_ms":3}"#;
+        let status: ExitStatus = serde_json::from_str(old).unwrap();
+        assert!(!status.oom_killed);
+        assert_eq!(status.signal, Some(9));
+    }
+
+    #[test]
     fn every_response_shape_survives_the_wire() {
         let stat = FileStat { name: "/a".into(), kind: FileKind::File, size: 1, mode: 0o644, mtime_ns: 5 };
-        let status =
-            ExitStatus { code: Some(0), signal: None, timed_out: false, truncated: true, duration_ms: 2 };
+        let status = ExitStatus {
+            code: Some(0),
+            signal: None,
+            timed_out: false,
+            truncated: true,
+            duration_ms: 2,
+            oom_killed: true,
+        };
         let hook = HookReport {
             entropy: StepOutcome::Applied,
             clock: StepOutcome::Unsupported("x".into()),

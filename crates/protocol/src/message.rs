@@ -242,6 +242,10 @@ pub struct ExitStatus {
     pub truncated: bool,
     /// Wall-clock run time.
     pub duration_ms: u64,
+    /// A process of its group was killed because the sandbox reached its memory limit (absent
+    /// from older agents, hence the default).
+    #[serde(default)]
+    pub oom_killed: bool,
 }
 
 /// One background process.
