@@ -74,3 +74,13 @@ def test_background_process_result(sbx):
 
 def test_signal_to_a_missing_process_reports_not_found(sbx):
     assert sbx.commands.kill(999_999) is False
+
+
+def test_a_memory_hog_is_killed_in_the_sandbox_and_the_result_says_so(service):
+    with Sandbox.create(timeout=600, memory_mib=256, **service.sdk()) as s:
+        with pytest.raises(CommandExitException) as e:
+            s.commands.run("python3 -c 'b = bytearray(600 * 1024 * 1024); print(len(b))'", timeout=60)
+        assert e.value.oom_killed, e.value
+        assert "memory limit" in str(e.value)
+        # The sandbox outlived its workload.
+        assert s.commands.run("echo alive").stdout == "alive\n"

@@ -3,6 +3,7 @@ one naming rule on both sides of the wire."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -12,7 +13,7 @@ import pytest
 
 from branchbox import InvalidArgumentError, Sandbox, check_name
 
-from conftest import _serve, procs_under
+from conftest import _serve, procs_under, wait_until
 
 
 @pytest.mark.parametrize("bad", ["..", ".", "a/b", "/abs", "../../etc/passwd", "x\x00y", "two words", "n" * 129])
@@ -94,3 +95,22 @@ def test_a_service_killed_mid_fork_shows_or_reaps_every_child_after_restart(work
                 assert not (boxes / child).exists(), f"unlisted child {child} kept its directory"
                 assert not [p for p in procs_under(boxes / child)], f"unlisted child {child} still runs"
         assert any(e["action"] == "service.reconcile" for e in audit), audit
+
+
+def test_a_sandbox_whose_runtime_died_is_listed_lost_with_its_reason(service):
+    with service.client() as c:
+        sid = c.post("/v1/sandboxes", json={}).json()["id"]
+        box = service.data_dir / "sandboxes" / sid
+        for pid in procs_under(box):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+        def lost():
+            info = c.get(f"/v1/sandboxes/{sid}").json()
+            return info if info["state"] == "lost" else None
+
+        info = wait_until(lost, "the sandbox to be seen lost")
+        assert isinstance(info["lost_reason"], str) and info["lost_reason"], info
+        assert c.delete(f"/v1/sandboxes/{sid}").status_code == 204

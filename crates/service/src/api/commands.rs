@@ -98,6 +98,7 @@ struct ExitEvent {
     signal: Option<i32>,
     timed_out: bool,
     truncated: bool,
+    oom_killed: bool,
     duration_ms: u64,
     checkpoint: Option<String>,
 }
@@ -108,6 +109,7 @@ fn exit_event(s: &ExitStatus, checkpoint: Option<String>) -> Event {
         signal: s.signal,
         timed_out: s.timed_out,
         truncated: s.truncated,
+        oom_killed: s.oom_killed,
         duration_ms: s.duration_ms,
         checkpoint,
     };
@@ -120,7 +122,7 @@ fn error_event(e: &ApiError) -> Event {
 
 /// Runs a command and streams its output as server-sent events: `stdout` and `stderr` events
 /// carry `{"data": <base64 bytes>}`, then one `exit` event carries `{exit_code, signal,
-/// timed_out, truncated, duration_ms}` (or one `error` event carries `{"error": {...}}`).
+/// timed_out, truncated, oom_killed, duration_ms}` (or one `error` event carries `{"error": {...}}`).
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/commands/stream", tag = "commands",
     params(("id" = String, Path, description = "sandbox id")), request_body = RunCommand,
     responses((status = 200, content_type = "text/event-stream", body = StreamEvent, description = "stdout/stderr events, then exit"),

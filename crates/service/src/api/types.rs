@@ -74,6 +74,9 @@ pub struct SandboxInfo {
     pub on_timeout: OnTimeout,
     /// Token id of its creator (`null` for sandboxes made outside the service).
     pub created_by: Option<String>,
+    /// Why its runtime ended, when it is lost (`memory_limit: ...`, `process_limit: ...`,
+    /// `runtime gone`); `null` otherwise.
+    pub lost_reason: Option<String>,
 }
 
 impl SandboxInfo {
@@ -94,12 +97,17 @@ impl SandboxInfo {
             expires_ms: m.expires_ms,
             on_timeout: m.on_timeout,
             created_by: known.then_some(m.created_by),
+            lost_reason: None,
         }
     }
 
     /// From a listing entry.
     pub fn from_view(v: &SandboxView, meta: Option<SandboxMeta>) -> SandboxInfo {
-        SandboxInfo::new(&v.sandbox, v.alive, meta)
+        let mut info = SandboxInfo::new(&v.sandbox, v.alive, meta);
+        if !v.alive {
+            info.lost_reason.clone_from(&v.lost_reason);
+        }
+        info
     }
 }
 
@@ -306,6 +314,8 @@ pub struct CommandResult {
     pub timed_out: bool,
     /// Output beyond the cap was dropped.
     pub truncated: bool,
+    /// A process of the command was killed at the sandbox's memory limit (docs/limits.md).
+    pub oom_killed: bool,
     /// Run time, ms.
     pub duration_ms: u64,
     /// The checkpoint taken after the command in step-history mode.
@@ -322,6 +332,7 @@ impl CommandResult {
             signal: s.signal,
             timed_out: s.timed_out,
             truncated: s.truncated,
+            oom_killed: s.oom_killed,
             duration_ms: s.duration_ms,
             checkpoint: None,
         }
@@ -549,7 +560,7 @@ pub struct StreamEvent {
     /// Which event.
     pub event: StreamEventName,
     /// JSON: `{"data": base64}` for output, `{exit_code, signal, timed_out, truncated,
-    /// duration_ms}` for `exit`, `{"error": {code, message}}` for `error`.
+    /// oom_killed, duration_ms}` for `exit`, `{"error": {code, message}}` for `error`.
     pub data: String,
 }
 

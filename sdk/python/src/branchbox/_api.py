@@ -140,6 +140,8 @@ def check_exit(result: CommandResult, cmd: Union[str, Sequence[str]]) -> Command
         return result
     if result.timed_out:
         why = "timed out and its process group was killed"
+    elif result.oom_killed:
+        why = "had a process killed at the sandbox's memory limit"
     elif result.exit_code is None:
         why = f"was killed by signal {result.signal}"
     else:
@@ -152,6 +154,7 @@ def check_exit(result: CommandResult, cmd: Union[str, Sequence[str]]) -> Command
         exit_code=result.exit_code,
         signal=result.signal,
         timed_out=result.timed_out,
+        oom_killed=result.oom_killed,
     )
 
 

@@ -70,6 +70,7 @@ class CommandExitException(BranchboxError):
         exit_code: Optional[int],
         signal: Optional[int] = None,
         timed_out: bool = False,
+        oom_killed: bool = False,
     ) -> None:
         super().__init__(message, code="command_exit")
         self.stdout = stdout
@@ -77,6 +78,7 @@ class CommandExitException(BranchboxError):
         self.exit_code = exit_code
         self.signal = signal
         self.timed_out = timed_out
+        self.oom_killed = oom_killed
 
     @property
     def error(self) -> str:

@@ -26,6 +26,8 @@ class SandboxInfo:
     on_timeout: str
     limits: Dict[str, int]
     created_by: Optional[str]
+    #: Why its runtime ended, when `state` is "lost" (e.g. "memory_limit: ...").
+    lost_reason: Optional[str] = None
 
     @staticmethod
     def parse(d: Dict[str, Any]) -> "SandboxInfo":
@@ -41,6 +43,7 @@ class SandboxInfo:
             on_timeout=d.get("on_timeout", "kill"),
             limits=dict(d.get("limits") or {}),
             created_by=d.get("created_by"),
+            lost_reason=d.get("lost_reason"),
         )
 
 
@@ -106,6 +109,8 @@ class CommandResult:
     timed_out: bool = False
     truncated: bool = False
     duration_ms: int = 0
+    #: A process of the command was killed at the sandbox's memory limit.
+    oom_killed: bool = False
     #: The checkpoint taken after the command when the sandbox is in step-history mode.
     checkpoint: Optional[str] = None
 
@@ -124,6 +129,7 @@ class CommandResult:
             timed_out=bool(d.get("timed_out", False)),
             truncated=bool(d.get("truncated", False)),
             duration_ms=int(d.get("duration_ms", 0)),
+            oom_killed=bool(d.get("oom_killed", False)),
             checkpoint=d.get("checkpoint"),
         )
 
