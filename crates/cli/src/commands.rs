@@ -163,8 +163,12 @@ pub fn run(cli: Cli) -> Result<i32> {
                                 .map(|p| format!("from {p}"))
                                 .unwrap_or_default()
                         );
-                        match &v.lost_reason {
+                        let line = match &v.lost_reason {
                             Some(why) => format!("{line} ({why})"),
+                            None => line,
+                        };
+                        match &v.flagged {
+                            Some(why) => format!("{line} [flagged: {}]", clean(why)),
                             None => line,
                         }
                     })

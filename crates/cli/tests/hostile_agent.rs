@@ -17,7 +17,7 @@ const MIB: u64 = 1024 * 1024;
 
 /// Writes forged `stdout` frames to the agent's pipe. `probe FIRST LAST` sends one small frame
 /// to each id (the one that reaches the caller says its id); `flood ID MIB` sends MIB MiB to
-/// one id. Each frame is one write of less than PIPE_BUF bytes, so it is atomic: killing the
+/// one id; `spray FIRST N MIB` sends MIB MiB spread over the N ids from FIRST. Each frame is one write of less than PIPE_BUF bytes, so it is atomic: killing the
 /// writer (as a cancel does) never leaves half a frame in the pipe.
 const FORGE: &str = r#"
 import json, os, struct, sys
@@ -28,6 +28,11 @@ def frame(i, body):
 if sys.argv[1] == 'probe':
     for i in range(int(sys.argv[2]), int(sys.argv[3])):
         frame(i, b'probe:%d\n' % i)
+elif sys.argv[1] == 'spray':
+    first, n, mib = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    body = b'x' * 4000
+    for k in range(mib * 1024 * 1024 // 4000):
+        frame(first + k % n, body)
 else:
     body = b'x' * 4000
     for _ in range(int(sys.argv[3]) * 1024 * 1024 // 4000):
@@ -131,4 +136,39 @@ fn an_over_long_argv_fails_saying_what_fits() {
     args.extend(std::iter::repeat_n(long.as_str(), 10));
     let err = String::from_utf8_lossy(&run(&args).stderr).into_owned();
     assert!(err.contains("over the limit of 65472 bytes") && err.contains("stdin or a file"), "{err}");
+}
+
+#[test]
+fn a_sandbox_that_forges_past_a_host_limit_is_flagged() {
+    let s = Sandbox::new();
+    put_text(&s, "/root/forge.py", FORGE);
+    let probe = ok(&["exec", &s.0, "--", "python3", "/root/forge.py", "probe", "1", "5000"]);
+    let seen: u64 = probe.trim().strip_prefix("probe:").and_then(|n| n.parse().ok()).expect("probe id");
+    let listed = |id: &str| -> serde_json::Value {
+        let all: serde_json::Value = serde_json::from_str(&ok(&["ls", "--json"])).expect("ls --json");
+        all.as_array().and_then(|a| a.iter().find(|v| v["id"] == id).cloned()).expect("listed")
+    };
+    assert!(listed(&s.0).get("flagged").is_none(), "flagged before anything happened");
+    // The next command's request gets one of the next few numbers; each gets 2 MiB forged
+    // against a 1 MiB cap.
+    let first = (seen + 1).to_string();
+    let out = run(&[
+        "exec",
+        &s.0,
+        "--output-cap",
+        "1048576",
+        "--",
+        "python3",
+        "/root/forge.py",
+        "spray",
+        &first,
+        "4",
+        "8",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success() && err.contains("went over the host's limit"), "{err}");
+    let flagged = listed(&s.0)["flagged"].as_str().map(str::to_string).expect("the sandbox is flagged");
+    assert!(flagged.contains("the command's output"), "{flagged}");
+    assert!(ok(&["ls"]).contains("[flagged:"), "ls does not show the flag");
+    assert_eq!(s.sh("echo still here").trim(), "still here");
 }

@@ -128,7 +128,12 @@ pub struct AgentClient<S: Transport> {
     stream: S,
     next_id: u64,
     limits: Limits,
+    on_violation: Option<ViolationHook>,
 }
+
+/// Called when an answer breaks a limit the host enforces ([`ClientError::LimitExceeded`]):
+/// the engine uses it to flag the sandbox, since an honest agent never does that.
+pub type ViolationHook = std::sync::Arc<dyn Fn(&ClientError) + Send + Sync>;
 
 /// Bytes counted against a limit.
 struct Budget {
@@ -154,7 +159,20 @@ impl Budget {
 impl<S: Transport> AgentClient<S> {
     /// Wraps a connected stream, with the default [`Limits`].
     pub fn new(stream: S) -> Self {
-        AgentClient { stream, next_id: 1, limits: Limits::default() }
+        AgentClient { stream, next_id: 1, limits: Limits::default(), on_violation: None }
+    }
+
+    /// Calls `hook` whenever a call of this client ends because the answer broke a host limit.
+    pub fn on_violation(&mut self, hook: ViolationHook) {
+        self.on_violation = Some(hook);
+    }
+
+    /// Passes a call's result through, telling the violation hook about a broken limit.
+    fn checked<T>(&self, r: Result<T, ClientError>) -> Result<T, ClientError> {
+        if let (Err(e @ ClientError::LimitExceeded { .. }), Some(hook)) = (&r, &self.on_violation) {
+            hook(e);
+        }
+        r
     }
 
     /// The underlying stream.
@@ -282,6 +300,16 @@ impl<S: Transport> AgentClient<S> {
     /// truncates there, so more is a violation and ends the call.
     pub fn exec_streaming(
         &mut self,
+        spec: ExecSpec,
+        stdin: Option<&mut dyn Read>,
+        on_output: &mut dyn FnMut(OutStream, &[u8]),
+    ) -> Result<ExitStatus, ClientError> {
+        let r = self.exec_streaming_unchecked(spec, stdin, on_output);
+        self.checked(r)
+    }
+
+    fn exec_streaming_unchecked(
+        &mut self,
         mut spec: ExecSpec,
         stdin: Option<&mut dyn Read>,
         on_output: &mut dyn FnMut(OutStream, &[u8]),
@@ -349,6 +377,15 @@ impl<S: Transport> AgentClient<S> {
     /// Waits for a background process; `None` when `timeout_ms` passed first. Its output
     /// tails are at most [`PROC_TAIL`] bytes each.
     pub fn wait(&mut self, pid: i32, timeout_ms: Option<u64>) -> Result<Option<ExecOutput>, ClientError> {
+        let r = self.wait_unchecked(pid, timeout_ms);
+        self.checked(r)
+    }
+
+    fn wait_unchecked(
+        &mut self,
+        pid: i32,
+        timeout_ms: Option<u64>,
+    ) -> Result<Option<ExecOutput>, ClientError> {
         let wait = self.wait_for(timeout_ms);
         let id = self.send(Request::Wait { pid, timeout_ms }, Vec::new())?;
         let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
@@ -380,6 +417,16 @@ impl<S: Transport> AgentClient<S> {
     /// Streams a file of at most `max` bytes into `sink`; returns its size. The agent refuses
     /// a larger file up front; a stream that goes past `max` anyway ends the call.
     pub fn read_file_max(&mut self, path: &str, sink: &mut dyn Write, max: u64) -> Result<u64, ClientError> {
+        let r = self.read_file_unchecked(path, sink, max);
+        self.checked(r)
+    }
+
+    fn read_file_unchecked(
+        &mut self,
+        path: &str,
+        sink: &mut dyn Write,
+        max: u64,
+    ) -> Result<u64, ClientError> {
         let id = self.send(Request::ReadFile { path: path.to_string(), max: Some(max) }, Vec::new())?;
         let mut budget = Budget::new("the file's data", max);
         loop {
@@ -438,6 +485,11 @@ impl<S: Transport> AgentClient<S> {
     /// client's `walk_entries` entries and `walk_bytes` bytes of them, each line at most
     /// [`MAX_WALK_LINE`] bytes.
     pub fn walk(&mut self, path: &str, exclude: &[String]) -> Result<Vec<FileStat>, ClientError> {
+        let r = self.walk_unchecked(path, exclude);
+        self.checked(r)
+    }
+
+    fn walk_unchecked(&mut self, path: &str, exclude: &[String]) -> Result<Vec<FileStat>, ClientError> {
         let id =
             self.send(Request::Walk { path: path.to_string(), exclude: exclude.to_vec() }, Vec::new())?;
         let mut out = Vec::new();

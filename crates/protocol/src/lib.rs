@@ -13,7 +13,7 @@ pub mod frame;
 pub mod limits;
 pub mod message;
 
-pub use client::{AgentClient, ClientError, ExecOutput, OutStream, Transport};
+pub use client::{AgentClient, ClientError, ExecOutput, OutStream, Transport, ViolationHook};
 pub use frame::{read_frame, write_frame, Frame, FrameError, MAX_BODY, MAX_HEADER};
 pub use limits::Limits;
 pub use message::*;

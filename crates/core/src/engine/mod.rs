@@ -14,6 +14,7 @@ use branchbox_store::Store;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
+mod flag;
 mod recover;
 mod storage;
 
@@ -40,6 +41,9 @@ pub struct SandboxView {
     /// Why its runtime is gone, when it is (`memory_limit: ...`, `runtime gone`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lost_reason: Option<String>,
+    /// The host limit its answers broke, when they did (a sign of forged agent frames).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flagged: Option<String>,
 }
 
 /// A started child of a fork or restore.
@@ -300,7 +304,8 @@ impl Engine {
                             .unwrap_or_else(|| recover::end_reason(&self.sandbox_dir(&sandbox.id))),
                     );
                 }
-                SandboxView { sandbox, alive, lost_reason }
+                let flagged = flag::read(&self.sandbox_dir(&sandbox.id));
+                SandboxView { sandbox, alive, lost_reason, flagged }
             })
             .collect())
     }
@@ -320,9 +325,13 @@ impl Engine {
     }
 
     /// A connection to a running sandbox's agent.
+    /// A violation of a host limit on it flags the sandbox.
     pub fn connect(&self, id: &SandboxId) -> Result<AgentConn> {
         let (_, backend) = self.running(id)?;
-        backend.connect(&self.sandbox_dir(id))
+        let dir = self.sandbox_dir(id);
+        let mut conn = backend.connect(&dir)?;
+        conn.on_violation(flag::hook(id.clone(), dir, self.cfg.data_dir.join("audit.log")));
+        Ok(conn)
     }
 
     /// Pauses a running sandbox.
@@ -438,8 +447,7 @@ impl Engine {
         stdin: Option<&mut dyn std::io::Read>,
         on_output: &mut dyn FnMut(OutStream, &[u8]),
     ) -> Result<(ExitStatus, Option<Snapshot>)> {
-        let (_, backend) = self.running(id)?;
-        let mut conn = backend.connect(&self.sandbox_dir(id))?;
+        let mut conn = self.connect(id)?;
         let status = conn.exec_streaming(spec, stdin, on_output).map_err(agent_error)?;
         drop(conn);
         Ok((status, self.after_exec(id)?))

@@ -104,7 +104,7 @@ pub(super) fn write_intent(dir: &Path, snapshot: &Snapshot) -> Result<()> {
     std::fs::write(&path, text).map_err(|e| Error::io(&path, e))
 }
 
-fn read_small(path: &Path) -> Option<Vec<u8>> {
+pub(crate) fn read_small(path: &Path) -> Option<Vec<u8>> {
     let mut buf = Vec::new();
     std::fs::File::open(path).ok()?.take(MAX_FILE_BYTES).read_to_end(&mut buf).ok()?;
     Some(buf)
@@ -279,19 +279,24 @@ impl Engine {
     /// Appends one JSON line to `<data>/audit.log`. The audit is a record, not a precondition:
     /// a failure to write it is reported on stderr and the work stands.
     pub(crate) fn audit(&self, action: &str, what: &impl Serialize) {
-        let path = self.cfg.data_dir.join("audit.log");
-        if std::fs::metadata(&path).is_ok_and(|m| m.len() > AUDIT_MAX_BYTES) {
-            let _ = std::fs::rename(&path, path.with_extension("log.1"));
-        }
-        let line = serde_json::json!({ "at_ms": now_ms(), "pid": std::process::id(), "action": action, "report": what });
-        let written = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .and_then(|mut f| f.write_all(format!("{line}\n").as_bytes()));
-        if let Err(e) = written {
-            eprintln!("branchbox: could not append to {}: {e}", path.display());
-        }
+        append_audit(&self.cfg.data_dir.join("audit.log"), action, what);
+    }
+}
+
+/// Appends one JSON line to the audit log at `path` (moved to `.1` past its size limit).
+pub(crate) fn append_audit(path: &Path, action: &str, what: &impl Serialize) {
+    if std::fs::metadata(path).is_ok_and(|m| m.len() > AUDIT_MAX_BYTES) {
+        let _ = std::fs::rename(path, path.with_extension("log.1"));
+    }
+    let line =
+        serde_json::json!({ "at_ms": now_ms(), "pid": std::process::id(), "action": action, "report": what });
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(format!("{line}\n").as_bytes()));
+    if let Err(e) = written {
+        eprintln!("branchbox: could not append to {}: {e}", path.display());
     }
 }
 

@@ -77,6 +77,9 @@ pub struct SandboxInfo {
     /// Why its runtime ended, when it is lost (`memory_limit: ...`, `process_limit: ...`,
     /// `runtime gone`); `null` otherwise.
     pub lost_reason: Option<String>,
+    /// The host limit its answers broke, when they did: a sign that something in the sandbox
+    /// forged the agent's frames (docs/security.md); `null` otherwise.
+    pub flagged: Option<String>,
 }
 
 impl SandboxInfo {
@@ -98,6 +101,7 @@ impl SandboxInfo {
             on_timeout: m.on_timeout,
             created_by: known.then_some(m.created_by),
             lost_reason: None,
+            flagged: None,
         }
     }
 
@@ -107,6 +111,7 @@ impl SandboxInfo {
         if !v.alive {
             info.lost_reason.clone_from(&v.lost_reason);
         }
+        info.flagged.clone_from(&v.flagged);
         info
     }
 }

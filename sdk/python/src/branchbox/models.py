@@ -28,6 +28,8 @@ class SandboxInfo:
     created_by: Optional[str]
     #: Why its runtime ended, when `state` is "lost" (e.g. "memory_limit: ...").
     lost_reason: Optional[str] = None
+    #: The host limit its answers broke, when they did (a sign of forged agent frames).
+    flagged: Optional[str] = None
 
     @staticmethod
     def parse(d: Dict[str, Any]) -> "SandboxInfo":
@@ -44,6 +46,7 @@ class SandboxInfo:
             limits=dict(d.get("limits") or {}),
             created_by=d.get("created_by"),
             lost_reason=d.get("lost_reason"),
+            flagged=d.get("flagged"),
         )
 
 
