@@ -115,7 +115,8 @@ pub fn record(sandbox_dir: &Path, ended: &Ended) -> std::io::Result<()> {
 pub fn remove(cid: &str) {
     for controller in ["memory", "pids"] {
         let d = dir(controller, cid);
-        for _ in 0..100 {
+        // Up to 5 s: on a loaded host the runtime's last host tasks take seconds to exit.
+        for _ in 0..250 {
             match std::fs::remove_dir(&d) {
                 Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
                     std::thread::sleep(std::time::Duration::from_millis(20))
@@ -128,13 +129,23 @@ pub fn remove(cid: &str) {
 
 /// Removes the cgroups of every generation of sandbox `id` (after a shim that could not clean
 /// up, such as one killed).
+/// Both controllers are listed: runsc deletes a memory cgroup of its own after an OOM kill,
+/// and the pids cgroup of that generation must not be left behind.
 pub fn remove_all(id: &str) {
     let prefix = format!("{id}-g");
-    let Ok(entries) = std::fs::read_dir(Path::new(V1_ROOT).join("memory/branchbox")) else { return };
-    for e in entries.flatten() {
-        if let Some(cid) = e.file_name().to_str().filter(|n| n.starts_with(&prefix)) {
-            remove(cid);
-        }
+    let mut cids = std::collections::BTreeSet::new();
+    for controller in ["memory", "pids"] {
+        let Ok(entries) = std::fs::read_dir(Path::new(V1_ROOT).join(controller).join("branchbox")) else {
+            continue;
+        };
+        cids.extend(
+            entries
+                .flatten()
+                .filter_map(|e| e.file_name().to_str().filter(|n| n.starts_with(&prefix)).map(String::from)),
+        );
+    }
+    for cid in cids {
+        remove(&cid);
     }
 }
 
