@@ -115,8 +115,7 @@ pub fn record(sandbox_dir: &Path, ended: &Ended) -> std::io::Result<()> {
 pub fn remove(cid: &str) {
     for controller in ["memory", "pids"] {
         let d = dir(controller, cid);
-        // Up to 5 s: on a loaded host the runtime's last host tasks take seconds to exit.
-        for _ in 0..250 {
+        for _ in 0..100 {
             match std::fs::remove_dir(&d) {
                 Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
                     std::thread::sleep(std::time::Duration::from_millis(20))

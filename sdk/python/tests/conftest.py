@@ -89,7 +89,10 @@ class Service:
         cmd = [str(binary), "--data-dir", str(self.data_dir), "--listen", f"127.0.0.1:{self.port}", *self.args]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
+        # At start the service first reconciles: after a crash mid-fork it reaps or adopts each
+        # child (stopping runtimes and removing host cgroups), which takes seconds each on a
+        # loaded 2-core host.
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"branchboxd exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
@@ -99,7 +102,7 @@ class Service:
             except httpx.TransportError:
                 pass
             time.sleep(0.05)
-        raise RuntimeError("branchboxd did not answer /healthz within 60 s")
+        raise RuntimeError("branchboxd did not answer /healthz within 120 s")
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -33,6 +33,10 @@ class Call:
     headers: Optional[Dict[str, str]] = None
 
 
+#: Methods safe to send again when a pooled connection turns out to be closed.
+IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE"})
+
+
 def _q(s: str) -> str:
     return quote(s, safe="")
 

@@ -29,7 +29,13 @@ class _AsyncHttp:
 
     async def call(self, c: _api.Call) -> httpx.Response:
         try:
-            r = await self.client.send(self._request(c))
+            try:
+                r = await self.client.send(self._request(c))
+            except httpx.RemoteProtocolError:
+                # See the sync client: a reused connection the service had closed.
+                if c.method not in _api.IDEMPOTENT:
+                    raise
+                r = await self.client.send(self._request(c))
         except httpx.TimeoutException as e:
             raise TimeoutException(f"{c.method} {c.path} did not answer in time: {e}") from e
         except httpx.TransportError as e:

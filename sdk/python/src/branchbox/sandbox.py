@@ -32,7 +32,14 @@ class _Http:
 
     def call(self, c: _api.Call) -> httpx.Response:
         try:
-            r = self.client.send(self._request(c))
+            try:
+                r = self.client.send(self._request(c))
+            except httpx.RemoteProtocolError:
+                # A pooled keep-alive connection the service closed as it was reused: an
+                # idempotent request is sent once more on a fresh one.
+                if c.method not in _api.IDEMPOTENT:
+                    raise
+                r = self.client.send(self._request(c))
         except httpx.TimeoutException as e:
             raise TimeoutException(f"{c.method} {c.path} did not answer in time: {e}") from e
         except httpx.TransportError as e:
