@@ -16,6 +16,10 @@ use std::time::Duration;
 /// the first 250 ms), so the breaker must look often: a read of `pids.current` costs
 /// microseconds.
 const TICK: Duration = Duration::from_millis(10);
+/// How often an idle sandbox looks (workloads under a quarter of their limit): every sandbox
+/// runs a breaker, and under ptrace each look is a few traced syscalls, so idle ones look
+/// five times less often; a bomb passes a quarter of its limit within one such look.
+const IDLE_TICK: Duration = Duration::from_millis(50);
 /// Ticks after the workloads came near their limit over which churn is counted.
 const TICKS: usize = 5;
 
@@ -61,9 +65,11 @@ pub fn start(dir: &'static str, limit: u32) {
         // Set while the workloads hold at least half their limit: ticks since the window
         // opened, the highest pid and the free room then.
         let mut armed: Option<(usize, i32, u32)> = None;
+        let mut tick = IDLE_TICK;
         loop {
-            std::thread::sleep(TICK);
+            std::thread::sleep(tick);
             let current = read_current(dir);
+            tick = if current < limit / 4 { IDLE_TICK } else { TICK };
             if current < limit / 2 {
                 armed = None;
                 continue;
