@@ -143,6 +143,9 @@ impl Vsock {
     ) -> Result<QueueOutcome, DeviceError> {
         let queue_err = |source| DeviceError::Queue { index: RX, source };
         let mut out = QueueOutcome::default();
+        if !queue.ready() {
+            return Ok(out);
+        }
         let mut looked_again = false;
         while self.muxer.has_rx_work() {
             let Some(mut chain) = queue.pop_descriptor_chain(mem) else {
@@ -205,6 +208,9 @@ impl Vsock {
     ) -> Result<QueueOutcome, DeviceError> {
         let queue_err = |source| DeviceError::Queue { index: EVENT, source };
         let mut out = QueueOutcome::default();
+        if !queue.ready() {
+            return Ok(out);
+        }
         while self.reset_event_pending {
             let Some(chain) = queue.pop_descriptor_chain(mem) else { break };
             let head = chain.head_index();
