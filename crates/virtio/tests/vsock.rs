@@ -220,6 +220,14 @@ fn vsock_guest_connects_to_path_port_or_gets_reset() {
     server.read_exact(&mut buf).unwrap();
     assert_eq!(&buf, b"hello service");
 
+    // The same REQUEST again on the live connection: both ends are dropped.
+    r.send(Pkt::guest(40000, 5000, REQUEST), &[]);
+    let got = r.received();
+    assert_eq!(got.iter().map(|p| (p.0.op, p.0.dst_port)).collect::<Vec<_>>(), vec![(RST, 40000)]);
+    assert_eq!(r.dev.device().connections(), 0);
+    let mut rest = Vec::new();
+    assert_eq!(server.read_to_end(&mut rest).unwrap(), 0, "the service sees the close");
+
     r.send(Pkt::guest(40001, 5001, REQUEST), &[]);
     let got = r.received();
     assert_eq!(

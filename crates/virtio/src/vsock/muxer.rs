@@ -460,7 +460,12 @@ impl Muxer {
 
     /// A guest REQUEST for host port `key.0`: connect to `<path>_<port>`.
     fn guest_connect(&mut self, key: Key) {
-        if self.conns.contains_key(&key) || self.conns.len() + self.handshakes.len() >= MAX_CONNECTIONS {
+        if self.conns.contains_key(&key) {
+            // A second REQUEST on a live connection: the guest lost track of it; drop both.
+            self.reset(key);
+            return;
+        }
+        if self.conns.len() + self.handshakes.len() >= MAX_CONNECTIONS {
             self.push_control(key, OP_RST, 0);
             return;
         }
