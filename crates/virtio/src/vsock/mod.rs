@@ -8,6 +8,7 @@
 //! [`Vsock::handle_host_events`], then processes the queues [`VirtioDevice::queues_with_work`]
 //! names.
 
+mod conn;
 mod muxer;
 
 pub use muxer::{
