@@ -17,6 +17,7 @@ mod error;
 pub mod fork;
 pub mod hypervisor;
 pub mod layers;
+pub mod linux;
 pub mod memory;
 mod reaper;
 pub mod snapshot;

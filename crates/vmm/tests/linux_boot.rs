@@ -1,0 +1,192 @@
+//! Boot-protocol test: our VMM enters the project's guest kernel in 64-bit mode and the
+//! kernel reports, on our 8250, exactly the command line and e820 map we gave it and the
+//! memory zones it built from them.
+//!
+//! On the PVM hosts we build on (HOST.md) guest kernel code is emulated and the kernel stops
+//! at its first unsupported instruction (`xrstor`) some seconds in; everything asserted here
+//! is printed before that. On hardware KVM the kernel gets much further; the same lines are
+//! printed first and the run is stopped once they are in.
+
+use branchbox_vmm::linux::{LinuxVm, LinuxVmConfig, RunEnd};
+use branchbox_vmm::Hypervisor;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const CMDLINE: &str = "earlyprintk=serial,ttyS0,115200 console=ttyS0 pci=off";
+const MEM: u64 = 256 << 20;
+/// A safety net, not a measurement: a kernel that has printed nothing new for this long is
+/// stuck, and the run is stopped so the assertions can say what is missing.
+const QUIET_LIMIT: Duration = Duration::from_secs(60);
+
+/// The kernel built by `branchbox guest kernel`: `$BRANCHBOX_KERNEL` if it names a vmlinux,
+/// else the newest `<images>/kernel/<hash>/vmlinux`.
+fn guest_kernel() -> PathBuf {
+    if let Some(k) = std::env::var_os("BRANCHBOX_KERNEL").map(PathBuf::from) {
+        let head = std::fs::read(&k).map(|b| b.get(..4) == Some(b"\x7fELF")).unwrap_or(false);
+        assert!(
+            head,
+            "BRANCHBOX_KERNEL={} is not a readable vmlinux (ELF); this test needs the ELF",
+            k.display()
+        );
+        return k;
+    }
+    let images = std::env::var_os("BRANCHBOX_IMAGES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/var/lib/branchbox/images".into());
+    let dir = images.join("kernel");
+    let newest = std::fs::read_dir(&dir).ok().and_then(|entries| {
+        entries
+            .flatten()
+            .filter(|e| !e.file_name().to_string_lossy().starts_with("tmp-"))
+            .map(|e| e.path().join("vmlinux"))
+            .filter(|p| p.is_file())
+            .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
+    });
+    newest.unwrap_or_else(|| {
+        panic!(
+            "no guest kernel under {}: build it with `BRANCHBOX_IMAGES={} branchbox guest kernel` \
+             (or point BRANCHBOX_KERNEL at a vmlinux)",
+            dir.display(),
+            images.display()
+        )
+    })
+}
+
+/// The kernel's e820 type names.
+fn e820_name(kind: u32) -> &'static str {
+    match kind {
+        1 => "usable",
+        2 => "reserved",
+        _ => "unknown",
+    }
+}
+
+/// Lines of the serial log without the kernel's `[    0.000000] ` time stamps.
+fn messages(log: &str) -> Vec<String> {
+    log.lines()
+        .map(|l| match (l.starts_with('['), l.find("] ")) {
+            (true, Some(i)) => l[i + 2..].to_string(),
+            _ => l.to_string(),
+        })
+        .collect()
+}
+
+/// What the kernel prints, in order, and the moment each first appeared in our log.
+const MILESTONES: &[&str] = &["Linux version", "Command line:", "BIOS-e820:", "ACPI: RSDP", "Zone ranges:"];
+
+/// Boots, records when each milestone appeared, and returns the log and how the run ended.
+fn boot_and_watch(
+    log_path: &Path,
+) -> (String, RunEnd, Vec<(&'static str, Duration)>, branchbox_arch::BootInfo) {
+    let hv = Hypervisor::open().expect("open /dev/kvm: this test needs KVM (PVM is enough)");
+    let config = LinuxVmConfig {
+        kernel: guest_kernel(),
+        cmdline: CMDLINE.into(),
+        mem_size: MEM,
+        vcpus: 1,
+        serial_log: log_path.to_path_buf(),
+        serial_log_cap: 4 << 20,
+    };
+    let mut vm = LinuxVm::new(&hv, config).expect("build the VM");
+    let info = vm.boot().expect("write the boot structures").clone();
+    let stop = vm.stop_handle();
+    let start = Instant::now();
+    let runner = std::thread::spawn(move || vm.run());
+
+    let mut seen: Vec<(&'static str, Duration)> = Vec::new();
+    let (mut last_len, mut last_change) = (0, Instant::now());
+    while !runner.is_finished() {
+        std::thread::sleep(Duration::from_millis(20));
+        let log = std::fs::read_to_string(log_path).unwrap_or_default();
+        for m in MILESTONES {
+            if !seen.iter().any(|(s, _)| s == m) && log.contains(m) {
+                seen.push((m, start.elapsed()));
+            }
+        }
+        if log.len() != last_len {
+            (last_len, last_change) = (log.len(), Instant::now());
+        }
+        // All milestones in and the memory zones printed: nothing more to wait for.
+        let zones_done = log.contains("Zone ranges:") && log.contains("Early memory node ranges");
+        if (zones_done && log.contains("node   0: [mem") && seen.len() == MILESTONES.len())
+            || last_change.elapsed() > QUIET_LIMIT
+        {
+            // Give the remaining zone lines a moment to arrive, then stop.
+            std::thread::sleep(Duration::from_millis(200));
+            stop.stop();
+        }
+    }
+    let end = runner.join().expect("the run thread").expect("the run");
+    let log = std::fs::read_to_string(log_path).expect("read the serial log");
+    (log, end, seen, info)
+}
+
+#[test]
+fn kernel_reports_our_command_line_e820_map_and_zones() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, end, seen, info) = boot_and_watch(&dir.path().join("serial.log"));
+    eprintln!("run ended: {end}");
+    for (m, t) in &seen {
+        eprintln!("milestone {m:?} at {:.2} s", t.as_secs_f64());
+    }
+    let msgs = messages(&log);
+    let tail: Vec<_> = msgs.iter().rev().take(15).rev().collect();
+    let context = format!("run ended: {end}\nlast lines of the serial log:\n{tail:#?}");
+
+    assert!(msgs.iter().any(|l| l.starts_with("Linux version ")), "no `Linux version` line\n{context}");
+
+    // The command line, exactly.
+    assert_eq!(info.cmdline, CMDLINE, "no virtio devices here: the command line is ours alone");
+    let cmdlines: Vec<_> = msgs.iter().filter_map(|l| l.strip_prefix("Command line: ")).collect();
+    assert_eq!(cmdlines, vec![CMDLINE], "the kernel's command line\n{context}");
+
+    // The e820 map, range by range and type by type, and nothing else.
+    let e820: Vec<_> = msgs.iter().filter_map(|l| l.strip_prefix("BIOS-e820: ")).collect();
+    let expected: Vec<_> = info
+        .e820
+        .iter()
+        .map(|e| format!("[mem {:#018x}-{:#018x}] {}", e.addr, e.addr + e.size - 1, e820_name(e.kind)))
+        .collect();
+    assert_eq!(e820, expected, "the kernel's BIOS-provided map\n{context}");
+
+    // Memory zones built from that map: DMA up to 16 MiB, DMA32 to the end of our RAM, and
+    // node 0's ranges are our usable ranges (page-aligned, less the first page, which the
+    // kernel always keeps for itself).
+    let after = |head: &str| -> Vec<&String> {
+        msgs.iter().skip_while(|l| !l.starts_with(head)).skip(1).take_while(|l| l.starts_with(' ')).collect()
+    };
+    let zones = after("Zone ranges:");
+    let ram_last = MEM - 1;
+    let zone = |name: &str| {
+        let line = zones.iter().find(|l| l.split_whitespace().next() == Some(name))?;
+        Some(line.split_whitespace().collect::<Vec<_>>().join(" "))
+    };
+    assert_eq!(
+        zone("DMA32"),
+        Some(format!("DMA32 [mem {:#018x}-{:#018x}]", 0x100_0000, ram_last)),
+        "zones: {zones:#?}\n{context}"
+    );
+    assert_eq!(zone("DMA"), Some(format!("DMA [mem {:#018x}-{:#018x}]", 0x1000, 0xff_ffff)), "{context}");
+    let nodes: Vec<String> = after("Early memory node ranges")
+        .iter()
+        .filter_map(|l| l.trim_start().strip_prefix("node   0: ").map(str::to_string))
+        .collect();
+    let usable: Vec<String> = info
+        .e820
+        .iter()
+        .filter(|e| e.kind == branchbox_arch::E820_RAM)
+        .map(|e| {
+            let start = e.addr.max(0x1000).next_multiple_of(0x1000);
+            let end = (e.addr + e.size) / 0x1000 * 0x1000 - 1;
+            format!("[mem {start:#018x}-{end:#018x}]")
+        })
+        .collect();
+    assert_eq!(nodes, usable, "node 0's memory ranges\n{context}");
+
+    // Under PVM the run ends at the first instruction the host cannot emulate; anything
+    // else (a triple fault, a failed entry) is a bug in what we set up.
+    assert!(
+        matches!(end, RunEnd::InternalError { suberror: 1, .. } | RunEnd::Stopped),
+        "the run ended early: {context}"
+    );
+}
