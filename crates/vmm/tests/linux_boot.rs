@@ -7,9 +7,11 @@
 //! is printed before that. On hardware KVM the kernel gets much further; the same lines are
 //! printed first and the run is stopped once they are in.
 
+mod linux_support;
+
 use branchbox_vmm::linux::{LinuxVm, LinuxVmConfig, RunEnd};
 use branchbox_vmm::Hypervisor;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 const CMDLINE: &str = "earlyprintk=serial,ttyS0,115200 console=ttyS0 pci=off";
@@ -17,40 +19,6 @@ const MEM: u64 = 256 << 20;
 /// A safety net, not a measurement: a kernel that has printed nothing new for this long is
 /// stuck, and the run is stopped so the assertions can say what is missing.
 const QUIET_LIMIT: Duration = Duration::from_secs(60);
-
-/// The kernel built by `branchbox guest kernel`: `$BRANCHBOX_KERNEL` if it names a vmlinux,
-/// else the newest `<images>/kernel/<hash>/vmlinux`.
-fn guest_kernel() -> PathBuf {
-    if let Some(k) = std::env::var_os("BRANCHBOX_KERNEL").map(PathBuf::from) {
-        let head = std::fs::read(&k).map(|b| b.get(..4) == Some(b"\x7fELF")).unwrap_or(false);
-        assert!(
-            head,
-            "BRANCHBOX_KERNEL={} is not a readable vmlinux (ELF); this test needs the ELF",
-            k.display()
-        );
-        return k;
-    }
-    let images = std::env::var_os("BRANCHBOX_IMAGES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| "/var/lib/branchbox/images".into());
-    let dir = images.join("kernel");
-    let newest = std::fs::read_dir(&dir).ok().and_then(|entries| {
-        entries
-            .flatten()
-            .filter(|e| !e.file_name().to_string_lossy().starts_with("tmp-"))
-            .map(|e| e.path().join("vmlinux"))
-            .filter(|p| p.is_file())
-            .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
-    });
-    newest.unwrap_or_else(|| {
-        panic!(
-            "no guest kernel under {}: build it with `BRANCHBOX_IMAGES={} branchbox guest kernel` \
-             (or point BRANCHBOX_KERNEL at a vmlinux)",
-            dir.display(),
-            images.display()
-        )
-    })
-}
 
 /// The kernel's e820 type names.
 fn e820_name(kind: u32) -> &'static str {
@@ -80,7 +48,7 @@ fn boot_and_watch(
 ) -> (String, RunEnd, Vec<(&'static str, Duration)>, branchbox_arch::BootInfo) {
     let hv = Hypervisor::open().expect("open /dev/kvm: this test needs KVM (PVM is enough)");
     let config = LinuxVmConfig {
-        kernel: guest_kernel(),
+        kernel: linux_support::guest_kernel().unwrap_or_else(|e| panic!("{e}")),
         cmdline: CMDLINE.into(),
         mem_size: MEM,
         vcpus: 1,

@@ -1,6 +1,7 @@
 //! Building a Linux VM: KVM VM, guest RAM and its slots, irqchip and PIT, vCPUs, the port
 //! bus (COM1, i8042), the MMIO bus (virtio-mmio slots), then the boot structures.
 
+use super::devices::VsockTransport;
 use super::error::{kvm, LinuxError, LinuxResult};
 use super::run::StopHandle;
 use super::vcpu;
@@ -67,6 +68,7 @@ pub struct LinuxVm {
     pub(super) serial: Arc<Mutex<Serial>>,
     pub(super) boot: Option<BootInfo>,
     pub(super) pauses: Vec<PauseHandle>,
+    pub(super) vsock: Option<VsockTransport>,
 }
 
 impl LinuxVm {
@@ -117,6 +119,7 @@ impl LinuxVm {
             serial,
             boot: None,
             pauses,
+            vsock: None,
         })
     }
 

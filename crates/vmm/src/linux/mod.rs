@@ -6,11 +6,13 @@
 //! Layout and boot protocol: `docs/boot.md`.
 
 mod builder;
+mod devices;
 mod error;
 mod run;
 mod vcpu;
 
 pub use builder::{LinuxVm, LinuxVmConfig, VirtioSlot};
+pub use devices::{connect_guest_port, Transport};
 pub use error::{LinuxError, LinuxResult};
 pub use run::{RunEnd, StopHandle};
 

@@ -3,10 +3,11 @@
 
 use super::builder::LinuxVm;
 use super::error::{LinuxError, LinuxResult};
-use super::vcpu;
+use super::{devices, vcpu};
 use crate::vstate::PauseHandle;
 use std::fmt;
 use std::sync::Mutex;
+use vmm_sys_util::eventfd::EventFd;
 
 /// Why a guest's run ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,10 +94,25 @@ impl LinuxVm {
         let stop = self.stop_handle();
         let first: Mutex<Option<LinuxResult<RunEnd>>> = Mutex::new(None);
         let (mmio, pio, pauses) = (&self.mmio, &self.pio, &self.pauses);
+        let host_stop = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| LinuxError::Device {
+            what: "the vsock host thread",
+            detail: format!("eventfd: {e}"),
+        })?;
+        let vsock = self.vsock.take();
         let spawned = std::thread::scope(|s| -> LinuxResult<()> {
+            if let Some(vsock) = &vsock {
+                let host_stop = &host_stop;
+                std::thread::Builder::new()
+                    .name("vsock-host".into())
+                    .spawn_scoped(s, move || devices::serve_vsock_host(vsock, host_stop))
+                    .map_err(|e| LinuxError::Device {
+                        what: "the vsock host thread",
+                        detail: e.to_string(),
+                    })?;
+            }
             for (id, fd) in self.vcpus.iter_mut().enumerate() {
                 let id = id as u8;
-                let (pause, stop, first) = (&pauses[usize::from(id)], &stop, &first);
+                let (pause, stop, first, host_stop) = (&pauses[usize::from(id)], &stop, &first, &host_stop);
                 let body = move || {
                     let end = vcpu::run(id, fd, pause, mmio, pio);
                     let mut slot = first.lock().unwrap_or_else(|e| e.into_inner());
@@ -105,6 +121,9 @@ impl LinuxVm {
                     }
                     drop(slot);
                     stop.stop();
+                    // The host side has nothing to serve once a vCPU has left; a failed
+                    // write leaves the thread to end with the process.
+                    let _ = host_stop.write(1);
                 };
                 if let Err(source) =
                     std::thread::Builder::new().name(format!("vcpu{id}")).spawn_scoped(s, body)
