@@ -16,73 +16,21 @@ use crate::dirty;
 use crate::error::{Error, Result};
 use crate::fork::{fork, ShellPool};
 use crate::layers::delta::{data_offset, encode_header, index_bytes, DeltaHeader};
+use crate::layers::plan::{rollback_plan, RemapOp};
 use crate::layers::writer::{WritePlan, Writer};
-use crate::layers::{rollback_plan, Chain, LayerKind, LayerRef, OpenLayer, RemapOp};
-use crate::memory::{new_layer_name, write_atomic, PAGE_SIZE};
+use crate::layers::{Chain, LayerKind, LayerRef, OpenLayer};
+use crate::lineage::Lineage;
+use crate::memory::{new_layer_name, write_atomic};
+use crate::page::PAGE_SIZE;
 use crate::snapshot::lifecycle::DirLock;
-use crate::snapshot::{
-    format, state_file_name, valid_name, MachineState, SaveContext, Snapshot, Snapshottable,
-};
+use crate::snapshot::{format, state_file_name, valid_name, MachineState, Snapshot, DEFAULT_NAME};
 use crate::vm::Vm;
+use branchbox_persist::Snapshottable;
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// The layers under a VM's RAM and what it dirtied since they were mapped.
-pub(crate) struct Lineage {
-    /// Directory holding the chain's layers.
-    dir: PathBuf,
-    /// The chain the next checkpoint extends.
-    head: Arc<Chain>,
-    /// The chain the RAM mapping shows (apart from private copies).
-    mapped: Arc<Chain>,
-    /// Pages written since `mapped` was mapped that earlier checkpoints already harvested
-    /// from the dirty log (sorted): they may hold private copies.
-    dirty: Vec<u64>,
-    /// Whether KVM dirty logging is on; off until the first delta checkpoint, which takes
-    /// its dirty set from `/proc/self/pagemap` instead (valid while `head` is `mapped`).
-    logging: bool,
-    /// The writer of `head`'s newest layer (and that layer's name), while it may still run.
-    writer: Option<(Writer, String)>,
-    /// Pages taken from the dirty log (or the host's record) by a checkpoint that failed
-    /// before its writer started: the next checkpoint must capture them.
-    carry: Vec<u64>,
-}
-
-impl Lineage {
-    /// A VM whose RAM was just mapped from `chain` in `dir`.
-    pub(crate) fn new(dir: &Path, chain: &Arc<Chain>) -> Lineage {
-        Lineage {
-            dir: dir.to_path_buf(),
-            head: Arc::clone(chain),
-            mapped: Arc::clone(chain),
-            dirty: Vec::new(),
-            logging: false,
-            writer: None,
-            carry: Vec::new(),
-        }
-    }
-
-    /// Whether the next checkpoint may extend `head` with a delta: every layer of it is in
-    /// the directory under its name, apart from the newest one while its writer still runs.
-    /// Not so when a writer failed (its layer never got its name) or garbage collection
-    /// removed a layer no snapshot named any more (`snapshot::lifecycle`); the checkpoint
-    /// then writes a full base layer instead of naming a missing one. Called under the
-    /// directory's shared lock, so collection cannot run meanwhile.
-    fn chain_intact(&self) -> bool {
-        let pending = match &self.writer {
-            Some((w, layer)) => match w.poll() {
-                None => Some(layer.as_str()),
-                Some(Ok(())) => None,
-                Some(Err(_)) => return false,
-            },
-            None => None,
-        };
-        self.head.layers().iter().all(|l| Some(l.name.as_str()) == pending || self.dir.join(&l.name).exists())
-    }
-}
 
 /// A checkpoint just taken: its VM may run again; its layer may still be being written.
 pub struct Checkpoint {
@@ -175,6 +123,14 @@ fn fork_ranges(runs: &[(u64, u64)], gap: u64) -> Vec<(u64, u64)> {
 }
 
 impl Vm {
+    /// Takes a snapshot of this paused VM into the existing directory `dir` as its default
+    /// snapshot (`vm.state`) and waits until it is durable. The first snapshot of a VM
+    /// writes a full memory layer; later ones into the same directory write a delta layer.
+    /// Afterwards this VM's RAM is a copy-on-write view shared with every child.
+    pub fn snapshot(&mut self, dir: &Path) -> Result<()> {
+        self.checkpoint(dir, DEFAULT_NAME)?.wait().map(|_| ())
+    }
+
     /// Freezes this paused VM into snapshot `name` in `dir` and returns as soon as the VM
     /// may run again. The VM's first checkpoint (or one into another directory than its
     /// layers) writes a full base layer before returning; later ones write only the pages
@@ -228,8 +184,7 @@ impl Vm {
             config: self.config(),
             vm: cpu.vm,
             vcpus: cpu.vcpus,
-            mmio: cpu.mmio,
-            pio: cpu.pio,
+            devices: cpu.devices,
             memory: crate::memory::MemoryState { size: chain.size(), layers: chain.refs() },
         };
         let bytes = format::encode(&state)?;
@@ -279,7 +234,7 @@ impl Vm {
         let mut refs: Vec<LayerRef> = lineage.head.refs();
         refs.push(LayerRef { name: layer.clone(), kind: LayerKind::Delta { id } });
         // CPU state first: saving completes a pending guest access, which may write memory.
-        let state = self.save(&mut SaveContext::new(&dir, refs))?;
+        let state = self.save(&mut refs)?;
         let (pages, logged) = self.dirty_since_head(lineage)?;
         // Until the writer runs, nothing holds these pages: a failure below leaves them to
         // the next checkpoint.
@@ -383,9 +338,8 @@ impl Vm {
             )));
         }
         let now = self.save_cpu()?;
-        if let Err(e) = self.restore_cpu(&target.vm, &target.vcpus, (&target.mmio, &target.pio), to.context())
-        {
-            let undo = self.restore_cpu(&now.vm, &now.vcpus, (&now.mmio, &now.pio), to.context());
+        if let Err(e) = self.restore_cpu(&target.vm, &target.vcpus, &target.devices) {
+            let undo = self.restore_cpu(&now.vm, &now.vcpus, &now.devices);
             return Err(match undo {
                 Ok(()) => e,
                 Err(u) => {

@@ -133,6 +133,20 @@ pub enum Error {
     /// A checkpoint could not be completed or used.
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    /// A part of the VM (a device, for one) refused the state a snapshot holds for it.
+    #[error("{0}; restore the snapshot into a VM built like the one it was taken from")]
+    Restore(#[from] branchbox_persist::RestoreError),
+    /// A device could not be put on a bus.
+    #[error("device bus: {0}")]
+    Bus(#[from] branchbox_devices::BusError),
+    /// A seccomp filter could not be built or installed on a VMM thread.
+    #[error("seccomp filter for the {thread} thread: {reason}")]
+    Seccomp {
+        /// The kind of thread the filter is for.
+        thread: &'static str,
+        /// What failed.
+        reason: String,
+    },
     /// A running vCPU thread panicked or could not be joined.
     #[error("vCPU thread failed: {0}")]
     Thread(String),

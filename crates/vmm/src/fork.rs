@@ -6,10 +6,11 @@
 //! is most of a child's cost, so a [`ShellPool`] builds shells ahead of time, off the fork
 //! path; a fork then only re-maps the layer over a shell's RAM and restores state.
 
+use crate::config::VmConfig;
 use crate::error::{Error, Result};
 use crate::hypervisor::Hypervisor;
 use crate::snapshot::Snapshot;
-use crate::vm::{Vm, VmConfig};
+use crate::vm::Vm;
 use std::path::Path;
 use std::sync::Arc;
 

@@ -11,15 +11,19 @@
 
 pub mod bench;
 pub mod checkpoint;
+pub mod config;
 pub mod devices;
 mod dirty;
 mod error;
 pub mod fork;
 pub mod hypervisor;
 pub mod layers;
+mod lineage;
 pub mod linux;
 pub mod memory;
+mod page;
 mod reaper;
+pub mod seccomp;
 pub mod snapshot;
 pub mod testguest;
 pub mod vm;
@@ -30,10 +34,12 @@ pub use bench::{
     BranchBenchOptions, ChainBenchOptions, CheckpointBenchOptions, DensityBenchOptions, ForkBenchOptions,
     RollbackBenchOptions,
 };
+pub use branchbox_persist::{NoContext, RestoreError, Snapshottable};
 pub use checkpoint::{fork_live, Checkpoint, LiveFork};
+pub use config::VmConfig;
 pub use error::{Error, Result};
 pub use fork::{fork, fork_paused, fork_with, ShellPool};
 pub use hypervisor::Hypervisor;
 pub use snapshot::lifecycle::{collect_garbage, Collected};
-pub use snapshot::{Snapshot, Snapshottable};
-pub use vm::{Vm, VmConfig};
+pub use snapshot::Snapshot;
+pub use vm::Vm;

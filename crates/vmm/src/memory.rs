@@ -12,6 +12,7 @@
 
 use crate::error::{mem, Error, Result};
 use crate::layers::{Chain, LayerKind, LayerRef};
+use branchbox_persist::Snapshottable;
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
@@ -19,8 +20,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::sync::Mutex;
 
-/// Host page size assumed for accounting and sparse writes.
-pub const PAGE_SIZE: usize = 4096;
+pub use crate::page::PAGE_SIZE;
 
 /// Runs of at least this many pages are moved out of guest RAM to be freed off the VM's
 /// path; freeing fewer in place costs less than the move's system call and mapping.
@@ -436,21 +436,6 @@ pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Res
     File::open(dir)?.sync_all()
 }
 
-/// CRC-32 of the first `size` bytes of `file` (a base layer), read in 1 MiB chunks.
-pub(crate) fn crc_of_file(file: &File, size: u64) -> std::io::Result<u32> {
-    let mut crc = crc32fast::Hasher::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut done = 0u64;
-    while done < size {
-        let n = buf.len().min((size - done) as usize);
-        let chunk = &mut buf[..n];
-        file.read_exact_at(chunk, done)?;
-        crc.update(chunk);
-        done += n as u64;
-    }
-    Ok(crc.finalize())
-}
-
 /// Saved state of guest RAM: the chain of layer files that holds it, by name relative to
 /// the snapshot directory.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
@@ -473,13 +458,17 @@ pub(crate) fn new_layer_name(ext: &str) -> String {
     format!("mem-{nanos:x}-{:x}-{seq}.{ext}", std::process::id())
 }
 
-impl crate::snapshot::Snapshottable for GuestRam {
+/// Saving RAM records the layers (base first) the checkpoint prepared for it: the checkpoint
+/// code writes them, the base inline, deltas in a writer process. Restoring maps a chain of
+/// opened layers.
+impl Snapshottable for GuestRam {
     type State = MemoryState;
+    type SaveCtx = [LayerRef];
+    type RestoreCtx = Chain;
+    type Error = Error;
 
-    /// Records the layer chain the checkpoint prepared for this RAM (the checkpoint code
-    /// writes the layers: the base inline, deltas in a writer process).
-    fn save(&mut self, ctx: &mut crate::snapshot::SaveContext) -> Result<MemoryState> {
-        let layers = ctx.layers().to_vec();
+    fn save(&mut self, layers: &mut [LayerRef]) -> Result<MemoryState> {
+        let layers = layers.to_vec();
         match layers.first() {
             Some(LayerRef { kind: LayerKind::Base { .. }, .. }) => {
                 Ok(MemoryState { size: self.size as u64, layers })
@@ -488,14 +477,14 @@ impl crate::snapshot::Snapshottable for GuestRam {
         }
     }
 
-    fn restore(&mut self, state: &MemoryState, ctx: &crate::snapshot::RestoreContext) -> Result<()> {
+    fn restore(&mut self, state: &MemoryState, chain: &Chain) -> Result<()> {
         if state.size != self.size as u64 {
             return Err(Error::Config(format!(
                 "snapshot RAM is {} bytes, this VM has {}",
                 state.size, self.size
             )));
         }
-        self.map_chain(ctx.chain())
+        self.map_chain(chain)
     }
 }
 
@@ -541,5 +530,25 @@ mod tests {
         ram.write(long.0 * PAGE_SIZE as u64, &[0x42]).expect("write again");
         assert_eq!(first_byte(&ram, long.0), 0x42);
         assert_eq!(first_byte(&ram, long.0 + 1), (long.0 + 2) as u8);
+    }
+
+    /// The host's record of written pages (`/proc/self/pagemap`) sees exactly the pages the
+    /// VMM wrote into a private file mapping, and none once the mapping is replaced.
+    #[test]
+    fn written_pages_of_a_private_file_mapping_are_found() {
+        let file = tempfile::tempfile().unwrap();
+        file.set_len(64 * PAGE_SIZE as u64).unwrap();
+        let mut ram = GuestRam::from_layer(&file, 64 * PAGE_SIZE).unwrap();
+        let mut b = [0u8; 8];
+        ram.read(0, &mut b).unwrap();
+        for p in [3u64, 4, 40] {
+            ram.write(p * PAGE_SIZE as u64, &[1]).unwrap();
+        }
+        assert_eq!(ram.private_pages().unwrap(), vec![3, 4, 40]);
+        let addr = ram.host_addr() as usize;
+        let pagemap = std::fs::File::open("/proc/self/pagemap").unwrap();
+        assert_eq!(crate::dirty::scan_read(&pagemap, addr, 64 * PAGE_SIZE).unwrap(), vec![3, 4, 40]);
+        ram.map_layer(&file).unwrap();
+        assert!(ram.private_pages().unwrap().is_empty());
     }
 }

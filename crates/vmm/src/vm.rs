@@ -3,16 +3,18 @@
 //! The order of construction is fixed by what this host measured (HOST.md): VM, RAM slot,
 //! then the in-kernel irqchip and PIT, then vCPUs.
 
-use crate::checkpoint::Lineage;
-use crate::devices::doorbell::{Doorbell, DOORBELL_BASE, DOORBELL_LEN};
-use crate::devices::{Bus, BusState, DeviceState};
+use crate::config::VmConfig;
+use crate::devices::doorbell::{DoorbellState, DOORBELL_BASE, DOORBELL_LEN};
+use crate::devices::{DeviceStates, Devices};
 use crate::error::{kvm, Error, Result};
 use crate::hypervisor::Hypervisor;
+use crate::layers::{Chain, LayerRef};
+use crate::lineage::Lineage;
 use crate::memory::GuestRam;
-use crate::snapshot::{format, MachineState, RestoreContext, SaveContext, Snapshot, Snapshottable};
+use crate::snapshot::{format, MachineState, Snapshot};
 use crate::vstate::{PauseHandle, RunOutcome, Vcpu, VcpuState, VmCore, VmState};
+use branchbox_persist::{NoContext, Snapshottable};
 use kvm_bindings::kvm_userspace_memory_region;
-use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -23,26 +25,13 @@ vmm_sys_util::ioctl_iowr_nr!(
     kvm_bindings::kvm_clear_dirty_log
 );
 
-/// The shape of a VM: what must match between a snapshot and the VM restored from it.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-pub struct VmConfig {
-    /// Guest RAM in bytes, mapped at guest-physical address 0.
-    pub mem_size: u64,
-    /// Number of vCPUs (the run loop runs vCPU 0; the others are created and saved).
-    pub vcpus: u8,
-    /// Whether the VM has the in-kernel PIC/IOAPIC/LAPIC and PIT (a Linux guest needs them;
-    /// the test guest does not, and creating them costs ~2 ms per VM here).
-    pub irqchip: bool,
-}
-
 /// A KVM virtual machine.
 pub struct Vm {
     // Field order is drop order: vCPUs and the VM go before the RAM their slot points into.
     vcpus: Vec<Vcpu>,
     core: VmCore,
     ram: GuestRam,
-    mmio: Bus,
-    pio: Bus,
+    devices: Devices,
     config: VmConfig,
     /// The layers under this VM's RAM and what was dirtied since; `None` while its RAM is
     /// still anonymous (booted, never snapshotted).
@@ -56,8 +45,7 @@ pub struct Vm {
 pub(crate) struct CpuState {
     pub vm: VmState,
     pub vcpus: Vec<VcpuState>,
-    pub mmio: BusState,
-    pub pio: BusState,
+    pub devices: DeviceStates,
 }
 
 impl Vm {
@@ -95,9 +83,9 @@ impl Vm {
         let vcpus = (0..config.vcpus)
             .map(|id| Vcpu::create(hv, core.fd(), id, config.irqchip))
             .collect::<Result<Vec<_>>>()?;
-        let mut mmio = Bus::default();
-        mmio.insert(DOORBELL_BASE, DOORBELL_LEN, Box::<Doorbell>::default())?;
-        Ok(Vm { vcpus, core, ram, mmio, pio: Bus::default(), config, lineage: None, manual_log: false })
+        let mut devices = Devices::default();
+        devices.add_doorbell(DOORBELL_BASE, DOORBELL_LEN)?;
+        Ok(Vm { vcpus, core, ram, devices, config, lineage: None, manual_log: false })
     }
 
     /// Builds a fresh VM ready for a guest to be installed: a shell whose vCPUs get the
@@ -113,7 +101,7 @@ impl Vm {
     /// Restores `snapshot` into `shell` (built with the snapshot's config): RAM becomes a
     /// private copy-on-write view of the snapshot's layer, nothing is copied.
     pub fn restore_into(mut shell: Vm, snapshot: &Snapshot) -> Result<Vm> {
-        shell.restore(snapshot.state(), snapshot.context())?;
+        shell.restore(snapshot.state(), snapshot.chain())?;
         shell.lineage = Some(Lineage::new(snapshot.dir(), snapshot.chain()));
         Ok(shell)
     }
@@ -187,7 +175,7 @@ impl Vm {
         if !self.manual_log {
             return Ok(());
         }
-        let pages = self.config.mem_size / crate::memory::PAGE_SIZE as u64;
+        let pages = self.config.mem_size / crate::page::PAGE_SIZE as u64;
         if (bitmap.len() as u64) * 64 < pages {
             return Err(Error::Config("dirty bitmap shorter than the RAM slot".into()));
         }
@@ -209,12 +197,14 @@ impl Vm {
 
     /// Saves the VM-wide, vCPU and device state; the VM is paused.
     pub(crate) fn save_cpu(&mut self) -> Result<CpuState> {
-        // A device's and vCPU's save never writes files: the context's directory is unused.
-        let ctx = &mut SaveContext::new(Path::new("."), Vec::new());
         // vCPUs first: saving completes any access left pending by the last exit, which may
         // still change device state.
-        let vcpus = self.vcpus.iter_mut().map(|v| v.save(ctx)).collect::<Result<Vec<_>>>()?;
-        Ok(CpuState { vm: self.core.save(ctx)?, vcpus, mmio: self.mmio.save(ctx)?, pio: self.pio.save(ctx)? })
+        let vcpus = self.vcpus.iter_mut().map(|v| v.save(&mut NoContext)).collect::<Result<Vec<_>>>()?;
+        Ok(CpuState {
+            vm: self.core.save(&mut NoContext)?,
+            vcpus,
+            devices: self.devices.save(&mut NoContext)?,
+        })
     }
 
     /// Restores the VM-wide, vCPU and device parts of a saved state.
@@ -222,18 +212,16 @@ impl Vm {
         &mut self,
         vm: &VmState,
         vcpus: &[VcpuState],
-        buses: (&BusState, &BusState),
-        ctx: &RestoreContext,
+        devices: &DeviceStates,
     ) -> Result<()> {
         if vcpus.len() != self.vcpus.len() {
             return Err(Error::Config(format!("{} vCPU states for {} vCPUs", vcpus.len(), self.vcpus.len())));
         }
-        self.core.restore(vm, ctx)?;
+        self.core.restore(vm, &NoContext)?;
         for (vcpu, s) in self.vcpus.iter_mut().zip(vcpus) {
-            vcpu.restore(s, ctx)?;
+            vcpu.restore(s, &NoContext)?;
         }
-        self.mmio.restore(buses.0, ctx)?;
-        self.pio.restore(buses.1, ctx)
+        self.devices.restore(devices, &NoContext)
     }
 
     /// The KVM VM and its VM-wide devices.
@@ -248,20 +236,12 @@ impl Vm {
 
     /// Guest accesses to MMIO or port addresses that no device claims.
     pub fn unclaimed_accesses(&self) -> u64 {
-        self.mmio.unclaimed() + self.pio.unclaimed()
+        self.devices.mmio().unclaimed() + self.devices.pio().unclaimed()
     }
 
     /// Saved state of the doorbell (times rung, last value).
-    pub fn doorbell(&mut self) -> Result<crate::devices::doorbell::DoorbellState> {
-        // A device's state is only reachable through its `save`; the doorbell writes no file,
-        // so the context's directory is never used.
-        let mut ctx = SaveContext::new(Path::new("."), Vec::new());
-        match self.mmio.device_at(DOORBELL_BASE) {
-            Some(dev) => match dev.save(&mut ctx)? {
-                DeviceState::Doorbell(s) => Ok(s),
-            },
-            None => Err(Error::Config("the VM has no doorbell".into())),
-        }
+    pub fn doorbell(&self) -> Result<DoorbellState> {
+        self.devices.doorbell().ok_or_else(|| Error::Config("the VM has no doorbell".into()))
     }
 
     /// A handle that pauses this VM's running vCPU from another thread.
@@ -272,41 +252,37 @@ impl Vm {
     /// Runs vCPU 0 until a device stops it or a pause is requested.
     pub fn run(&mut self) -> Result<RunOutcome> {
         let vcpu = self.vcpus.first_mut().ok_or_else(|| Error::Config("the VM has no vCPU".into()))?;
-        vcpu.run(&mut self.mmio, &mut self.pio)
-    }
-
-    /// Takes a snapshot of this paused VM into the existing directory `dir` as its default
-    /// snapshot (`vm.state`) and waits until it is durable. The first snapshot of a VM
-    /// writes a full memory layer; later ones into the same directory write a delta layer.
-    /// Afterwards this VM's RAM is a copy-on-write view shared with every child.
-    pub fn snapshot(&mut self, dir: &Path) -> Result<()> {
-        self.checkpoint(dir, crate::snapshot::DEFAULT_NAME)?.wait().map(|_| ())
+        vcpu.run(self.devices.mmio(), self.devices.pio())
     }
 }
 
+/// A whole VM is saved with the memory layers (base first) its checkpoint prepared, and
+/// restored from an opened layer chain.
 impl Snapshottable for Vm {
     type State = MachineState;
+    type SaveCtx = [LayerRef];
+    type RestoreCtx = Chain;
+    type Error = Error;
 
-    fn save(&mut self, ctx: &mut SaveContext) -> Result<MachineState> {
+    fn save(&mut self, layers: &mut [LayerRef]) -> Result<MachineState> {
         let cpu = self.save_cpu()?;
         Ok(MachineState {
             config: self.config,
             vm: cpu.vm,
             vcpus: cpu.vcpus,
-            mmio: cpu.mmio,
-            pio: cpu.pio,
-            memory: self.ram.save(ctx)?,
+            devices: cpu.devices,
+            memory: self.ram.save(layers)?,
         })
     }
 
-    fn restore(&mut self, state: &MachineState, ctx: &RestoreContext) -> Result<()> {
+    fn restore(&mut self, state: &MachineState, chain: &Chain) -> Result<()> {
         if state.config != self.config {
             return Err(Error::Config(format!(
                 "snapshot is for a VM shaped {:?}, this VM is {:?}",
                 state.config, self.config
             )));
         }
-        self.ram.restore(&state.memory, ctx)?;
-        self.restore_cpu(&state.vm, &state.vcpus, (&state.mmio, &state.pio), ctx)
+        self.ram.restore(&state.memory, chain)?;
+        self.restore_cpu(&state.vm, &state.vcpus, &state.devices)
     }
 }

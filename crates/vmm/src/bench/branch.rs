@@ -1,7 +1,7 @@
 //! Benchmark of live branching: fork one child from a *running* source, ten times in a row,
 //! with the source's pause window measured.
 
-use super::host_facts;
+use super::host::host_facts;
 use super::timetravel::touched;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};

@@ -3,6 +3,7 @@
 //! a [`Report`] with the reference measured in the same run; nothing here asserts a timing.
 
 mod branch;
+mod host;
 mod timetravel;
 
 pub use branch::{bench_branch, BranchBenchOptions};
@@ -11,21 +12,21 @@ pub use timetravel::{
     RollbackBenchOptions,
 };
 
+use crate::config::VmConfig;
 use crate::error::{kvm, Error, Result};
 use crate::fork::{fork_with, ShellPool};
 use crate::hypervisor::Hypervisor;
 use crate::memory::GuestRam;
 use crate::snapshot::Snapshot;
 use crate::testguest::{self, Command, DATA_BASE};
-use crate::vm::{Vm, VmConfig};
+use crate::vm::Vm;
 use branchbox_model::bench::{Report, Stats};
+use host::{host_facts, TempDir, PAGE};
 use kvm_bindings::kvm_userspace_memory_region;
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-const PAGE: u64 = 4096;
 
 /// Parameters of [`bench_fork`].
 #[derive(Debug, Clone)]
@@ -151,7 +152,7 @@ fn bare_vms(hv: &Hypervisor, snapshot: &Snapshot, n: usize, workers: usize) -> R
 fn bare_vm(hv: &Hypervisor, snapshot: &Snapshot) -> Result<BareVm> {
     let size = snapshot.state().config.mem_size;
     let vm = hv.kvm().create_vm().map_err(kvm("KVM_CREATE_VM"))?;
-    let ram = GuestRam::from_layer(snapshot.context().layer(), size as usize)?;
+    let ram = GuestRam::from_layer(&snapshot.chain().base_layer().file, size as usize)?;
     let region = kvm_userspace_memory_region {
         slot: 0,
         flags: 0,
@@ -176,21 +177,6 @@ fn time<T>(f: impl FnOnce() -> Result<T>) -> Result<(Duration, T)> {
 
 fn stats(samples: &[Duration]) -> Result<Stats> {
     Stats::from_durations(samples).ok_or_else(|| Error::Config("a figure has no samples".into()))
-}
-
-/// Host facts the figures depend on.
-fn host_facts(hv: &Hypervisor) -> serde_json::Value {
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default();
-    let pvm = std::path::Path::new("/sys/module/kvm_pvm").exists();
-    json!({
-        "kernel": kernel,
-        "kvm": if pvm { "kvm_pvm (no hardware virtualization)" } else { "kvm" },
-        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        "msrs_saved_per_vcpu": hv.msr_indices().len(),
-        "xsave_bytes": hv.xsave_bytes(),
-    })
 }
 
 /// Fork n children (for each n in `counts`) of a warm snapshot with all RAM touched; the
@@ -365,29 +351,4 @@ fn rollup_private() -> Result<u64> {
         .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
         .sum::<u64>()
         * 1024)
-}
-
-/// A temporary directory removed on drop (benchmarks must not leave 512 MiB layers behind).
-struct TempDir(std::path::PathBuf);
-
-impl TempDir {
-    fn new() -> Result<TempDir> {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let path = std::env::temp_dir().join(format!("branchbox-vmm-bench-{}-{nanos:x}", std::process::id()));
-        std::fs::create_dir(&path).map_err(crate::error::mem("create bench directory"))?;
-        Ok(TempDir(path))
-    }
-
-    fn path(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }

@@ -1,13 +1,14 @@
 //! Benchmarks of checkpoint, rollback and chain spawn, in place on one VM of the synthetic
 //! test guest, each with its reference measured in the same run.
 
-use super::{host_facts, TempDir, PAGE};
+use super::host::{host_facts, TempDir, PAGE};
+use crate::config::VmConfig;
 use crate::error::{Error, Result};
 use crate::fork::{fork, ShellPool};
 use crate::hypervisor::Hypervisor;
 use crate::snapshot::Snapshot;
 use crate::testguest::{self, Command, DATA_BASE};
-use crate::vm::{Vm, VmConfig};
+use crate::vm::Vm;
 use branchbox_model::bench::{Report, Stats};
 use serde_json::json;
 use std::collections::BTreeMap;

@@ -9,15 +9,14 @@
 //! snapshot (when opened, or the first time a checkpoint is used), never per spawn.
 
 pub mod delta;
-mod plan;
+pub(crate) mod plan;
 pub(crate) mod writer;
 
-pub use plan::{rollback_plan, RemapOp};
-
 use crate::error::{Error, Result};
-use crate::memory::PAGE_SIZE;
+use crate::page::PAGE_SIZE;
 use serde::{Deserialize, Serialize};
 use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -213,7 +212,7 @@ impl Chain {
         for layer in &self.layers {
             match layer.kind {
                 LayerKind::Base { crc32 } => {
-                    let crc = crate::memory::crc_of_file(&layer.file, self.size)
+                    let crc = crc_of_file(&layer.file, self.size)
                         .map_err(|source| Error::LayerMissing { path: layer.path.clone(), source })?;
                     if crc != crc32 {
                         return Err(Error::LayerCorrupt {
@@ -262,6 +261,21 @@ fn runs_of(pages: &[PageSrc]) -> Vec<Run> {
         }
     }
     runs
+}
+
+/// CRC-32 of the first `size` bytes of `file` (a base layer), read in 1 MiB chunks.
+fn crc_of_file(file: &File, size: u64) -> std::io::Result<u32> {
+    let mut crc = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut done = 0u64;
+    while done < size {
+        let n = buf.len().min((size - done) as usize);
+        let chunk = &mut buf[..n];
+        file.read_exact_at(chunk, done)?;
+        crc.update(chunk);
+        done += n as u64;
+    }
+    Ok(crc.finalize())
 }
 
 #[cfg(test)]

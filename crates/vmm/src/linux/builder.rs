@@ -1,9 +1,9 @@
 //! Building a Linux VM: KVM VM, guest RAM and its slots, irqchip and PIT, vCPUs, the port
 //! bus (COM1, i8042), the MMIO bus (virtio-mmio slots), then the boot structures.
 
-use super::devices::VsockTransport;
+use super::devices::{self, Transport, VsockTransport};
 use super::error::{kvm, LinuxError, LinuxResult};
-use super::run::StopHandle;
+use super::stop::StopHandle;
 use super::vcpu;
 use crate::hypervisor::Hypervisor;
 use crate::vstate::PauseHandle;
@@ -12,9 +12,12 @@ use branchbox_arch::{BootInfo, KernelCmdline};
 use branchbox_devices::i8042::I8042;
 use branchbox_devices::serial::{CappedLog, Serial};
 use branchbox_devices::{Bus, BusDevice};
+use branchbox_virtio::mmio::MmioTransport;
+use branchbox_virtio::rng::Rng;
+use branchbox_virtio::VirtioDevice;
 use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{VcpuFd, VmFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, MemoryRegionAddress};
 use vmm_sys_util::eventfd::EventFd;
@@ -175,6 +178,45 @@ impl LinuxVm {
             vcpu::configure(fd, &self.hv, id as u8, c.vcpus, entry)?;
         }
         Ok(self.boot.insert(info))
+    }
+
+    /// Adds a virtio block device over the read-only `base` and the writable `overlay`
+    /// (created at the base's size if missing). The first one is the guest's `/dev/vda`.
+    pub fn add_block(&mut self, base: &Path, overlay: &Path, id: &str) -> LinuxResult<()> {
+        let device = devices::block(base, overlay, id)?;
+        self.add_virtio(device).map(|_| ())
+    }
+
+    /// Adds a virtio entropy device.
+    pub fn add_rng(&mut self) -> LinuxResult<()> {
+        self.add_virtio(Rng::new()).map(|_| ())
+    }
+
+    /// Adds a vsock device for guest CID `cid` whose host side listens on the Unix socket
+    /// `socket`: a host client connects, writes `CONNECT <port>\n`, reads `OK <port>\n`.
+    pub fn add_vsock(&mut self, cid: u64, socket: &Path) -> LinuxResult<()> {
+        if self.vsock.is_some() {
+            return Err(LinuxError::Config("a guest has one vsock device".into()));
+        }
+        let device = devices::vsock(cid, socket)?;
+        self.vsock = Some(self.add_virtio(device)?);
+        Ok(())
+    }
+
+    fn add_virtio<D>(&mut self, device: D) -> LinuxResult<Arc<Mutex<Transport<D>>>>
+    where
+        D: VirtioDevice + 'static,
+        Transport<D>: BusDevice,
+    {
+        let slot = self.virtio_slot()?;
+        let interrupt = slot.interrupt.try_clone().map_err(|e| LinuxError::Device {
+            what: "a virtio-mmio slot",
+            detail: format!("eventfd: {e}"),
+        })?;
+        let transport =
+            Arc::new(Mutex::new(MmioTransport::new(device, Arc::clone(&self.mem), Box::new(interrupt))));
+        self.attach_virtio(&slot, transport.clone())?;
+        Ok(transport)
     }
 
     /// A handle that ends [`run`](LinuxVm::run) from any thread.

@@ -2,15 +2,12 @@
 //! socket per sandbox on the host side), rng; and the thread that serves vsock's host side
 //! while the guest runs.
 
-use super::builder::LinuxVm;
 use super::error::{LinuxError, LinuxResult};
-use branchbox_devices::BusDevice;
+use crate::seccomp::{self, ThreadKind};
 use branchbox_virtio::blk::{Block, OverlayBackend};
 use branchbox_virtio::mmio::MmioTransport;
-use branchbox_virtio::rng::Rng;
 use branchbox_virtio::vsock::Vsock;
-use branchbox_virtio::VirtioDevice;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -23,75 +20,82 @@ pub type Transport<D> = MmioTransport<D, Arc<GuestMemoryMmap>>;
 /// The guest's vsock device, served from the host side by [`serve_vsock_host`].
 pub(super) type VsockTransport = Arc<Mutex<Transport<Vsock>>>;
 
-impl LinuxVm {
-    /// Adds a virtio block device over the read-only `base` and the writable `overlay`
-    /// (created at the base's size if missing). The first one is the guest's `/dev/vda`.
-    pub fn add_block(&mut self, base: &Path, overlay: &Path, id: &str) -> LinuxResult<()> {
-        let backend = OverlayBackend::open(base, overlay)
-            .map_err(|e| LinuxError::Device { what: "virtio-blk", detail: e.to_string() })?;
-        self.add_virtio(Block::new(Box::new(backend), id)).map(|_| ())
-    }
+/// A block device over the read-only `base` and the writable `overlay` (created at the
+/// base's size if missing).
+pub(super) fn block(base: &Path, overlay: &Path, id: &str) -> LinuxResult<Block> {
+    let backend = OverlayBackend::open(base, overlay)
+        .map_err(|e| LinuxError::Device { what: "virtio-blk", detail: e.to_string() })?;
+    Ok(Block::new(Box::new(backend), id))
+}
 
-    /// Adds a virtio entropy device.
-    pub fn add_rng(&mut self) -> LinuxResult<()> {
-        self.add_virtio(Rng::new()).map(|_| ())
-    }
-
-    /// Adds a vsock device for guest CID `cid` whose host side listens on the Unix socket
-    /// `socket`: a host client connects, writes `CONNECT <port>\n`, reads `OK <port>\n`.
-    pub fn add_vsock(&mut self, cid: u64, socket: &Path) -> LinuxResult<()> {
-        if self.vsock.is_some() {
-            return Err(LinuxError::Config("a guest has one vsock device".into()));
-        }
-        let vsock = Vsock::new(cid, socket)
-            .map_err(|e| LinuxError::Device { what: "virtio-vsock", detail: e.to_string() })?;
-        self.vsock = Some(self.add_virtio(vsock)?);
-        Ok(())
-    }
-
-    fn add_virtio<D>(&mut self, device: D) -> LinuxResult<Arc<Mutex<Transport<D>>>>
-    where
-        D: VirtioDevice + 'static,
-        Transport<D>: BusDevice,
-    {
-        let slot = self.virtio_slot()?;
-        let interrupt = slot.interrupt.try_clone().map_err(|e| LinuxError::Device {
-            what: "a virtio-mmio slot",
-            detail: format!("eventfd: {e}"),
-        })?;
-        let transport =
-            Arc::new(Mutex::new(MmioTransport::new(device, Arc::clone(&self.mem), Box::new(interrupt))));
-        self.attach_virtio(&slot, transport.clone())?;
-        Ok(transport)
-    }
+/// A vsock device for guest CID `cid`, its host side listening on the Unix socket `socket`.
+pub(super) fn vsock(cid: u64, socket: &Path) -> LinuxResult<Vsock> {
+    Vsock::new(cid, socket).map_err(|e| LinuxError::Device { what: "virtio-vsock", detail: e.to_string() })
 }
 
 /// Serves the vsock device's host side until `stop` is signalled: waits for host events
 /// (clients connecting, data to forward) and lets the transport move what they produced into
-/// the guest's queues.
-pub(super) fn serve_vsock_host(vsock: &VsockTransport, stop: &EventFd) {
+/// the guest's queues. The thread confines itself to the VMM thread's system calls first.
+pub(super) fn serve_vsock_host(vsock: &VsockTransport, stop: &EventFd) -> LinuxResult<()> {
     let host_fd = vsock.lock().unwrap_or_else(|e| e.into_inner()).device().host_event_fd();
-    let mut fds = [
-        libc::pollfd { fd: host_fd, events: libc::POLLIN, revents: 0 },
-        libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-    ];
+    let epoll = Epoll::new().map_err(epoll_err)?;
+    epoll.add(host_fd, HOST).map_err(epoll_err)?;
+    epoll.add(stop.as_raw_fd(), STOP).map_err(epoll_err)?;
+    seccomp::apply(ThreadKind::Vmm)?;
+    let mut events = [libc::epoll_event { events: 0, u64: 0 }; 2];
     loop {
-        // SAFETY: `fds` is a valid array of two pollfds for the duration of the call.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
-        if n < 0 {
-            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return;
+        let n = match epoll.wait(&mut events) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(epoll_err(e)),
+        };
+        let ready = || events[..n].iter().map(|e| e.u64);
+        if ready().any(|t| t == STOP) {
+            return Ok(());
         }
-        if fds[1].revents != 0 {
-            return;
-        }
-        if fds[0].revents != 0 {
+        if ready().any(|t| t == HOST) {
             let mut t = vsock.lock().unwrap_or_else(|e| e.into_inner());
             t.device_mut().handle_host_events();
             t.process_pending();
         }
+    }
+}
+
+const HOST: u64 = 1;
+const STOP: u64 = 2;
+
+fn epoll_err(e: std::io::Error) -> LinuxError {
+    LinuxError::Device { what: "the vsock host thread", detail: format!("epoll: {e}") }
+}
+
+/// A minimal epoll set: the two descriptors the vsock host thread waits on.
+struct Epoll(OwnedFd);
+
+impl Epoll {
+    fn new() -> std::io::Result<Epoll> {
+        // SAFETY: plain syscall; a non-negative result is a new descriptor we own.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just created and is owned by nothing else.
+        Ok(Epoll(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    fn add(&self, fd: RawFd, token: u64) -> std::io::Result<()> {
+        let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: token };
+        // SAFETY: both descriptors are open; `ev` lives for the call.
+        if unsafe { libc::epoll_ctl(self.0.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn wait(&self, events: &mut [libc::epoll_event]) -> std::io::Result<usize> {
+        let max = i32::try_from(events.len()).unwrap_or(i32::MAX);
+        // SAFETY: `events` is valid for `max` entries for the duration of the call.
+        let n = unsafe { libc::epoll_wait(self.0.as_raw_fd(), events.as_mut_ptr(), max, -1) };
+        usize::try_from(n).map_err(|_| std::io::Error::last_os_error())
     }
 }
 

@@ -7,14 +7,17 @@
 
 mod builder;
 mod devices;
+mod end;
 mod error;
 mod run;
+mod stop;
 mod vcpu;
 
 pub use builder::{LinuxVm, LinuxVmConfig, VirtioSlot};
 pub use devices::{connect_guest_port, Transport};
+pub use end::RunEnd;
 pub use error::{LinuxError, LinuxResult};
-pub use run::{RunEnd, StopHandle};
+pub use stop::StopHandle;
 
 /// Default cap of the serial log: enough for a verbose boot and a long session's console.
 pub const DEFAULT_SERIAL_LOG_CAP: u64 = 8 << 20;

@@ -2,87 +2,11 @@
 //! are stopped. The run's result says why the guest ended.
 
 use super::builder::LinuxVm;
+use super::end::RunEnd;
 use super::error::{LinuxError, LinuxResult};
 use super::{devices, vcpu};
-use crate::vstate::PauseHandle;
-use std::fmt;
 use std::sync::Mutex;
 use vmm_sys_util::eventfd::EventFd;
-
-/// Why a guest's run ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RunEnd {
-    /// The guest asked for a reset (i8042 command 0xFE, or KVM's reset event).
-    Reset { vcpu: u8 },
-    /// The guest powered off (KVM's shutdown system event).
-    PowerOff { vcpu: u8 },
-    /// KVM_EXIT_SHUTDOWN: a triple fault, an exception the guest could not handle.
-    TripleFault { vcpu: u8 },
-    /// The vCPU halted with nothing to wake it (no in-kernel irqchip handled it).
-    Halted { vcpu: u8 },
-    /// KVM gave up on the guest; `suberror` 1 is an instruction it could not emulate, whose
-    /// bytes are `insn` when KVM reported them.
-    InternalError { vcpu: u8, suberror: u32, rip: u64, insn: Vec<u8> },
-    /// The hardware refused to enter the guest.
-    EntryFailure { vcpu: u8, reason: u64 },
-    /// An exit this VMM does not handle.
-    UnexpectedExit { vcpu: u8, exit: String },
-    /// A [`StopHandle`] ended the run, or a device asked to return to the caller.
-    Stopped,
-}
-
-impl fmt::Display for RunEnd {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RunEnd::Reset { vcpu } => write!(f, "vCPU {vcpu}: the guest asked for a reset"),
-            RunEnd::PowerOff { vcpu } => write!(f, "vCPU {vcpu}: the guest powered off"),
-            RunEnd::TripleFault { vcpu } => {
-                write!(
-                    f,
-                    "vCPU {vcpu}: shutdown (triple fault: the guest took an exception it cannot handle)"
-                )
-            }
-            RunEnd::Halted { vcpu } => write!(f, "vCPU {vcpu} halted"),
-            RunEnd::InternalError { vcpu, suberror, rip, insn } => {
-                write!(f, "vCPU {vcpu}: KVM internal error {suberror}")?;
-                if *suberror == 1 {
-                    write!(f, " (emulation failure)")?;
-                }
-                write!(f, " at rip {rip:#x}")?;
-                if !insn.is_empty() {
-                    write!(f, ", instruction bytes")?;
-                    for b in insn {
-                        write!(f, " {b:02x}")?;
-                    }
-                }
-                Ok(())
-            }
-            RunEnd::EntryFailure { vcpu, reason } => {
-                write!(f, "vCPU {vcpu}: VM entry failed (hardware reason {reason:#x})")
-            }
-            RunEnd::UnexpectedExit { vcpu, exit } => write!(f, "vCPU {vcpu}: unhandled exit {exit}"),
-            RunEnd::Stopped => write!(f, "stopped by the VMM"),
-        }
-    }
-}
-
-/// Ends a running Linux VM from any thread.
-#[derive(Clone)]
-pub struct StopHandle(Vec<PauseHandle>);
-
-impl StopHandle {
-    pub(super) fn new(pauses: Vec<PauseHandle>) -> StopHandle {
-        StopHandle(pauses)
-    }
-
-    /// Asks every vCPU to leave the guest; the run returns [`RunEnd::Stopped`] unless the
-    /// guest ended first.
-    pub fn stop(&self) {
-        for p in &self.0 {
-            p.request_pause();
-        }
-    }
-}
 
 impl LinuxVm {
     /// Runs the booted guest until it ends or is stopped; the first vCPU to end decides the
@@ -99,27 +23,35 @@ impl LinuxVm {
             detail: format!("eventfd: {e}"),
         })?;
         let vsock = self.vsock.take();
+        // vCPU threads confine themselves to the vCPU system calls, unless virtio devices are
+        // attached: their queues are served on the vCPU thread at each notification, with
+        // file and socket calls that list does not allow.
+        let confine = self.mmio.ranges().next().is_none();
+        let record = |first: &Mutex<Option<LinuxResult<RunEnd>>>, end: LinuxResult<RunEnd>| {
+            let mut slot = first.lock().unwrap_or_else(|e| e.into_inner());
+            if slot.is_none() {
+                *slot = Some(end);
+            }
+        };
         let spawned = std::thread::scope(|s| -> LinuxResult<()> {
             if let Some(vsock) = &vsock {
-                let host_stop = &host_stop;
-                std::thread::Builder::new()
-                    .name("vsock-host".into())
-                    .spawn_scoped(s, move || devices::serve_vsock_host(vsock, host_stop))
-                    .map_err(|e| LinuxError::Device {
-                        what: "the vsock host thread",
-                        detail: e.to_string(),
-                    })?;
+                let (host_stop, stop, first) = (&host_stop, &stop, &first);
+                let body = move || {
+                    if let Err(e) = devices::serve_vsock_host(vsock, host_stop) {
+                        record(first, Err(e));
+                        stop.stop();
+                    }
+                };
+                std::thread::Builder::new().name("vsock-host".into()).spawn_scoped(s, body).map_err(|e| {
+                    LinuxError::Device { what: "the vsock host thread", detail: e.to_string() }
+                })?;
             }
             for (id, fd) in self.vcpus.iter_mut().enumerate() {
                 let id = id as u8;
                 let (pause, stop, first, host_stop) = (&pauses[usize::from(id)], &stop, &first, &host_stop);
                 let body = move || {
-                    let end = vcpu::run(id, fd, pause, mmio, pio);
-                    let mut slot = first.lock().unwrap_or_else(|e| e.into_inner());
-                    if slot.is_none() {
-                        *slot = Some(end);
-                    }
-                    drop(slot);
+                    let end = vcpu::run(id, fd, pause, mmio, pio, confine);
+                    record(first, end);
                     stop.stop();
                     // The host side has nothing to serve once a vCPU has left; a failed
                     // write leaves the thread to end with the process.

@@ -1,8 +1,9 @@
 //! One vCPU of a Linux guest: its boot setup and its run loop.
 
+use super::end::RunEnd;
 use super::error::{kvm, LinuxError, LinuxResult};
-use super::run::RunEnd;
 use crate::hypervisor::Hypervisor;
+use crate::seccomp::{self, ThreadKind};
 use crate::vstate::PauseHandle;
 use branchbox_arch::cpu;
 use branchbox_devices::{Action, Bus};
@@ -56,16 +57,22 @@ pub(super) fn configure(
 }
 
 /// Runs vCPU `id` until the guest resets, shuts down or fails, or a stop is requested.
-/// Every guest action maps to a [`RunEnd`]; only a failing KVM call is an error.
+/// Every guest action maps to a [`RunEnd`]; only a failing KVM call is an error. With
+/// `confine`, the thread is limited to the vCPU system calls once it is set up.
 pub(super) fn run(
     id: u8,
     fd: &mut VcpuFd,
     pause: &PauseHandle,
     mmio: &Bus,
     pio: &Bus,
+    confine: bool,
 ) -> LinuxResult<RunEnd> {
     let run_ptr: *mut kvm_bindings::kvm_run = fd.get_kvm_run();
+    // Arming installs the kick signal's handler, a call the vCPU filter does not allow.
     let _armed = pause.arm(run_ptr);
+    if confine {
+        seccomp::apply(ThreadKind::Vcpu)?;
+    }
     loop {
         if pause.take_request() {
             return Ok(RunEnd::Stopped);

@@ -17,7 +17,7 @@
 //! (a layer name that is a plain relative file name, sane RAM size and vCPU count).
 //! `docs/microvm.md` is the spec page of this format.
 
-use super::MachineState;
+use super::state::MachineState;
 use crate::error::{Error, Result};
 use bincode::Options;
 use std::io::Read;
@@ -25,8 +25,10 @@ use std::path::Path;
 
 /// First bytes of every state file.
 pub const MAGIC: [u8; 8] = *b"BBXVMST\0";
-/// The one format version this build reads and writes.
-pub const FORMAT_VERSION: u32 = 2;
+/// The one format version this build reads and writes. Version 3 stores device states as
+/// one typed list per kind of device (each entry with its bus range) instead of two bus
+/// lists of an enum of every device (version 2).
+pub const FORMAT_VERSION: u32 = 3;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 32;
 /// Largest payload accepted (a few vCPUs' state is tens of KiB).
@@ -145,7 +147,7 @@ fn validate(state: &MachineState) -> std::result::Result<(), String> {
         }
     }
     let size = state.memory.size;
-    if size == 0 || size > MAX_RAM || size % crate::memory::PAGE_SIZE as u64 != 0 {
+    if size == 0 || size > MAX_RAM || size % crate::page::PAGE_SIZE as u64 != 0 {
         return Err(format!("guest RAM size {size} is not a valid size"));
     }
     if size != state.config.mem_size {
@@ -186,10 +188,10 @@ pub fn read_state_file(path: &Path) -> Result<MachineState> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devices::BusState;
+    use crate::config::VmConfig;
+    use crate::devices::{doorbell::DoorbellState, DeviceStates, Placed};
     use crate::layers::{LayerKind, LayerRef};
     use crate::memory::MemoryState;
-    use crate::vm::VmConfig;
     use crate::vstate::{VcpuState, VmState};
     use proptest::prelude::*;
 
@@ -214,8 +216,13 @@ mod tests {
                 size: 8 << 20,
                 layers: vec![LayerRef { name: "mem.layer".into(), kind: LayerKind::Base { crc32: 1 } }],
             },
-            mmio: BusState { devices: vec![] },
-            pio: BusState { devices: vec![] },
+            devices: DeviceStates {
+                doorbells: vec![Placed {
+                    base: 0xd000_0000,
+                    len: 0x1000,
+                    state: DoorbellState { rings: 3, last: 7 },
+                }],
+            },
         }
     }
 

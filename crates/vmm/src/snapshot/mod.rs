@@ -1,23 +1,21 @@
-//! Snapshots: one trait every stateful part implements, and the file that holds them all.
+//! Snapshots: the files that hold a VM's state, opened for restoring.
 //!
 //! A snapshot directory (a store) holds state files (`<name>.state`, format in [`format`];
 //! [`STATE_FILE`] is the default one) and the memory layer files they name by relative name;
 //! checkpoints of one VM share the layers of their chain in one directory. The state is a tree that mirrors the VM:
 //! [`MachineState`] holds the VM-wide KVM state, every vCPU's state, the memory's layer
-//! reference and every device's state, each produced by that part's [`Snapshottable`] impl.
+//! reference and every device's state, each produced by that part's
+//! [`Snapshottable`](branchbox_persist::Snapshottable) impl.
 //! Removing snapshots, flattening chains and collecting unused layers: [`lifecycle`].
 
 pub mod format;
 pub mod lifecycle;
+mod state;
 
-use crate::devices::BusState;
+pub use state::MachineState;
+
 use crate::error::{Error, Result};
-use crate::layers::{Chain, LayerRef};
-use crate::memory::MemoryState;
-use crate::vm::VmConfig;
-use crate::vstate::{VcpuState, VmState};
-use serde::{Deserialize, Serialize};
-use std::fs::File;
+use crate::layers::Chain;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -28,76 +26,6 @@ pub const DEFAULT_NAME: &str = "vm";
 /// Extension of state files.
 pub const STATE_EXT: &str = "state";
 
-/// A part of a VM whose state a snapshot must carry.
-///
-/// Both methods are required: a part that forgot to save its state would otherwise compile
-/// and silently lose it on restore.
-pub trait Snapshottable {
-    /// The part's saved state.
-    type State;
-    /// Captures the part's state; the VM is paused.
-    fn save(&mut self, ctx: &mut SaveContext) -> Result<Self::State>;
-    /// Puts the part back into `state`; the VM has not run since it was built.
-    fn restore(&mut self, state: &Self::State, ctx: &RestoreContext) -> Result<()>;
-}
-
-/// Where a snapshot being taken writes its files, and the memory layers it will name.
-pub struct SaveContext {
-    dir: PathBuf,
-    layers: Vec<LayerRef>,
-}
-
-impl SaveContext {
-    /// A context writing into the existing directory `dir`, naming memory `layers`.
-    pub fn new(dir: &Path, layers: Vec<LayerRef>) -> SaveContext {
-        SaveContext { dir: dir.to_path_buf(), layers }
-    }
-
-    /// The snapshot directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
-    /// The memory layers (base first) the checkpoint prepared.
-    pub fn layers(&self) -> &[LayerRef] {
-        &self.layers
-    }
-}
-
-/// The opened layer chain a restore maps, shared by every child of one snapshot.
-pub struct RestoreContext {
-    chain: Arc<Chain>,
-}
-
-impl RestoreContext {
-    /// The memory layer chain the restored RAM maps.
-    pub fn chain(&self) -> &Chain {
-        &self.chain
-    }
-
-    /// The base memory layer file.
-    pub fn layer(&self) -> &File {
-        &self.chain.base_layer().file
-    }
-}
-
-/// Everything a snapshot holds about one VM.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct MachineState {
-    /// Shape of the VM (RAM size, vCPU count, in-kernel irqchip).
-    pub config: VmConfig,
-    /// VM-wide KVM state (clock, irqchip, PIT).
-    pub vm: VmState,
-    /// One state per vCPU, in vCPU id order.
-    pub vcpus: Vec<VcpuState>,
-    /// The memory layer holding guest RAM.
-    pub memory: MemoryState,
-    /// Devices on the MMIO bus.
-    pub mmio: BusState,
-    /// Devices on the port I/O bus.
-    pub pio: BusState,
-}
-
 /// A snapshot opened for restoring: its state parsed and checked, its layer chain opened
 /// and its merged page index built.
 ///
@@ -107,7 +35,7 @@ pub struct Snapshot {
     dir: PathBuf,
     name: String,
     state: MachineState,
-    ctx: RestoreContext,
+    chain: Arc<Chain>,
 }
 
 /// Whether `name` can name a snapshot: letters, digits, `-` and `_`, 1 to 128 of them.
@@ -141,7 +69,7 @@ impl Snapshot {
 
     /// A snapshot whose state and chain are already in memory (a checkpoint just taken).
     pub(crate) fn from_parts(dir: &Path, name: &str, state: MachineState, chain: Arc<Chain>) -> Snapshot {
-        Snapshot { dir: dir.to_path_buf(), name: name.to_string(), state, ctx: RestoreContext { chain } }
+        Snapshot { dir: dir.to_path_buf(), name: name.to_string(), state, chain }
     }
 
     /// Names of the complete snapshots in `dir`, sorted: state files that parse and whose
@@ -182,19 +110,14 @@ impl Snapshot {
         &self.state
     }
 
-    /// The opened layers restores map.
-    pub fn context(&self) -> &RestoreContext {
-        &self.ctx
-    }
-
     /// The opened memory layer chain.
     pub fn chain(&self) -> &Arc<Chain> {
-        &self.ctx.chain
+        &self.chain
     }
 
     /// Reads every layer of the chain in full and checks its checksum (on demand; reads all
     /// of RAM, so never on the spawn path).
     pub fn verify(&self) -> Result<()> {
-        self.ctx.chain.verify()
+        self.chain.verify()
     }
 }

@@ -30,7 +30,10 @@ extern "C" fn on_kick(_: libc::c_int) {
     }
 }
 
-fn install_handler() {
+/// Installs the kick signal's handler (once per process). Called when a vCPU is created,
+/// so a vCPU thread confined by its seccomp filter (which refuses `rt_sigaction`) never
+/// installs it itself.
+pub(super) fn install_handler() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         // SAFETY: installs a handler that only touches a thread-local and kvm_run.

@@ -2,10 +2,10 @@
 //! save/restore.
 
 use super::kick::PauseHandle;
-use crate::devices::{Action, Bus};
 use crate::error::{kvm, Error, Result};
 use crate::hypervisor::Hypervisor;
-use crate::snapshot::{RestoreContext, SaveContext, Snapshottable};
+use branchbox_devices::{Action, Bus};
+use branchbox_persist::{NoContext, Snapshottable};
 use kvm_bindings::{
     kvm_cpuid_entry2, kvm_debugregs, kvm_lapic_state, kvm_mp_state, kvm_msr_entry, kvm_regs, kvm_sregs,
     kvm_vcpu_events, kvm_xcrs, kvm_xsave, CpuId, Msrs, KVM_MAX_CPUID_ENTRIES, KVM_MAX_MSR_ENTRIES,
@@ -17,7 +17,8 @@ use std::sync::Arc;
 /// Why [`Vcpu::run`] returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunOutcome {
-    /// A device asked the run loop to stop (the doorbell rang).
+    /// A device asked the run loop to stop (the doorbell rang) or for something the loop
+    /// leaves to its caller.
     Device,
     /// [`PauseHandle::request_pause`] stopped the vCPU.
     Paused,
@@ -64,6 +65,7 @@ impl Vcpu {
     /// CPUID is left unset: a fresh VM sets the host's, a restore sets the saved one.
     pub fn create(hv: &Arc<Hypervisor>, vm: &VmFd, id: u8, irqchip: bool) -> Result<Vcpu> {
         let fd = vm.create_vcpu(u64::from(id)).map_err(kvm("KVM_CREATE_VCPU"))?;
+        super::kick::install_handler();
         Ok(Vcpu { fd, id, irqchip, hv: Arc::clone(hv), pause: PauseHandle::default() })
     }
 
@@ -78,7 +80,7 @@ impl Vcpu {
     }
 
     /// Runs the guest until a device stops it or a pause is requested.
-    pub fn run(&mut self, mmio: &mut Bus, pio: &mut Bus) -> Result<RunOutcome> {
+    pub fn run(&mut self, mmio: &Bus, pio: &Bus) -> Result<RunOutcome> {
         let run_ptr: *mut kvm_bindings::kvm_run = self.fd.get_kvm_run();
         let pause = self.pause.clone();
         let _armed = pause.arm(run_ptr);
@@ -113,7 +115,9 @@ impl Vcpu {
                 }
                 Err(e) => return Err(kvm("KVM_RUN")(e)),
             };
-            if action == Action::Stop {
+            // Any request but to continue (a stop, or one this loop does not know, such as a
+            // reset) is the caller's to handle.
+            if action != Action::Continue {
                 return Ok(RunOutcome::Device);
             }
         }
@@ -188,8 +192,11 @@ fn msr_buffer(entries: &[kvm_msr_entry]) -> Result<Msrs> {
 
 impl Snapshottable for Vcpu {
     type State = VcpuState;
+    type SaveCtx = NoContext;
+    type RestoreCtx = NoContext;
+    type Error = Error;
 
-    fn save(&mut self, _ctx: &mut SaveContext) -> Result<VcpuState> {
+    fn save(&mut self, _ctx: &mut NoContext) -> Result<VcpuState> {
         if self.hv.xsave_bytes() > std::mem::size_of::<kvm_xsave>() {
             return Err(Error::Config(format!(
                 "this host's XSAVE area is {} bytes; saving areas over 4 KiB (AMX) is not \
@@ -224,7 +231,7 @@ impl Snapshottable for Vcpu {
         })
     }
 
-    fn restore(&mut self, s: &VcpuState, _ctx: &RestoreContext) -> Result<()> {
+    fn restore(&mut self, s: &VcpuState, _ctx: &NoContext) -> Result<()> {
         if s.id != self.id {
             return Err(Error::Config(format!("state of vCPU {} given to vCPU {}", s.id, self.id)));
         }

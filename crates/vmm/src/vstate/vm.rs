@@ -1,7 +1,7 @@
 //! The VM-wide KVM state: kvmclock, and the in-kernel PIC, IOAPIC and PIT when present.
 
 use crate::error::{kvm, Error, Result};
-use crate::snapshot::{RestoreContext, SaveContext, Snapshottable};
+use branchbox_persist::{NoContext, Snapshottable};
 use kvm_bindings::{
     kvm_clock_data, kvm_irqchip, kvm_pit_config, kvm_pit_state2, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER,
     KVM_IRQCHIP_PIC_SLAVE, KVM_PIT_SPEAKER_DUMMY,
@@ -69,8 +69,11 @@ impl VmCore {
 
 impl Snapshottable for VmCore {
     type State = VmState;
+    type SaveCtx = NoContext;
+    type RestoreCtx = NoContext;
+    type Error = Error;
 
-    fn save(&mut self, _ctx: &mut SaveContext) -> Result<VmState> {
+    fn save(&mut self, _ctx: &mut NoContext) -> Result<VmState> {
         let clock = self.fd.get_clock().map_err(kvm("KVM_GET_CLOCK"))?;
         let irqchip = if self.irqchip {
             Some(IrqchipState {
@@ -85,7 +88,7 @@ impl Snapshottable for VmCore {
         Ok(VmState { clock, irqchip })
     }
 
-    fn restore(&mut self, state: &VmState, _ctx: &RestoreContext) -> Result<()> {
+    fn restore(&mut self, state: &VmState, _ctx: &NoContext) -> Result<()> {
         // Only the clock value travels: flags such as KVM_CLOCK_TSC_STABLE describe the
         // source host and KVM_SET_CLOCK rejects or misreads them here.
         let clock = kvm_clock_data { clock: state.clock.clock, ..Default::default() };
