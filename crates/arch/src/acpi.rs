@@ -89,7 +89,7 @@ pub fn write_acpi_tables<M: GuestMemoryBackend>(mem: &M, vcpus: u8) -> Result<Ac
             return Err(Error::AcpiTooLarge { end, limit: ACPI_TABLES_END });
         }
         mem.write_slice(bytes, GuestAddress(at))
-            .map_err(|e| Error::Write { what: "ACPI tables", source: e })?;
+            .map_err(|e| Error::Write { what: "ACPI tables", error: e })?;
         // Keep every table 8-byte aligned.
         next = (end + 7) & !7;
         Ok(at)
@@ -120,7 +120,7 @@ pub fn write_acpi_tables<M: GuestMemoryBackend>(mem: &M, vcpus: u8) -> Result<Ac
 
     let mut rsdp = Vec::new();
     Rsdp::new(OEM_ID, xsdt_addr).to_aml_bytes(&mut rsdp);
-    mem.write_slice(&rsdp, GuestAddress(RSDP_ADDR)).map_err(|e| Error::Write { what: "RSDP", source: e })?;
+    mem.write_slice(&rsdp, GuestAddress(RSDP_ADDR)).map_err(|e| Error::Write { what: "RSDP", error: e })?;
 
     Ok(AcpiTables { rsdp: RSDP_ADDR, xsdt: xsdt_addr, fadt: fadt_addr, madt: madt_addr, dsdt: dsdt_addr })
 }

@@ -106,9 +106,9 @@ pub const IDT_LIMIT: u16 = 7;
 pub fn write_gdt<M: GuestMemoryBackend>(mem: &M) -> Result<()> {
     for (i, desc) in GDT.iter().enumerate() {
         let addr = GuestAddress(GDT_ADDR + 8 * i as u64);
-        mem.write_obj(desc.encode(), addr).map_err(|e| Error::Write { what: "GDT", source: e })?;
+        mem.write_obj(desc.encode(), addr).map_err(|e| Error::Write { what: "GDT", error: e })?;
     }
-    mem.write_obj(0u64, GuestAddress(IDT_ADDR)).map_err(|e| Error::Write { what: "IDT", source: e })
+    mem.write_obj(0u64, GuestAddress(IDT_ADDR)).map_err(|e| Error::Write { what: "IDT", error: e })
 }
 
 #[cfg(test)]

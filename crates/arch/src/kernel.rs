@@ -25,7 +25,7 @@ pub struct LoadedKernel {
 
 /// Loads the ELF kernel at `path` at the physical addresses it was linked for.
 pub fn load_vmlinux<M: GuestMemoryBackend>(mem: &M, path: &Path) -> Result<LoadedKernel> {
-    let open_err = |source| Error::KernelOpen { path: path.to_path_buf(), source };
+    let open_err = |error| Error::KernelOpen { path: path.to_path_buf(), error };
     let mut file = File::open(path).map_err(open_err)?;
     let size = file.metadata().map_err(open_err)?.len();
     if size > MAX_KERNEL_FILE {

@@ -39,9 +39,9 @@ pub enum Error {
     TooManyDevices { index: u32, max: u32 },
     /// The kernel file could not be opened or read.
     #[error(
-        "cannot read the kernel {path}: {source}; build one with `branchbox guest kernel` or pass --kernel"
+        "cannot read the kernel {path}: {error}; build one with `branchbox guest kernel` or pass --kernel"
     )]
-    KernelOpen { path: PathBuf, source: std::io::Error },
+    KernelOpen { path: PathBuf, error: std::io::Error },
     /// The kernel file is not a loadable x86_64 vmlinux.
     #[error("the kernel {path} cannot be booted: {detail}")]
     KernelFormat { path: PathBuf, detail: String },
@@ -64,8 +64,8 @@ pub enum Error {
     #[error("the ACPI tables would end at {end:#x}, past their window's end {limit:#x}: fewer vCPUs")]
     AcpiTooLarge { end: u64, limit: u64 },
     /// A structure could not be written into guest memory (the RAM is smaller than the layout).
-    #[error("cannot write the {what} into guest memory: {source}")]
-    Write { what: &'static str, source: vm_memory::GuestMemoryError },
+    #[error("cannot write the {what} into guest memory: {error}")]
+    Write { what: &'static str, error: vm_memory::GuestMemoryError },
 }
 
 /// Result of this crate's operations.

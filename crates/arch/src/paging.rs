@@ -31,7 +31,7 @@ pub fn identity_map_entries() -> Vec<(u64, u64)> {
 pub fn write_identity_map<M: GuestMemoryBackend>(mem: &M) -> Result<()> {
     for (addr, value) in identity_map_entries() {
         mem.write_obj(value, GuestAddress(addr))
-            .map_err(|e| Error::Write { what: "page tables", source: e })?;
+            .map_err(|e| Error::Write { what: "page tables", error: e })?;
     }
     Ok(())
 }

@@ -229,6 +229,11 @@ pub enum Cmd {
         #[command(subcommand)]
         command: BenchCmd,
     },
+    /// Linux guests in the microVM engine, booted directly (see docs/boot.md).
+    Vm {
+        #[command(subcommand)]
+        command: crate::vm::VmCmd,
+    },
 }
 
 /// Options of the time-travel benchmarks.

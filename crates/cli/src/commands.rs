@@ -19,6 +19,10 @@ pub fn run(cli: Cli) -> Result<i32> {
     if let Cmd::Doctor = cli.command {
         return doctor(&cfg, json);
     }
+    // Booting a guest directly needs no sandbox records or service.
+    if let Cmd::Vm { command } = &cli.command {
+        return crate::vm::run(command, json);
+    }
     if let Some(code) = crate::remote::run(&cli)? {
         return Ok(code);
     }
@@ -192,6 +196,7 @@ pub fn run(cli: Cli) -> Result<i32> {
             Ok(vec![id.to_string()])
         }),
         Cmd::Bench { command } => bench_cmd(&engine, command, json),
+        Cmd::Vm { command } => crate::vm::run(&command, json),
     }
 }
 

@@ -5,6 +5,7 @@ mod commands;
 mod download;
 mod output;
 mod remote;
+mod vm;
 
 use args::Cli;
 use clap::Parser;

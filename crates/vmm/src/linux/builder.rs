@@ -97,8 +97,8 @@ impl LinuxVm {
             .map(|id| vm.create_vcpu(u64::from(id)).map_err(kvm("KVM_CREATE_VCPU")))
             .collect::<LinuxResult<Vec<_>>>()?;
 
-        let log = CappedLog::create(&config.serial_log, config.serial_log_cap).map_err(|source| {
-            LinuxError::File { what: "the serial log", path: config.serial_log.clone(), source }
+        let log = CappedLog::create(&config.serial_log, config.serial_log_cap).map_err(|error| {
+            LinuxError::File { what: "the serial log", path: config.serial_log.clone(), error }
         })?;
         let serial_irq = EventFd::new(libc::EFD_NONBLOCK)
             .map_err(|e| LinuxError::Device { what: "COM1", detail: format!("eventfd: {e}") })?;

@@ -10,14 +10,14 @@ pub enum LinuxError {
     #[error(transparent)]
     Boot(#[from] branchbox_arch::Error),
     /// A KVM call failed.
-    #[error("{op} failed: {source}")]
-    Kvm { op: &'static str, source: kvm_ioctls::Error },
+    #[error("{op} failed: {error}")]
+    Kvm { op: &'static str, error: kvm_ioctls::Error },
     /// Guest RAM could not be mapped.
     #[error("cannot map {bytes} bytes of guest RAM: {detail}")]
     Memory { bytes: u64, detail: String },
     /// A file the VM needs could not be created.
-    #[error("cannot create {what} at {path}: {source}")]
-    File { what: &'static str, path: PathBuf, source: std::io::Error },
+    #[error("cannot create {what} at {path}: {error}")]
+    File { what: &'static str, path: PathBuf, error: std::io::Error },
     /// A device could not be put on a bus or wired to an interrupt.
     #[error("cannot attach {what}: {detail}")]
     Device { what: &'static str, detail: String },
@@ -25,8 +25,8 @@ pub enum LinuxError {
     #[error("{0}")]
     Config(String),
     /// A vCPU thread could not be started.
-    #[error("cannot start the thread of vCPU {vcpu}: {source}")]
-    Thread { vcpu: u8, source: std::io::Error },
+    #[error("cannot start the thread of vCPU {vcpu}: {error}")]
+    Thread { vcpu: u8, error: std::io::Error },
     /// The engine's shared pieces (the KVM handle) failed.
     #[error(transparent)]
     Vmm(#[from] crate::Error),
@@ -37,5 +37,5 @@ pub type LinuxResult<T> = std::result::Result<T, LinuxError>;
 
 /// Maps a KVM error to [`LinuxError::Kvm`] naming the call.
 pub(super) fn kvm(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> LinuxError {
-    move |source| LinuxError::Kvm { op, source }
+    move |error| LinuxError::Kvm { op, error }
 }

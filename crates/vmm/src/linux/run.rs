@@ -57,11 +57,11 @@ impl LinuxVm {
                     // write leaves the thread to end with the process.
                     let _ = host_stop.write(1);
                 };
-                if let Err(source) =
+                if let Err(error) =
                     std::thread::Builder::new().name(format!("vcpu{id}")).spawn_scoped(s, body)
                 {
                     stop.stop();
-                    return Err(LinuxError::Thread { vcpu: id, source });
+                    return Err(LinuxError::Thread { vcpu: id, error });
                 }
             }
             Ok(())
