@@ -132,11 +132,6 @@ impl LinuxVm {
         &self.mem
     }
 
-    /// The KVM VM, for wiring devices (ioeventfds).
-    pub fn vm_fd(&self) -> &VmFd {
-        &self.vm
-    }
-
     /// Reserves the next virtio-mmio slot: adds its `virtio_mmio.device=` entry to the
     /// command line and wires its interrupt line. Put the device there with
     /// [`attach_virtio`](LinuxVm::attach_virtio).
