@@ -4,13 +4,17 @@
 //! PM timer or SCI blocks to emulate). The MADT lists one local APIC per vCPU, the IOAPIC,
 //! and the override that routes the PIT's IRQ 0 to IOAPIC pin 2 (where KVM's in-kernel
 //! PIT delivers it). The DSDT holds the VMGenID device, whose `ADDR` names the page the
-//! vmgenid device writes the generation id into.
+//! vmgenid device writes the generation id into, and a generic event device (GED) that turns
+//! an interrupt on [`VMGENID_IRQ`] into the `Notify` the guest's vmgenid driver waits for.
 
 use crate::layout::{
     ACPI_TABLES_ADDR, ACPI_TABLES_END, IOAPIC_ADDR, LAPIC_ADDR, MAX_VCPUS, RSDP_ADDR, VMGENID_ADDR,
+    VMGENID_IRQ,
 };
 use crate::{Error, Result};
-use acpi_tables::aml::{Device, Name, Package, Path, Scope};
+use acpi_tables::aml::{
+    Arg, Device, Equal, If, Interrupt, Method, Name, Notify, Package, Path, ResourceTemplate, Scope,
+};
 use acpi_tables::fadt::{FADTBuilder, Flags};
 use acpi_tables::madt::{EnabledStatus, IoApic, ProcessorLocalApic};
 use acpi_tables::rsdp::Rsdp;
@@ -42,7 +46,7 @@ pub struct AcpiTables {
     pub dsdt: u64,
 }
 
-/// The DSDT's AML: the VMGenID device under `\_SB`.
+/// The DSDT's AML: the VMGenID device and the generic event device under `\_SB`.
 pub fn dsdt_aml() -> Vec<u8> {
     let low = (VMGENID_ADDR & 0xffff_ffff) as u32;
     let high = (VMGENID_ADDR >> 32) as u32;
@@ -52,8 +56,22 @@ pub fn dsdt_aml() -> Vec<u8> {
     let ddn = Name::new(Path::new("_DDN"), &"VM_GEN_COUNTER");
     let addr = Name::new(Path::new("ADDR"), &addr);
     let vgen = Device::new(Path::new("VGEN"), vec![&hid, &cid, &ddn, &addr]);
+
+    // GED (ACPI0013): on its interrupt the kernel runs _EVT with the GSI number.
+    let ged_hid = Name::new(Path::new("_HID"), &"ACPI0013");
+    let irq = Interrupt::new(true, true, false, false, VMGENID_IRQ);
+    let crs_template = ResourceTemplate::new(vec![&irq]);
+    let crs = Name::new(Path::new("_CRS"), &crs_template);
+    let vgen_path = Path::new("\\_SB_.VGEN");
+    let changed = 0x80u8;
+    let notify = Notify::new(&vgen_path, &changed);
+    let is_vmgenid = Equal::new(&Arg(0), &VMGENID_IRQ);
+    let when = If::new(&is_vmgenid, vec![&notify]);
+    let evt = Method::new(Path::new("_EVT"), 1, true, vec![&when]);
+    let ged = Device::new(Path::new("GED_"), vec![&ged_hid, &crs, &evt]);
+
     let mut aml = Vec::new();
-    Scope::new(Path::new("\\_SB_"), vec![&vgen]).to_aml_bytes(&mut aml);
+    Scope::new(Path::new("\\_SB_"), vec![&vgen, &ged]).to_aml_bytes(&mut aml);
     aml
 }
 
@@ -219,6 +237,13 @@ mod tests {
         let mut low = vec![0x0c];
         low.extend_from_slice(&(VMGENID_ADDR as u32).to_le_bytes());
         assert!(has(&low), "ADDR's low half");
+        assert!(has(b"GED_") && has(b"ACPI0013\0") && has(b"_EVT"), "the generic event device");
+        // Extended IRQ descriptor: consumer, edge, active high, one interrupt: VMGENID_IRQ.
+        let mut irq = vec![0x89, 6, 0, 0x03, 1];
+        irq.extend_from_slice(&VMGENID_IRQ.to_le_bytes());
+        assert!(has(&irq), "the GED's interrupt");
+        // Notify(\_SB.VGEN, 0x80): NotifyOp, root, dual name, then the value.
+        assert!(has(b"\x86\\\x2e_SB_VGEN"), "the notification of VGEN");
     }
 
     #[test]

@@ -41,6 +41,9 @@ pub const ACPI_TABLES_END: u64 = VMGENID_ADDR;
 pub const VMGENID_ADDR: u64 = 0xff000;
 /// Bytes of the generation id at [`VMGENID_ADDR`].
 pub const VMGENID_LEN: u64 = 16;
+/// IOAPIC pin of the VMGenID change notification: the DSDT's generic event device turns an
+/// interrupt here into `Notify(VGEN, 0x80)` (the first pin after the virtio-mmio slots).
+pub const VMGENID_IRQ: u32 = VIRTIO_IRQ_BASE + VIRTIO_MMIO_MAX;
 /// Start of high memory: RAM above the reserved window, where the kernel may place itself.
 pub const HIMEM_START: u64 = 0x10_0000;
 /// Start of the device gap below 4 GiB; RAM stops here and resumes at 4 GiB.
@@ -147,7 +150,7 @@ mod tests {
     fn virtio_slots_do_not_overlap_the_apics() {
         let (last, irq) = virtio_mmio_slot(VIRTIO_MMIO_MAX - 1).unwrap();
         assert!(last.0 + VIRTIO_MMIO_SIZE <= IOAPIC_ADDR);
-        assert!(irq < 24, "the IOAPIC has 24 pins");
+        assert!(irq < VMGENID_IRQ && VMGENID_IRQ < 24, "the IOAPIC has 24 pins");
         assert!(virtio_mmio_slot(VIRTIO_MMIO_MAX).is_err());
     }
 

@@ -108,6 +108,21 @@ fn a_stop_request_ends_a_spinning_guest() {
 }
 
 #[test]
+fn the_vmgenid_page_holds_a_fresh_generation_id() {
+    use vm_memory::Bytes;
+    let dir = tempfile::tempdir().unwrap();
+    let hv = Hypervisor::open().expect("/dev/kvm");
+    let mut vm = LinuxVm::new(&hv, config(dir.path(), &[0xf4], "console=ttyS0")).unwrap();
+    vm.boot().unwrap();
+    let addr = vm_memory::GuestAddress(branchbox_arch::layout::VMGENID_ADDR);
+    let in_guest: [u8; 16] = vm.memory().read_obj(addr).unwrap();
+    assert_eq!(in_guest, vm.generation_id(), "the boot structures left the id in place");
+    assert_ne!(in_guest, [0; 16]);
+    let other = LinuxVm::new(&hv, config(dir.path(), &[0xf4], "console=ttyS0")).unwrap();
+    assert_ne!(other.generation_id(), vm.generation_id(), "each VM is its own generation");
+}
+
+#[test]
 fn bad_inputs_are_refused_before_anything_runs() {
     let dir = tempfile::tempdir().unwrap();
     let hv = Hypervisor::open().expect("/dev/kvm");

@@ -7,19 +7,22 @@ use super::stop::StopHandle;
 use super::vcpu;
 use crate::hypervisor::Hypervisor;
 use crate::vstate::PauseHandle;
-use branchbox_arch::layout::{self, I8042_PORT, I8042_PORT_LEN, SERIAL_IRQ, SERIAL_PORT, SERIAL_PORT_LEN};
+use branchbox_arch::layout::{
+    self, I8042_PORT, I8042_PORT_LEN, SERIAL_IRQ, SERIAL_PORT, SERIAL_PORT_LEN, VMGENID_ADDR, VMGENID_IRQ,
+};
 use branchbox_arch::{BootInfo, KernelCmdline};
 use branchbox_devices::i8042::I8042;
 use branchbox_devices::serial::{CappedLog, Serial};
 use branchbox_devices::{Bus, BusDevice};
 use branchbox_virtio::mmio::MmioTransport;
 use branchbox_virtio::rng::Rng;
+use branchbox_virtio::vmgenid::VmGenId;
 use branchbox_virtio::VirtioDevice;
 use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{VcpuFd, VmFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, MemoryRegionAddress};
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, MemoryRegionAddress};
 use vmm_sys_util::eventfd::EventFd;
 
 /// Address of the three pages Intel's VMX needs for real-mode emulation: just below the
@@ -72,6 +75,7 @@ pub struct LinuxVm {
     pub(super) boot: Option<BootInfo>,
     pub(super) pauses: Vec<PauseHandle>,
     pub(super) vsock: Option<VsockTransport>,
+    pub(super) vmgenid: VmGenId<Arc<GuestMemoryMmap>>,
 }
 
 impl LinuxVm {
@@ -109,6 +113,12 @@ impl LinuxVm {
         let i8042: Arc<Mutex<dyn BusDevice>> = Arc::new(Mutex::new(I8042::default()));
         insert(&mut pio, "the i8042", u64::from(I8042_PORT), u64::from(I8042_PORT_LEN), i8042)?;
 
+        let vmgenid_irq = EventFd::new(libc::EFD_NONBLOCK)
+            .map_err(|e| LinuxError::Device { what: "VMGenID", detail: format!("eventfd: {e}") })?;
+        vm.register_irqfd(&vmgenid_irq, VMGENID_IRQ).map_err(kvm("KVM_IRQFD (VMGenID)"))?;
+        let vmgenid = VmGenId::new(Arc::clone(&mem), GuestAddress(VMGENID_ADDR), Box::new(vmgenid_irq))
+            .map_err(|e| LinuxError::Device { what: "VMGenID", detail: e.to_string() })?;
+
         let pauses = (0..config.vcpus).map(|_| PauseHandle::default()).collect();
         Ok(LinuxVm {
             vcpus,
@@ -123,6 +133,7 @@ impl LinuxVm {
             boot: None,
             pauses,
             vsock: None,
+            vmgenid,
         })
     }
 
@@ -130,6 +141,11 @@ impl LinuxVm {
     /// the mapping alive, so the RAM outlives the VM's slots that point into it.
     pub fn memory(&self) -> &Arc<GuestMemoryMmap> {
         &self.mem
+    }
+
+    /// The guest's current VMGenID generation id (in the page the DSDT's `ADDR` names).
+    pub fn generation_id(&self) -> [u8; 16] {
+        self.vmgenid.generation_id()
     }
 
     /// Reserves the next virtio-mmio slot: adds its `virtio_mmio.device=` entry to the
