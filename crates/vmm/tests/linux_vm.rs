@@ -146,3 +146,27 @@ fn bad_inputs_are_refused_before_anything_runs() {
     let vm = LinuxVm::new(&hv, good).unwrap();
     assert!(matches!(vm.run(), Err(LinuxError::Config(_))), "running before booting is refused");
 }
+
+#[test]
+fn the_vsock_host_side_answers_while_the_guest_runs_and_stops_with_it() {
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let hv = Hypervisor::open().expect("/dev/kvm");
+    let mut vm = LinuxVm::new(&hv, config(dir.path(), &[0xeb, 0xfe], "console=ttyS0")).unwrap();
+    let socket = dir.path().join("vsock.sock");
+    vm.add_vsock(3, &socket).unwrap();
+    vm.add_rng().unwrap();
+    let cmdline = vm.boot().unwrap().cmdline.clone();
+    assert!(
+        cmdline.ends_with("virtio_mmio.device=4K@0xd0000000:5 virtio_mmio.device=4K@0xd0001000:6"),
+        "{cmdline}"
+    );
+    let stop = vm.stop_handle();
+    let run = std::thread::spawn(move || vm.run());
+    // No guest driver: the device cannot reach guest port 1024, and says so (or stays
+    // silent until the timeout) instead of answering OK.
+    let refused = branchbox_vmm::linux::connect_guest_port(&socket, 1024, Duration::from_millis(500));
+    assert!(refused.is_err(), "a CONNECT with no guest driver must not be answered OK");
+    stop.stop();
+    assert_eq!(run.join().unwrap().unwrap(), RunEnd::Stopped, "the host thread ends with the vCPUs");
+}
