@@ -1,6 +1,6 @@
 //! x86_64 boot structures for branchbox's Linux guests, written into guest memory through
 //! vm-memory: the guest layout, the `vmlinux` loader, the zero page and e820 map, the
-//! identity page tables, the GDT, the ACPI tables and the kernel command line.
+//! identity page tables, the GDT, the MP table, the ACPI tables and the kernel command line.
 //!
 //! What it is for: everything a VMM writes before a Linux kernel's first instruction, and
 //! the register values that instruction runs with ([`cpu`]). What it is not for: creating
@@ -14,6 +14,7 @@ pub mod cpu;
 pub mod gdt;
 pub mod kernel;
 pub mod layout;
+pub mod mptable;
 pub mod paging;
 pub mod zeropage;
 
@@ -86,7 +87,7 @@ pub struct BootInfo {
 
 /// Writes everything a kernel entered at `startup_64` needs into `mem` (RAM of `mem_size`
 /// bytes laid out by [`layout::ram_regions`]): the kernel from `kernel`, `cmdline`, the zero
-/// page with the e820 map, the GDT, the identity map and ACPI tables for `vcpus`.
+/// page with the e820 map, the GDT, the identity map, the MP table and ACPI tables for `vcpus`.
 pub fn write_boot_structures<M: GuestMemoryBackend>(
     mem: &M,
     mem_size: u64,
@@ -106,6 +107,7 @@ pub fn write_boot_structures<M: GuestMemoryBackend>(
     zeropage::write_zero_page(mem, &zeropage::boot_params_for(text.len(), &e820)?)?;
     gdt::write_gdt(mem)?;
     paging::write_identity_map(mem)?;
+    mptable::write_mptable(mem, vcpus)?;
     let acpi = acpi::write_acpi_tables(mem, vcpus)?;
     Ok(BootInfo { entry: loaded.entry, e820, cmdline: text, acpi })
 }
