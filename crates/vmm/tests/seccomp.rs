@@ -184,11 +184,28 @@ fn the_vcpu_filter_allows_kvm_vcpu_requests_and_kills_on_socket_exec_and_open() 
 }
 
 #[test]
-fn the_vmm_filter_allows_epoll_eventfd_and_unix_sockets_and_kills_on_inet_and_open() {
+fn the_vmm_filter_allows_disk_io_epoll_eventfd_and_unix_sockets_and_kills_on_inet_and_open() {
     let filter = seccomp::filter(ThreadKind::Vmm).unwrap();
-    let allowed = in_child(&filter, nothing, |wr, _| {
-        // SAFETY: raw calls on descriptors the child creates and closes.
+    let dir = tempfile::tempdir().unwrap();
+    let disk = CString::new(dir.path().join("disk").to_str().unwrap()).unwrap();
+    // A disk file opened during setup, as a block device's backing file is.
+    let open_disk = || -> i32 {
+        // SAFETY: opens a file in the test's directory.
+        unsafe { libc::open(disk.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC, 0o600) }
+    };
+    let allowed = in_child(&filter, open_disk, |wr, fd| {
+        // SAFETY: raw calls on descriptors the child owns or creates.
         unsafe {
+            let data = [7u8; 512];
+            let mut back = [0u8; 512];
+            if libc::fallocate(fd, 0, 0, 4096) == 0
+                && libc::pwrite(fd, data.as_ptr().cast(), 512, 512) == 512
+                && libc::fdatasync(fd) == 0
+                && libc::pread(fd, back.as_mut_ptr().cast(), 512, 512) == 512
+                && back == data
+            {
+                step(wr, b'D');
+            }
             let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
             let ev = libc::eventfd(0, libc::EFD_NONBLOCK);
             let mut event = libc::epoll_event { events: libc::EPOLLIN as u32, u64: 7 };
@@ -208,10 +225,9 @@ fn the_vmm_filter_allows_epoll_eventfd_and_unix_sockets_and_kills_on_inet_and_op
         }
         step(wr, b'X');
     });
-    assert_eq!(allowed.steps, b"FEU");
+    assert_eq!(allowed.steps, b"FDEU");
     assert!(killed_by_sigsys(&allowed), "AF_INET socket: status {:#x}", allowed.status);
 
-    let dir = tempfile::tempdir().unwrap();
     let path = CString::new(dir.path().join("new").to_str().unwrap()).unwrap();
     let open = in_child(&filter, nothing, |wr, _| {
         // SAFETY: forbidden.

@@ -30,10 +30,7 @@ extern "C" fn on_kick(_: libc::c_int) {
     }
 }
 
-/// Installs the kick signal's handler (once per process). Called when a vCPU is created,
-/// so a vCPU thread confined by its seccomp filter (which refuses `rt_sigaction`) never
-/// installs it itself.
-pub(super) fn install_handler() {
+fn install_handler() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         // SAFETY: installs a handler that only touches a thread-local and kvm_run.
@@ -53,8 +50,18 @@ struct KickState {
 }
 
 /// A handle that pauses a running vCPU from any thread.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct PauseHandle(Arc<KickState>);
+
+impl Default for PauseHandle {
+    /// A handle for one vCPU. Installs the kick signal's handler (once per process) here,
+    /// during setup, so that a vCPU thread confined by its seccomp filter, which refuses
+    /// `rt_sigaction`, never has to install it when it first runs.
+    fn default() -> PauseHandle {
+        install_handler();
+        PauseHandle(Arc::default())
+    }
+}
 
 impl PauseHandle {
     /// Asks the vCPU to stop: its run loop returns [`RunOutcome::Paused`](super::RunOutcome)

@@ -65,7 +65,6 @@ impl Vcpu {
     /// CPUID is left unset: a fresh VM sets the host's, a restore sets the saved one.
     pub fn create(hv: &Arc<Hypervisor>, vm: &VmFd, id: u8, irqchip: bool) -> Result<Vcpu> {
         let fd = vm.create_vcpu(u64::from(id)).map_err(kvm("KVM_CREATE_VCPU"))?;
-        super::kick::install_handler();
         Ok(Vcpu { fd, id, irqchip, hv: Arc::clone(hv), pause: PauseHandle::default() })
     }
 
