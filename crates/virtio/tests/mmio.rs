@@ -151,6 +151,25 @@ fn mmio_avail_index_more_than_a_queue_ahead_is_a_broken_queue_not_a_spin() {
 }
 
 #[test]
+fn rng_chain_that_loops_inside_a_small_queue_is_refused() {
+    let (mem, mut dev, _) = rng_dev();
+    let mut q = DriverQueue::new(0x1000, 4);
+    handshake(&mut dev, FEATURES, std::slice::from_ref(&q));
+    let b = Buffers::default().alloc(64);
+    // 0 -> 1 -> 0: virtio-queue stops after 4 descriptors; the chain never ended.
+    q.write_desc(&mem, 0, b.0, 16, F_WRITE | F_NEXT, 1);
+    q.write_desc(&mem, 1, b.0, 16, F_WRITE | F_NEXT, 0);
+    q.push_avail(&mem, 0);
+    notify(&mut dev, 0);
+    assert_eq!(q.take_used(&mem), vec![(0, 0)], "returned with nothing written");
+    assert_eq!(dev.counters().rejected_chains, 1);
+    q.write_desc(&mem, 2, b.0, 16, F_WRITE, 0);
+    q.push_avail(&mem, 2);
+    notify(&mut dev, 0);
+    assert_eq!(q.take_used(&mem), vec![(2, 16)], "the next chain is served");
+}
+
+#[test]
 fn rng_fills_buffers_caps_requests_and_refuses_readable_buffers() {
     let (mem, mut dev, _) = rng_dev();
     let mut q = DriverQueue::new(0x1000, 256);

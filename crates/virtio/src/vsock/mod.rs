@@ -8,6 +8,7 @@
 //! [`Vsock::handle_host_events`], then processes the queues [`VirtioDevice::queues_with_work`]
 //! names.
 
+mod conn;
 mod muxer;
 
 pub use muxer::{
@@ -143,6 +144,9 @@ impl Vsock {
     ) -> Result<QueueOutcome, DeviceError> {
         let queue_err = |source| DeviceError::Queue { index: RX, source };
         let mut out = QueueOutcome::default();
+        if !queue.ready() {
+            return Ok(out);
+        }
         let mut looked_again = false;
         while self.muxer.has_rx_work() {
             let Some(mut chain) = queue.pop_descriptor_chain(mem) else {
@@ -205,6 +209,9 @@ impl Vsock {
     ) -> Result<QueueOutcome, DeviceError> {
         let queue_err = |source| DeviceError::Queue { index: EVENT, source };
         let mut out = QueueOutcome::default();
+        if !queue.ready() {
+            return Ok(out);
+        }
         while self.reset_event_pending {
             let Some(chain) = queue.pop_descriptor_chain(mem) else { break };
             let head = chain.head_index();
