@@ -238,7 +238,10 @@ mod tests {
         assert_eq!(disk_size(1), Some(MIN_HEADROOM + SIZE_STEP));
         let used = 3u64 << 30;
         let s = disk_size(used).unwrap();
-        assert!(s >= used + used / 2 && s.is_multiple_of(SIZE_STEP) && s < used + used / 2 + SIZE_STEP, "{s}");
+        assert!(
+            s >= used + used / 2 && s.is_multiple_of(SIZE_STEP) && s < used + used / 2 + SIZE_STEP,
+            "{s}"
+        );
         assert_eq!(disk_size(u64::MAX), None);
         assert_eq!(disk_size(u64::MAX - (1 << 20)), None);
     }
