@@ -198,10 +198,42 @@ fn install_init(tree: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The agent is dynamically linked against the image's glibc: check, inside the tree, that
-/// the loader finds every library it needs (a missing one would only show as a kernel panic
-/// at boot: "init failed").
+/// Whether the ELF file `bytes` names a program interpreter (`PT_INTERP`): a dynamically
+/// linked executable. `None` when it is not a 64-bit little-endian ELF file.
+pub fn elf_is_dynamic(bytes: &[u8]) -> Option<bool> {
+    const PT_INTERP: u32 = 3;
+    if bytes.get(..6)? != b"\x7fELF\x02\x01" {
+        return None;
+    }
+    let u16_at = |o: usize| bytes.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+    let u32_at =
+        |o: usize| bytes.get(o..o.checked_add(4)?).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    let phoff = usize::try_from(u64::from_le_bytes(bytes.get(0x20..0x28)?.try_into().ok()?)).ok()?;
+    let (entsize, count) = (usize::from(u16_at(0x36)?), usize::from(u16_at(0x38)?));
+    for i in 0..count {
+        let at = phoff.checked_add(i.checked_mul(entsize)?)?;
+        if u32_at(at)? == PT_INTERP {
+            return Some(true);
+        }
+    }
+    Some(false)
+}
+
+/// A dynamically linked agent needs the image's glibc: check, inside the tree, that the loader
+/// finds every library it needs (a missing one would only show as a kernel panic at boot:
+/// "init failed"). A static agent needs nothing.
 fn check_agent_libraries(tree: &Path) -> Result<()> {
+    let agent = tree.join(AGENT_IN_GUEST.trim_start_matches('/'));
+    let bytes = std::fs::read(&agent).map_err(|e| Error::io(&agent, e))?;
+    match elf_is_dynamic(&bytes) {
+        Some(false) => return Ok(()),
+        Some(true) => {}
+        None => {
+            return Err(Error::Backend(format!(
+                "the agent {AGENT_IN_GUEST} in the image is not an x86-64 ELF executable; rebuild it"
+            )))
+        }
+    }
     let out = Command::new("chroot")
         .arg(tree)
         .args(["/usr/bin/ldd", AGENT_IN_GUEST])
@@ -210,10 +242,7 @@ fn check_agent_libraries(tree: &Path) -> Result<()> {
         .map_err(|e| Error::Unavailable(format!("cannot run chroot ({e}); building the disk needs root")))?;
     let text = String::from_utf8_lossy(&out.stdout);
     let missing: Vec<&str> = text.lines().filter(|l| l.contains("not found")).map(str::trim).collect();
-    // ldd exits non-zero for a static binary ("not a dynamic executable"): nothing to find.
-    let is_static = String::from_utf8_lossy(&out.stderr).contains("not a dynamic executable")
-        || text.contains("statically linked");
-    if !missing.is_empty() || (!out.status.success() && !is_static) {
+    if !missing.is_empty() || !out.status.success() {
         return Err(Error::Backend(format!(
             "the agent cannot start in the image: {}{}; build the agent on a system with the \
              image's glibc (Debian 12) or link it statically",
@@ -287,6 +316,26 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let e = install_init(d.path()).unwrap_err().to_string();
         assert!(e.contains("no agent") && e.contains("branchbox image build"), "{e}");
+    }
+
+    #[test]
+    fn dynamic_and_static_executables_are_told_apart() {
+        let host_sh = std::fs::read("/bin/sh").unwrap();
+        assert_eq!(elf_is_dynamic(&host_sh), Some(true));
+        // A 64-bit ELF header whose one program header is PT_LOAD.
+        let mut elf = vec![0u8; 0x40 + 0x38];
+        elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        elf[0x20..0x28].copy_from_slice(&0x40u64.to_le_bytes());
+        elf[0x36..0x38].copy_from_slice(&0x38u16.to_le_bytes());
+        elf[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes());
+        elf[0x40..0x44].copy_from_slice(&1u32.to_le_bytes());
+        assert_eq!(elf_is_dynamic(&elf), Some(false));
+        elf[0x40..0x44].copy_from_slice(&3u32.to_le_bytes());
+        assert_eq!(elf_is_dynamic(&elf), Some(true));
+        // Headers pointing past the end, or absurd counts, are not read out of bounds.
+        elf[0x20..0x28].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(elf_is_dynamic(&elf), None);
+        assert_eq!(elf_is_dynamic(b"#!/bin/sh"), None);
     }
 
     #[test]
