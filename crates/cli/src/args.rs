@@ -292,6 +292,9 @@ pub enum GuestCmd {
         /// Build from this kernel source tarball instead of Debian's package.
         #[arg(long, value_name = "TARBALL")]
         source: Option<PathBuf>,
+        /// Build nothing: report the cached kernel, or fail naming the command that builds it.
+        #[arg(long)]
+        cached: bool,
     },
     /// Build the ext4 root disk from the default image with the agent as /sbin/init, or find
     /// it in the cache. Never write the cached file: copy it (or layer over it) per guest.
@@ -299,6 +302,9 @@ pub enum GuestCmd {
         /// Print only the path of the cached rootfs.ext4.
         #[arg(long)]
         print_path: bool,
+        /// Build nothing: report the cached disk, or fail naming the command that builds it.
+        #[arg(long)]
+        cached: bool,
     },
 }
 

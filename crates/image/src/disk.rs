@@ -113,6 +113,13 @@ fn cached(path: &Path, hash: &str) -> Option<Disk> {
     Some(Disk { hash: hash.to_string(), path: path.to_path_buf(), bytes: m.len(), built: false })
 }
 
+/// The root disk for `image` with `agent` as init if the cache under `images` has it; builds
+/// nothing (the image itself need not be built: the disk's hash only names it).
+pub fn cached_disk(images: &Path, image: &Image, agent: &Path) -> Result<Option<Disk>> {
+    let hash = DiskRecipe::new(image, agent)?.hash();
+    Ok(cached(&images.join("disk").join(&hash).join("rootfs.ext4"), &hash))
+}
+
 /// Returns the root disk for `image` with `agent` as init, building it when the cache under
 /// `images` lacks it.
 pub fn ensure_disk(

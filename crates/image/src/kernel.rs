@@ -182,6 +182,13 @@ fn cached(dir: &Path, hash: &str) -> Option<Kernel> {
     })
 }
 
+/// The kernel for `source` with the project's fragments if the cache under `images` has it;
+/// builds nothing.
+pub fn cached_kernel(images: &Path, source: &KernelSource) -> Option<Kernel> {
+    let hash = KernelRecipe::new(source).hash();
+    cached(&images.join("kernel").join(&hash), &hash)
+}
+
 /// Returns the kernel for `source` with the project's fragments, building it when the cache
 /// under `images` lacks it. `progress` gets a line per phase and, while compiling, every few
 /// seconds.
@@ -439,6 +446,9 @@ mod tests {
         let k = ensure_kernel(d.path(), &src, &mut |m| panic!("a cache hit reported {m:?}")).unwrap();
         assert!(!k.built);
         assert_eq!(k.vmlinux, Some(dir.join("vmlinux")));
+        assert_eq!(cached_kernel(d.path(), &src), Some(k));
+        let other = KernelSource { identity: "test 3".into(), ..src };
+        assert_eq!(cached_kernel(d.path(), &other), None);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! image, so the tree needs no libc); the real image and agent are built by
 //! `scripts/test.sh` through `branchbox guest disk`.
 
-use branchbox_image::{ensure_disk, Image};
+use branchbox_image::{cached_disk, ensure_disk, Image};
 use std::path::Path;
 use std::process::Command;
 
@@ -31,6 +31,7 @@ fn an_image_tree_becomes_an_ext4_disk_with_the_agent_as_init() {
     let image = Image { id: "img-0000000000000001".into(), rootfs: rootfs.clone(), built: false };
     let cache = d.path().join("cache");
 
+    assert_eq!(cached_disk(&cache, &image, &agent).unwrap(), None);
     let mut steps = Vec::new();
     let disk = ensure_disk(&cache, &image, &agent, &mut |m| steps.push(m.to_string())).unwrap();
     assert!(disk.built);
@@ -57,5 +58,6 @@ fn an_image_tree_becomes_an_ext4_disk_with_the_agent_as_init() {
     assert_eq!(left, vec![disk.hash.clone()]);
 
     let again = ensure_disk(&cache, &image, &agent, &mut |m| panic!("a cache hit reported {m:?}")).unwrap();
-    assert_eq!((again.path, again.built), (disk.path.clone(), false));
+    assert_eq!((again.path.clone(), again.built), (disk.path.clone(), false));
+    assert_eq!(cached_disk(&cache, &image, &agent).unwrap(), Some(again));
 }
