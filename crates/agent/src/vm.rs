@@ -19,6 +19,18 @@ use std::path::Path;
 /// The hostname when the kernel command line gives none (`branchbox.hostname=`).
 pub const DEFAULT_HOSTNAME: &str = "branchbox";
 
+/// The environment commands get, as in the gVisor bundle: the kernel starts init with only
+/// `HOME=/` and `TERM=linux`, and no `PATH`.
+pub const VM_ENV: &[(&str, &str)] = &[
+    ("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+    ("HOME", "/root"),
+    ("LANG", "C.UTF-8"),
+    ("PYTHONUNBUFFERED", "1"),
+];
+
+/// Open files a command may have, as in the gVisor bundle (the kernel's default is 1024).
+const NOFILE: libc::rlim_t = 65536;
+
 /// True when this process is the init of a Linux VM: PID 1, exec'd by the kernel as `init`.
 pub fn is_vm_init(pid: u32, argv0: &str) -> bool {
     pid == 1 && Path::new(argv0).file_name().is_some_and(|n| n == "init")
@@ -168,10 +180,19 @@ fn loopback_up() -> std::io::Result<()> {
     Ok(())
 }
 
-/// Boot-time setup of the VM; every step reports its own failure and the rest go on.
+/// Boot-time setup of the VM; every step reports its own failure and the rest go on. Called
+/// before any thread starts (it sets environment variables).
 pub fn boot() {
     // SAFETY: umask has no preconditions; init starts with the kernel's 0022, made explicit.
     unsafe { libc::umask(0o022) };
+    for (k, v) in VM_ENV {
+        std::env::set_var(k, v);
+    }
+    let limit = libc::rlimit { rlim_cur: NOFILE, rlim_max: NOFILE };
+    // SAFETY: a valid rlimit; PID 1 runs as root and may raise its hard limit.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
+        eprintln!("branchbox-agent: cannot raise the open-file limit: {}", std::io::Error::last_os_error());
+    }
     mount_all();
     ensure_std_fds();
     let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
@@ -328,6 +349,14 @@ mod tests {
         assert_eq!(hostname_from_cmdline("branchbox.hostname="), None);
         assert_eq!(hostname_from_cmdline("branchbox.hostname=a/b"), None);
         assert_eq!(hostname_from_cmdline(&format!("branchbox.hostname={}", "a".repeat(65))), None);
+    }
+
+    #[test]
+    fn commands_get_a_path_that_finds_the_image_programs() {
+        let path = VM_ENV.iter().find(|(k, _)| *k == "PATH").map(|(_, v)| *v).unwrap();
+        for dir in ["/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin"] {
+            assert!(path.split(':').any(|p| p == dir), "{dir} not in {path}");
+        }
     }
 
     #[test]
