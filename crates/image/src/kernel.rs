@@ -221,7 +221,9 @@ pub fn ensure_kernel(images: &Path, source: &KernelSource, progress: &mut dyn Fn
         let _ = std::fs::rename(tmp.join("out").join("build.log"), &log);
         let _ = std::fs::remove_dir_all(&tmp);
         return Err(match e {
-            Error::Backend(m) => Error::Backend(format!("{m}; full log: {}", log.display())),
+            Error::Backend(m) => {
+                Error::Backend(format!("{m}; full log: {}{}", log.display(), log_tail(&log)))
+            }
             other => other,
         });
     }
@@ -232,6 +234,21 @@ pub fn ensure_kernel(images: &Path, source: &KernelSource, progress: &mut dyn Fn
     k.built = true;
     Ok(k)
 }
+
+/// The last lines of a failed build's log, for the error message (make's error is at the end).
+fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
+    if tail.is_empty() {
+        String::new()
+    } else {
+        format!("; it ends with:\n{}", tail.join("\n"))
+    }
+}
+
+/// Lines of a failed build's log shown in the error.
+const LOG_TAIL_LINES: usize = 15;
 
 /// The build log: every command's output, appended.
 struct Log {
@@ -458,6 +475,8 @@ mod tests {
         let e = ensure_kernel(d.path(), &src, &mut |_| {}).unwrap_err().to_string();
         let hash = KernelRecipe::new(&src).hash();
         assert!(e.contains("tar"), "{e}");
+        // tar's own complaint, from the log, is in the error.
+        assert!(e.contains("absent.tar.xz: Cannot open"), "{e}");
         assert!(!d.path().join("kernel").join(&hash).exists());
         assert!(d.path().join("kernel").join(format!("failed-{hash}.log")).is_file());
         let left: Vec<_> = std::fs::read_dir(d.path().join("kernel"))
