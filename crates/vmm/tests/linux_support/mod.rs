@@ -2,7 +2,7 @@
 //! kernel and root disk, telling hardware KVM from PVM, and booting a guest to its agent.
 #![allow(dead_code)]
 
-use branchbox_protocol::AgentClient;
+use branchbox_protocol::{AgentClient, AGENT_VSOCK_PORT};
 use branchbox_vmm::linux::{connect_guest_port, LinuxVm, LinuxVmConfig, RunEnd, StopHandle};
 use branchbox_vmm::Hypervisor;
 use std::os::unix::net::UnixStream;
@@ -10,8 +10,6 @@ use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// The agent's vsock port (the seam fixed in PLAN-9: `AGENT_VSOCK_PORT` in crates/protocol).
-pub const AGENT_PORT: u32 = 1024;
 /// The guest's CID.
 pub const GUEST_CID: u64 = 3;
 
@@ -172,7 +170,7 @@ pub fn boot_to_agent(
                 tail.join("\n")
             ));
         }
-        if let Ok(stream) = connect_guest_port(&vsock_socket, AGENT_PORT, Duration::from_secs(2)) {
+        if let Ok(stream) = connect_guest_port(&vsock_socket, AGENT_VSOCK_PORT, Duration::from_secs(2)) {
             let mut agent = AgentClient::new(stream);
             if agent.hello().is_ok() {
                 let to_first_answer = start.elapsed();
