@@ -3,8 +3,10 @@
 mod args;
 mod commands;
 mod download;
+mod guest;
 mod output;
 mod remote;
+mod vm;
 
 use args::Cli;
 use clap::Parser;

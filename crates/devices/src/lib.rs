@@ -10,6 +10,8 @@
 
 mod bus;
 pub mod doorbell;
+pub mod i8042;
+pub mod serial;
 
 pub use bus::{Bus, BusError};
 
@@ -24,6 +26,8 @@ pub enum Action {
     Continue,
     /// Return to the VMM's caller: the device has something for it.
     Stop,
+    /// The guest asked for a CPU reset (i8042 command 0xFE): the run ends with a reset.
+    Reset,
 }
 
 /// A device mapped at a range of guest-physical (MMIO) or port (PIO) addresses.

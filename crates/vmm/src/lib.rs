@@ -19,6 +19,7 @@ pub mod fork;
 pub mod hypervisor;
 pub mod layers;
 mod lineage;
+pub mod linux;
 pub mod memory;
 mod page;
 mod reaper;

@@ -77,12 +77,12 @@ impl PauseHandle {
     }
 
     /// Takes a pending pause request, if any.
-    pub(super) fn take_request(&self) -> bool {
+    pub(crate) fn take_request(&self) -> bool {
         self.0.requested.swap(false, Ordering::SeqCst)
     }
 
     /// Registers the calling thread as running the vCPU whose `kvm_run` is `run`.
-    pub(super) fn arm(&self, run: *mut kvm_run) -> ArmedGuard<'_> {
+    pub(crate) fn arm(&self, run: *mut kvm_run) -> ArmedGuard<'_> {
         install_handler();
         RUNNING.with(|c| c.set(run));
         // SAFETY: pthread_self has no preconditions.
@@ -93,7 +93,7 @@ impl PauseHandle {
 }
 
 /// Undoes [`PauseHandle::arm`] when the run loop returns, however it returns.
-pub(super) struct ArmedGuard<'a>(&'a PauseHandle);
+pub(crate) struct ArmedGuard<'a>(&'a PauseHandle);
 
 impl Drop for ArmedGuard<'_> {
     fn drop(&mut self) {

@@ -1,0 +1,255 @@
+//! ACPI tables: how the guest finds its CPUs, interrupt controllers and the VMGenID device.
+//!
+//! RSDP -> XSDT -> {FADT -> DSDT, MADT}. The FADT declares a hardware-reduced platform (no
+//! PM timer or SCI blocks to emulate). The MADT lists one local APIC per vCPU, the IOAPIC,
+//! and the override that routes the PIT's IRQ 0 to IOAPIC pin 2 (where KVM's in-kernel
+//! PIT delivers it). The DSDT holds the VMGenID device, whose `ADDR` names the page the
+//! vmgenid device writes the generation id into, and a generic event device (GED) that turns
+//! an interrupt on [`VMGENID_IRQ`] into the `Notify` the guest's vmgenid driver waits for.
+
+use crate::layout::{
+    ACPI_TABLES_ADDR, ACPI_TABLES_END, IOAPIC_ADDR, LAPIC_ADDR, MAX_VCPUS, RSDP_ADDR, VMGENID_ADDR,
+    VMGENID_IRQ,
+};
+use crate::{Error, Result};
+use acpi_tables::aml::{
+    Arg, Device, Equal, If, Interrupt, Method, Name, Notify, Package, Path, ResourceTemplate, Scope,
+};
+use acpi_tables::fadt::{FADTBuilder, Flags};
+use acpi_tables::madt::{EnabledStatus, IoApic, ProcessorLocalApic};
+use acpi_tables::rsdp::Rsdp;
+use acpi_tables::sdt::Sdt;
+use acpi_tables::xsdt::XSDT;
+use acpi_tables::Aml;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
+
+const OEM_ID: [u8; 6] = *b"BRBOX ";
+const OEM_REVISION: u32 = 1;
+/// MADT flag: the platform also has dual 8259 PICs (KVM's in-kernel irqchip does).
+const MADT_PCAT_COMPAT: u32 = 1;
+/// FADT IA-PC boot flags: no VGA, no MSI (devices are virtio-mmio with IOAPIC pins).
+const IAPC_VGA_NOT_PRESENT: u16 = 1 << 2;
+const IAPC_MSI_NOT_SUPPORTED: u16 = 1 << 3;
+
+/// Where each table went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AcpiTables {
+    /// Root pointer (also given to the kernel in the zero page).
+    pub rsdp: u64,
+    /// Extended system description table.
+    pub xsdt: u64,
+    /// Fixed ACPI description table.
+    pub fadt: u64,
+    /// Multiple APIC description table.
+    pub madt: u64,
+    /// Differentiated system description table (AML).
+    pub dsdt: u64,
+}
+
+/// The DSDT's AML: the VMGenID device and the generic event device under `\_SB`.
+pub fn dsdt_aml() -> Vec<u8> {
+    let low = (VMGENID_ADDR & 0xffff_ffff) as u32;
+    let high = (VMGENID_ADDR >> 32) as u32;
+    let addr = Package::new(vec![&low, &high]);
+    let hid = Name::new(Path::new("_HID"), &"VMGENCTR");
+    let cid = Name::new(Path::new("_CID"), &"VM_GEN_COUNTER");
+    let ddn = Name::new(Path::new("_DDN"), &"VM_GEN_COUNTER");
+    let addr = Name::new(Path::new("ADDR"), &addr);
+    let vgen = Device::new(Path::new("VGEN"), vec![&hid, &cid, &ddn, &addr]);
+
+    // GED (ACPI0013): on its interrupt the kernel runs _EVT with the GSI number.
+    let ged_hid = Name::new(Path::new("_HID"), &"ACPI0013");
+    let irq = Interrupt::new(true, true, false, false, VMGENID_IRQ);
+    let crs_template = ResourceTemplate::new(vec![&irq]);
+    let crs = Name::new(Path::new("_CRS"), &crs_template);
+    let vgen_path = Path::new("\\_SB_.VGEN");
+    let changed = 0x80u8;
+    let notify = Notify::new(&vgen_path, &changed);
+    let is_vmgenid = Equal::new(&Arg(0), &VMGENID_IRQ);
+    let when = If::new(&is_vmgenid, vec![&notify]);
+    let evt = Method::new(Path::new("_EVT"), 1, true, vec![&when]);
+    let ged = Device::new(Path::new("GED_"), vec![&ged_hid, &crs, &evt]);
+
+    let mut aml = Vec::new();
+    Scope::new(Path::new("\\_SB_"), vec![&vgen, &ged]).to_aml_bytes(&mut aml);
+    aml
+}
+
+/// The MADT for `vcpus` processors.
+pub fn madt(vcpus: u8) -> Result<Vec<u8>> {
+    check_vcpus(vcpus)?;
+    let mut madt = Sdt::new(*b"APIC", 36, 6, OEM_ID, *b"BRBXMADT", OEM_REVISION);
+    madt.append_slice(&(LAPIC_ADDR as u32).to_le_bytes());
+    madt.append_slice(&MADT_PCAT_COMPAT.to_le_bytes());
+    let mut entries = Vec::new();
+    for id in 0..vcpus {
+        ProcessorLocalApic::new(id, id, EnabledStatus::Enabled).to_aml_bytes(&mut entries);
+    }
+    IoApic::new(0, IOAPIC_ADDR as u32, 0).to_aml_bytes(&mut entries);
+    // Interrupt source override (type 2): ISA IRQ 0 arrives on GSI 2, edge, active high.
+    entries.extend_from_slice(&[2, 10, 0, 0]);
+    entries.extend_from_slice(&2u32.to_le_bytes());
+    entries.extend_from_slice(&0u16.to_le_bytes());
+    // Local APIC NMI (type 4): every processor's LINT1 is the NMI line.
+    entries.extend_from_slice(&[4, 6, 0xff, 0, 0, 1]);
+    madt.append_slice(&entries);
+    Ok(madt.as_slice().to_vec())
+}
+
+/// Writes all tables for `vcpus` processors, the RSDP at [`RSDP_ADDR`] and the rest from
+/// [`ACPI_TABLES_ADDR`].
+pub fn write_acpi_tables<M: GuestMemoryBackend>(mem: &M, vcpus: u8) -> Result<AcpiTables> {
+    let mut next = ACPI_TABLES_ADDR;
+    let mut place = |bytes: &[u8]| -> Result<u64> {
+        let at = next;
+        let end = at + bytes.len() as u64;
+        if end > ACPI_TABLES_END {
+            return Err(Error::AcpiTooLarge { end, limit: ACPI_TABLES_END });
+        }
+        mem.write_slice(bytes, GuestAddress(at))
+            .map_err(|e| Error::Write { what: "ACPI tables", error: e })?;
+        // Keep every table 8-byte aligned.
+        next = (end + 7) & !7;
+        Ok(at)
+    };
+
+    let mut dsdt = Sdt::new(*b"DSDT", 36, 6, OEM_ID, *b"BRBXDSDT", OEM_REVISION);
+    dsdt.append_slice(&dsdt_aml());
+    let dsdt_addr = place(dsdt.as_slice())?;
+
+    let mut fadt = FADTBuilder::new(OEM_ID, *b"BRBXFACP", OEM_REVISION)
+        .dsdt_64(dsdt_addr)
+        .flag(Flags::HwReducedAcpi)
+        .flag(Flags::PwrButton)
+        .flag(Flags::SlpButton);
+    fadt.iapc_boot_arch = (IAPC_VGA_NOT_PRESENT | IAPC_MSI_NOT_SUPPORTED).into();
+    let mut fadt_bytes = Vec::new();
+    fadt.finalize().to_aml_bytes(&mut fadt_bytes);
+    let fadt_addr = place(&fadt_bytes)?;
+
+    let madt_addr = place(&madt(vcpus)?)?;
+
+    let mut xsdt = XSDT::new(OEM_ID, *b"BRBXXSDT", OEM_REVISION);
+    xsdt.add_entry(fadt_addr);
+    xsdt.add_entry(madt_addr);
+    let mut xsdt_bytes = Vec::new();
+    xsdt.to_aml_bytes(&mut xsdt_bytes);
+    let xsdt_addr = place(&xsdt_bytes)?;
+
+    let mut rsdp = Vec::new();
+    Rsdp::new(OEM_ID, xsdt_addr).to_aml_bytes(&mut rsdp);
+    mem.write_slice(&rsdp, GuestAddress(RSDP_ADDR)).map_err(|e| Error::Write { what: "RSDP", error: e })?;
+
+    Ok(AcpiTables { rsdp: RSDP_ADDR, xsdt: xsdt_addr, fadt: fadt_addr, madt: madt_addr, dsdt: dsdt_addr })
+}
+
+fn check_vcpus(vcpus: u8) -> Result<()> {
+    if vcpus == 0 || vcpus > MAX_VCPUS {
+        return Err(Error::Vcpus { given: vcpus, max: MAX_VCPUS });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::GuestMemoryMmap;
+
+    fn read_table(mem: &GuestMemoryMmap, at: u64) -> Vec<u8> {
+        let mut header = [0u8; 8];
+        mem.read_slice(&mut header, GuestAddress(at)).unwrap();
+        let len = u32::from_le_bytes(header[4..8].try_into().unwrap()) as usize;
+        let mut table = vec![0u8; len];
+        mem.read_slice(&mut table, GuestAddress(at)).unwrap();
+        table
+    }
+
+    fn sum(bytes: &[u8]) -> u8 {
+        bytes.iter().fold(0u8, |a, b| a.wrapping_add(*b))
+    }
+
+    fn written(vcpus: u8) -> (GuestMemoryMmap, AcpiTables) {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let t = write_acpi_tables(&mem, vcpus).unwrap();
+        (mem, t)
+    }
+
+    #[test]
+    fn every_table_checksums_to_zero_and_links_to_the_next() {
+        let (mem, t) = written(4);
+        let mut rsdp = [0u8; 36];
+        mem.read_slice(&mut rsdp, GuestAddress(t.rsdp)).unwrap();
+        assert_eq!(&rsdp[..8], b"RSD PTR ");
+        assert_eq!(sum(&rsdp[..20]), 0, "ACPI 1.0 checksum");
+        assert_eq!(sum(&rsdp), 0, "extended checksum");
+        assert_eq!(u64::from_le_bytes(rsdp[24..32].try_into().unwrap()), t.xsdt);
+
+        let xsdt = read_table(&mem, t.xsdt);
+        assert_eq!(&xsdt[..4], b"XSDT");
+        assert_eq!(sum(&xsdt), 0);
+        let entries: Vec<u64> =
+            xsdt[36..].chunks(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(entries, vec![t.fadt, t.madt]);
+
+        let fadt = read_table(&mem, t.fadt);
+        assert_eq!((&fadt[..4], sum(&fadt)), (&b"FACP"[..], 0));
+        assert_eq!(u64::from_le_bytes(fadt[140..148].try_into().unwrap()), t.dsdt, "X_DSDT");
+        let flags = u32::from_le_bytes(fadt[112..116].try_into().unwrap());
+        assert_ne!(flags & (1 << 20), 0, "hardware-reduced");
+
+        let dsdt = read_table(&mem, t.dsdt);
+        assert_eq!((&dsdt[..4], sum(&dsdt)), (&b"DSDT"[..], 0));
+        let madt = read_table(&mem, t.madt);
+        assert_eq!((&madt[..4], sum(&madt)), (&b"APIC"[..], 0));
+    }
+
+    #[test]
+    fn madt_lists_each_vcpu_the_ioapic_and_the_timer_override() {
+        let table = madt(3).unwrap();
+        assert_eq!(u32::from_le_bytes(table[36..40].try_into().unwrap()), LAPIC_ADDR as u32);
+        let mut at = 44;
+        let mut seen = Vec::new();
+        while at < table.len() {
+            let (kind, len) = (table[at], table[at + 1] as usize);
+            seen.push((kind, table[at + 2..at + len].to_vec()));
+            at += len;
+        }
+        assert_eq!(at, table.len(), "entries fill the table exactly");
+        let lapics: Vec<_> = seen.iter().filter(|(k, _)| *k == 0).map(|(_, b)| (b[0], b[1], b[2])).collect();
+        assert_eq!(lapics, vec![(0, 0, 1), (1, 1, 1), (2, 2, 1)], "uid, APIC id, enabled");
+        let ioapic = &seen.iter().find(|(k, _)| *k == 1).unwrap().1;
+        assert_eq!(u32::from_le_bytes(ioapic[2..6].try_into().unwrap()), IOAPIC_ADDR as u32);
+        let iso = &seen.iter().find(|(k, _)| *k == 2).unwrap().1;
+        assert_eq!((iso[0], iso[1], u32::from_le_bytes(iso[2..6].try_into().unwrap())), (0, 0, 2));
+        assert!(madt(0).is_err());
+        assert!(madt(255).is_err());
+    }
+
+    #[test]
+    fn dsdt_carries_the_vmgenid_device_and_its_address() {
+        let aml = dsdt_aml();
+        let has = |needle: &[u8]| aml.windows(needle.len()).any(|w| w == needle);
+        assert!(has(b"VGEN"));
+        assert!(has(b"VM_GEN_COUNTER\0"));
+        assert!(has(b"VMGENCTR\0"));
+        assert!(has(b"ADDR"));
+        // DWordPrefix (0x0C) then the page's low 32 bits.
+        let mut low = vec![0x0c];
+        low.extend_from_slice(&(VMGENID_ADDR as u32).to_le_bytes());
+        assert!(has(&low), "ADDR's low half");
+        assert!(has(b"GED_") && has(b"ACPI0013\0") && has(b"_EVT"), "the generic event device");
+        // Extended IRQ descriptor: consumer, edge, active high, one interrupt: VMGENID_IRQ.
+        let mut irq = vec![0x89, 6, 0, 0x03, 1];
+        irq.extend_from_slice(&VMGENID_IRQ.to_le_bytes());
+        assert!(has(&irq), "the GED's interrupt");
+        // Notify(\_SB.VGEN, 0x80): NotifyOp, root, dual name, then the value.
+        assert!(has(b"\x86\\\x2e_SB_VGEN"), "the notification of VGEN");
+    }
+
+    #[test]
+    fn tables_stay_inside_their_window_even_at_the_most_vcpus() {
+        let (_, t) = written(MAX_VCPUS);
+        assert!(t.xsdt < ACPI_TABLES_END);
+        assert!(t.dsdt >= ACPI_TABLES_ADDR);
+    }
+}

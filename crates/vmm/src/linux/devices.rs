@@ -1,0 +1,142 @@
+//! The virtio devices of a Linux guest on virtio-mmio: block (base + overlay), vsock (a Unix
+//! socket per sandbox on the host side), rng; and the thread that serves vsock's host side
+//! while the guest runs.
+
+use super::error::{LinuxError, LinuxResult};
+use crate::seccomp::{self, ThreadKind};
+use branchbox_virtio::blk::{Block, OverlayBackend};
+use branchbox_virtio::mmio::MmioTransport;
+use branchbox_virtio::vsock::Vsock;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::EventFd;
+
+/// A device on the virtio-mmio transport over this VM's RAM.
+pub type Transport<D> = MmioTransport<D, Arc<GuestMemoryMmap>>;
+
+/// The guest's vsock device, served from the host side by [`serve_vsock_host`].
+pub(super) type VsockTransport = Arc<Mutex<Transport<Vsock>>>;
+
+/// A block device over the read-only `base` and the writable `overlay` (created at the
+/// base's size if missing).
+pub(super) fn block(base: &Path, overlay: &Path, id: &str) -> LinuxResult<Block> {
+    let backend = OverlayBackend::open(base, overlay)
+        .map_err(|e| LinuxError::Device { what: "virtio-blk", detail: e.to_string() })?;
+    Ok(Block::new(Box::new(backend), id))
+}
+
+/// A vsock device for guest CID `cid`, its host side listening on the Unix socket `socket`.
+pub(super) fn vsock(cid: u64, socket: &Path) -> LinuxResult<Vsock> {
+    Vsock::new(cid, socket).map_err(|e| LinuxError::Device { what: "virtio-vsock", detail: e.to_string() })
+}
+
+/// Serves the vsock device's host side until `stop` is signalled: waits for host events
+/// (clients connecting, data to forward) and lets the transport move what they produced into
+/// the guest's queues. The thread confines itself to the VMM thread's system calls first.
+pub(super) fn serve_vsock_host(vsock: &VsockTransport, stop: &EventFd) -> LinuxResult<()> {
+    let host_fd = vsock.lock().unwrap_or_else(|e| e.into_inner()).device().host_event_fd();
+    let epoll = Epoll::new().map_err(epoll_err)?;
+    epoll.add(host_fd, HOST).map_err(epoll_err)?;
+    epoll.add(stop.as_raw_fd(), STOP).map_err(epoll_err)?;
+    seccomp::apply(ThreadKind::Vmm)?;
+    let mut events = [libc::epoll_event { events: 0, u64: 0 }; 2];
+    loop {
+        let n = match epoll.wait(&mut events) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(epoll_err(e)),
+        };
+        let ready = || events[..n].iter().map(|e| e.u64);
+        if ready().any(|t| t == STOP) {
+            return Ok(());
+        }
+        if ready().any(|t| t == HOST) {
+            let mut t = vsock.lock().unwrap_or_else(|e| e.into_inner());
+            t.device_mut().handle_host_events();
+            t.process_pending();
+        }
+    }
+}
+
+const HOST: u64 = 1;
+const STOP: u64 = 2;
+
+fn epoll_err(e: std::io::Error) -> LinuxError {
+    LinuxError::Device { what: "the vsock host thread", detail: format!("epoll: {e}") }
+}
+
+/// A minimal epoll set: the two descriptors the vsock host thread waits on.
+struct Epoll(OwnedFd);
+
+impl Epoll {
+    fn new() -> std::io::Result<Epoll> {
+        // SAFETY: plain syscall; a non-negative result is a new descriptor we own.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just created and is owned by nothing else.
+        Ok(Epoll(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    fn add(&self, fd: RawFd, token: u64) -> std::io::Result<()> {
+        let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: token };
+        // SAFETY: both descriptors are open; `ev` lives for the call.
+        if unsafe { libc::epoll_ctl(self.0.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn wait(&self, events: &mut [libc::epoll_event]) -> std::io::Result<usize> {
+        let max = i32::try_from(events.len()).unwrap_or(i32::MAX);
+        // SAFETY: `events` is valid for `max` entries for the duration of the call.
+        let n = unsafe { libc::epoll_wait(self.0.as_raw_fd(), events.as_mut_ptr(), max, -1) };
+        usize::try_from(n).map_err(|_| std::io::Error::last_os_error())
+    }
+}
+
+/// Longest `OK <port>` answer line accepted from the vsock device's host side.
+const MAX_OK_LINE: usize = 32;
+
+/// Opens a stream to the guest's vsock `port` through the device's Unix socket at `socket`:
+/// connects, sends `CONNECT <port>\n` and reads the `OK <host_port>\n` line. Fails when the
+/// device refuses (nothing listens on that guest port yet) or answers anything else.
+pub fn connect_guest_port(
+    socket: &Path,
+    port: u32,
+    timeout: std::time::Duration,
+) -> std::io::Result<UnixStream> {
+    use std::io::{Read, Write};
+    let mut stream = UnixStream::connect(socket)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.write_all(format!("CONNECT {port}\n").as_bytes())?;
+    let mut line = Vec::with_capacity(MAX_OK_LINE);
+    let mut byte = [0u8; 1];
+    // Byte by byte: what follows the line is the guest's stream and must stay unread.
+    while line.len() < MAX_OK_LINE {
+        if stream.read(&mut byte)? == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                format!("the vsock device closed the connection: nothing listens on guest port {port}"),
+            ));
+        }
+        if byte[0] == b'\n' {
+            let text = String::from_utf8_lossy(&line);
+            if text.starts_with("OK ") {
+                stream.set_read_timeout(None)?;
+                return Ok(stream);
+            }
+            return Err(std::io::Error::other(format!(
+                "the vsock device answered {text:?} to CONNECT {port}"
+            )));
+        }
+        line.push(byte[0]);
+    }
+    Err(std::io::Error::other(format!(
+        "the vsock device's answer to CONNECT {port} is longer than {MAX_OK_LINE} bytes"
+    )))
+}

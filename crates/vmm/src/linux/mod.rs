@@ -1,0 +1,23 @@
+//! Booting and running a Linux guest: the VM a real kernel needs, built in the order this
+//! host measured fastest, with the boot structures from `branchbox-arch`, COM1 and the
+//! i8042 on the port bus, virtio-mmio devices on the MMIO bus, and a run that ends with a
+//! clear reason (reset, shutdown, triple fault, emulation failure, or a stop request).
+//!
+//! Layout and boot protocol: `docs/boot.md`.
+
+mod builder;
+mod devices;
+mod end;
+mod error;
+mod run;
+mod stop;
+mod vcpu;
+
+pub use builder::{LinuxVm, LinuxVmConfig, VirtioSlot};
+pub use devices::{connect_guest_port, Transport};
+pub use end::RunEnd;
+pub use error::{LinuxError, LinuxResult};
+pub use stop::StopHandle;
+
+/// Default cap of the serial log: enough for a verbose boot and a long session's console.
+pub const DEFAULT_SERIAL_LOG_CAP: u64 = 8 << 20;

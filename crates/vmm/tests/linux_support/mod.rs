@@ -1,0 +1,182 @@
+//! Shared by the Linux guest tests and the `linux_guest` example: finding the project's guest
+//! kernel and root disk, telling hardware KVM from PVM, and booting a guest to its agent.
+#![allow(dead_code)]
+
+use branchbox_protocol::{AgentClient, AGENT_VSOCK_PORT};
+use branchbox_vmm::linux::{connect_guest_port, LinuxVm, LinuxVmConfig, RunEnd, StopHandle};
+use branchbox_vmm::Hypervisor;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// The guest's CID.
+pub const GUEST_CID: u64 = 3;
+
+fn images_dir() -> PathBuf {
+    std::env::var_os("BRANCHBOX_IMAGES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/var/lib/branchbox/images".into())
+}
+
+/// The newest `<images>/<kind>/<hash>/<file>`, skipping unfinished `tmp-*` builds.
+fn newest_cached(kind: &str, file: &str) -> Option<PathBuf> {
+    let entries = std::fs::read_dir(images_dir().join(kind)).ok()?;
+    entries
+        .flatten()
+        .filter(|e| !e.file_name().to_string_lossy().starts_with("tmp-"))
+        .map(|e| e.path().join(file))
+        .filter(|p| p.is_file())
+        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
+}
+
+/// The guest kernel (`vmlinux`): `$BRANCHBOX_KERNEL` if set, else the newest one
+/// `branchbox guest kernel` cached. Without one: an error naming the command that builds it.
+pub fn guest_kernel() -> Result<PathBuf, String> {
+    if let Some(k) = std::env::var_os("BRANCHBOX_KERNEL").map(PathBuf::from) {
+        let elf = std::fs::read(&k).map(|b| b.get(..4) == Some(b"\x7fELF")).unwrap_or(false);
+        return if elf {
+            Ok(k)
+        } else {
+            Err(format!(
+                "BRANCHBOX_KERNEL={} is not a readable vmlinux (ELF); our VMM boots the ELF",
+                k.display()
+            ))
+        };
+    }
+    newest_cached("kernel", "vmlinux").ok_or_else(|| {
+        format!(
+            "no guest kernel under {}/kernel: build it with `BRANCHBOX_IMAGES={} branchbox guest kernel` \
+             (or point BRANCHBOX_KERNEL at a vmlinux)",
+            images_dir().display(),
+            images_dir().display()
+        )
+    })
+}
+
+/// The root disk: `$BRANCHBOX_GUEST_DISK` if set, else the newest one `branchbox guest disk`
+/// cached.
+pub fn guest_disk() -> Result<PathBuf, String> {
+    if let Some(d) = std::env::var_os("BRANCHBOX_GUEST_DISK").map(PathBuf::from) {
+        return if d.is_file() {
+            Ok(d)
+        } else {
+            Err(format!("BRANCHBOX_GUEST_DISK={} is not a file", d.display()))
+        };
+    }
+    newest_cached("disk", "rootfs.ext4").ok_or_else(|| {
+        format!(
+            "no root disk under {}/disk: build it with `BRANCHBOX_IMAGES={} branchbox guest disk` \
+             (or point BRANCHBOX_GUEST_DISK at an ext4 image)",
+            images_dir().display(),
+            images_dir().display()
+        )
+    })
+}
+
+/// `Ok` on a host with hardware virtualization behind `/dev/kvm`; otherwise why not. PVM
+/// hosts have `/dev/kvm` too, but no `vmx`/`svm` flag and only the `kvm_pvm` module.
+pub fn hardware_kvm() -> Result<(), String> {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let flags: Vec<&str> =
+        cpuinfo.lines().filter(|l| l.starts_with("flags")).flat_map(|l| l.split_whitespace()).collect();
+    let vmx = flags.contains(&"vmx") || flags.contains(&"svm");
+    let module = ["kvm_intel", "kvm_amd"].into_iter().find(|m| Path::new("/sys/module").join(m).exists());
+    match (vmx, module, Path::new("/dev/kvm").exists()) {
+        (true, Some(_), true) => Ok(()),
+        (false, _, _) => {
+            Err("no vmx/svm CPU flag (this host's /dev/kvm, if any, is not hardware KVM)".into())
+        }
+        (true, None, _) => Err("vmx/svm present but neither kvm_intel nor kvm_amd is loaded".into()),
+        (true, Some(_), false) => Err("kvm module loaded but /dev/kvm is missing".into()),
+    }
+}
+
+/// A guest booted to its agent.
+pub struct Booted {
+    /// A connected, greeted agent client.
+    pub agent: AgentClient<UnixStream>,
+    /// From the start of VM creation to the agent's first answer.
+    pub to_first_answer: Duration,
+    /// Ends the guest.
+    pub stop: StopHandle,
+    /// The run; joins with its end.
+    pub run: JoinHandle<Result<RunEnd, String>>,
+    /// The serial log.
+    pub serial_log: PathBuf,
+    /// The vsock device's host socket.
+    pub vsock_socket: PathBuf,
+}
+
+impl Booted {
+    /// Stops the guest and returns how its run ended.
+    pub fn shutdown(self) -> Result<RunEnd, String> {
+        drop(self.agent);
+        self.stop.stop();
+        self.run.join().map_err(|_| "the run thread panicked".to_string())?
+    }
+}
+
+/// Boots `kernel` with `disk` (read-only base, overlay in `work`) as `/dev/vda`, vsock and rng,
+/// and waits up to `patience` for the agent to answer the protocol's hello.
+pub fn boot_to_agent(
+    hv: &std::sync::Arc<Hypervisor>,
+    kernel: &Path,
+    disk: &Path,
+    work: &Path,
+    extra_cmdline: &str,
+    patience: Duration,
+) -> Result<Booted, String> {
+    let start = Instant::now();
+    let serial_log = work.join("serial.log");
+    let vsock_socket = work.join("vsock.sock");
+    let overlay = work.join("overlay.img");
+    let _ = std::fs::remove_file(&overlay);
+    let config = LinuxVmConfig {
+        kernel: kernel.to_path_buf(),
+        cmdline: format!("root=/dev/vda rw console=ttyS0 init=/sbin/init pci=off {extra_cmdline}")
+            .trim()
+            .to_string(),
+        mem_size: 512 << 20,
+        vcpus: 2,
+        serial_log: serial_log.clone(),
+        serial_log_cap: 8 << 20,
+    };
+    let mut vm = LinuxVm::new(hv, config).map_err(|e| e.to_string())?;
+    vm.add_block(disk, &overlay, "rootfs").map_err(|e| e.to_string())?;
+    vm.add_vsock(GUEST_CID, &vsock_socket).map_err(|e| e.to_string())?;
+    vm.add_rng().map_err(|e| e.to_string())?;
+    vm.boot().map_err(|e| e.to_string())?;
+    let stop = vm.stop_handle();
+    let run = std::thread::spawn(move || vm.run().map_err(|e| e.to_string()));
+
+    loop {
+        if run.is_finished() {
+            let end = run.join().map_err(|_| "the run thread panicked".to_string())?;
+            let log = std::fs::read_to_string(&serial_log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect();
+            return Err(format!(
+                "the guest ended before its agent answered: {end:?}\nserial log tail:\n{}",
+                tail.join("\n")
+            ));
+        }
+        if start.elapsed() > patience {
+            stop.stop();
+            let _ = run.join();
+            let log = std::fs::read_to_string(&serial_log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect();
+            return Err(format!(
+                "the agent did not answer within {patience:?}\nserial log tail:\n{}",
+                tail.join("\n")
+            ));
+        }
+        if let Ok(stream) = connect_guest_port(&vsock_socket, AGENT_VSOCK_PORT, Duration::from_secs(2)) {
+            let mut agent = AgentClient::new(stream);
+            if agent.hello().is_ok() {
+                let to_first_answer = start.elapsed();
+                return Ok(Booted { agent, to_first_answer, stop, run, serial_log, vsock_socket });
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
