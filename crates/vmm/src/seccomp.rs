@@ -36,6 +36,8 @@
 //!   an open descriptor, `fcntl` on descriptor flags, Unix-domain sockets only (`socket`
 //!   with `AF_UNIX`, `connect`, `accept4`, `send*`/`recv*`, `shutdown`), `ioctl` with
 //!   `FIONBIO` and the interrupt requests above.
+//! - [`ThreadKind::VcpuDevices`]: both lists, for a vCPU thread that processes virtio queues
+//!   on its MMIO exits (block I/O and vsock are synchronous on the notifying thread).
 //!
 //! Neither may open a file (`open`/`openat`), create other sockets, `execve`, `fork`/`clone`,
 //! `ptrace`, `kill` another process, or `mount`.
@@ -62,6 +64,9 @@ pub enum ThreadKind {
     Vcpu,
     /// The VMM's device or event-loop thread: epoll, eventfds, disk files, Unix sockets.
     Vmm,
+    /// A vCPU thread that also serves devices on its MMIO exits (a virtio queue notified by
+    /// an MMIO write is processed on the vCPU thread): the union of the two lists above.
+    VcpuDevices,
 }
 
 impl ThreadKind {
@@ -69,6 +74,7 @@ impl ThreadKind {
         match self {
             ThreadKind::Vcpu => "vCPU",
             ThreadKind::Vmm => "VMM",
+            ThreadKind::VcpuDevices => "vCPU with devices",
         }
     }
 }
@@ -212,80 +218,85 @@ fn common(rules: &mut Rules) -> seccompiler::Result<()> {
     Ok(())
 }
 
+/// The KVM vCPU requests the run loop and a state save or restore issue.
+fn vcpu_requests() -> Vec<u64> {
+    vec![
+        KVM_RUN(),
+        KVM_GET_REGS(),
+        KVM_SET_REGS(),
+        KVM_GET_SREGS(),
+        KVM_SET_SREGS(),
+        KVM_GET_MSRS(),
+        KVM_SET_MSRS(),
+        KVM_GET_LAPIC(),
+        KVM_SET_LAPIC(),
+        KVM_GET_CPUID2(),
+        KVM_SET_CPUID2(),
+        KVM_GET_MP_STATE(),
+        KVM_SET_MP_STATE(),
+        KVM_GET_VCPU_EVENTS(),
+        KVM_SET_VCPU_EVENTS(),
+        KVM_GET_DEBUGREGS(),
+        KVM_SET_DEBUGREGS(),
+        KVM_GET_XSAVE(),
+        KVM_SET_XSAVE(),
+        KVM_GET_XCRS(),
+        KVM_SET_XCRS(),
+        KVM_KVMCLOCK_CTRL(),
+    ]
+}
+
+/// What a thread serving devices needs beyond [`common`]: epoll, eventfds, I/O on open
+/// files, Unix sockets.
+fn device_rules(rules: &mut Rules) -> seccompiler::Result<()> {
+    allow(
+        rules,
+        &[
+            libc::SYS_epoll_create1,
+            libc::SYS_epoll_ctl,
+            libc::SYS_epoll_wait,
+            libc::SYS_epoll_pwait,
+            libc::SYS_eventfd2,
+            libc::SYS_pread64,
+            libc::SYS_pwrite64,
+            libc::SYS_preadv,
+            libc::SYS_pwritev,
+            libc::SYS_lseek,
+            libc::SYS_fsync,
+            libc::SYS_fdatasync,
+            libc::SYS_fallocate,
+            libc::SYS_fstat,
+            libc::SYS_connect,
+            libc::SYS_accept4,
+            libc::SYS_sendto,
+            libc::SYS_sendmsg,
+            libc::SYS_recvfrom,
+            libc::SYS_recvmsg,
+            libc::SYS_shutdown,
+        ],
+    );
+    // glibc's fstat is newfstatat(fd, "", buf, AT_EMPTY_PATH): allowed for an open
+    // descriptor only, never for a path.
+    rules.insert(libc::SYS_newfstatat, vec![arg_is(3, SeccompCmpArgLen::Dword, libc::AT_EMPTY_PATH as u64)?]);
+    rules.insert(
+        libc::SYS_fcntl,
+        any_of(1, &[libc::F_GETFL, libc::F_SETFL, libc::F_GETFD, libc::F_SETFD].map(|c| c as u64))?,
+    );
+    rules.insert(libc::SYS_socket, vec![arg_is(0, SeccompCmpArgLen::Dword, libc::AF_UNIX as u64)?]);
+    Ok(())
+}
+
 fn rules(kind: ThreadKind) -> seccompiler::Result<Rules> {
     let mut rules = Rules::new();
     common(&mut rules)?;
-    match kind {
-        ThreadKind::Vcpu => {
-            let mut requests = vec![
-                KVM_RUN(),
-                KVM_GET_REGS(),
-                KVM_SET_REGS(),
-                KVM_GET_SREGS(),
-                KVM_SET_SREGS(),
-                KVM_GET_MSRS(),
-                KVM_SET_MSRS(),
-                KVM_GET_LAPIC(),
-                KVM_SET_LAPIC(),
-                KVM_GET_CPUID2(),
-                KVM_SET_CPUID2(),
-                KVM_GET_MP_STATE(),
-                KVM_SET_MP_STATE(),
-                KVM_GET_VCPU_EVENTS(),
-                KVM_SET_VCPU_EVENTS(),
-                KVM_GET_DEBUGREGS(),
-                KVM_SET_DEBUGREGS(),
-                KVM_GET_XSAVE(),
-                KVM_SET_XSAVE(),
-                KVM_GET_XCRS(),
-                KVM_SET_XCRS(),
-                KVM_KVMCLOCK_CTRL(),
-            ];
-            requests.extend(interrupt_requests());
-            rules.insert(libc::SYS_ioctl, any_of(1, &requests)?);
-        }
-        ThreadKind::Vmm => {
-            allow(
-                &mut rules,
-                &[
-                    libc::SYS_epoll_create1,
-                    libc::SYS_epoll_ctl,
-                    libc::SYS_epoll_wait,
-                    libc::SYS_epoll_pwait,
-                    libc::SYS_eventfd2,
-                    libc::SYS_pread64,
-                    libc::SYS_pwrite64,
-                    libc::SYS_preadv,
-                    libc::SYS_pwritev,
-                    libc::SYS_lseek,
-                    libc::SYS_fsync,
-                    libc::SYS_fdatasync,
-                    libc::SYS_fallocate,
-                    libc::SYS_fstat,
-                    libc::SYS_connect,
-                    libc::SYS_accept4,
-                    libc::SYS_sendto,
-                    libc::SYS_sendmsg,
-                    libc::SYS_recvfrom,
-                    libc::SYS_recvmsg,
-                    libc::SYS_shutdown,
-                ],
-            );
-            // glibc's fstat is newfstatat(fd, "", buf, AT_EMPTY_PATH): allowed for an open
-            // descriptor only, never for a path.
-            rules.insert(
-                libc::SYS_newfstatat,
-                vec![arg_is(3, SeccompCmpArgLen::Dword, libc::AT_EMPTY_PATH as u64)?],
-            );
-            rules.insert(
-                libc::SYS_fcntl,
-                any_of(1, &[libc::F_GETFL, libc::F_SETFL, libc::F_GETFD, libc::F_SETFD].map(|c| c as u64))?,
-            );
-            rules.insert(libc::SYS_socket, vec![arg_is(0, SeccompCmpArgLen::Dword, libc::AF_UNIX as u64)?]);
-            let mut requests = interrupt_requests();
-            requests.push(libc::FIONBIO);
-            rules.insert(libc::SYS_ioctl, any_of(1, &requests)?);
-        }
+    let mut requests = interrupt_requests();
+    if matches!(kind, ThreadKind::Vcpu | ThreadKind::VcpuDevices) {
+        requests.extend(vcpu_requests());
     }
+    if matches!(kind, ThreadKind::Vmm | ThreadKind::VcpuDevices) {
+        device_rules(&mut rules)?;
+        requests.push(libc::FIONBIO);
+    }
+    rules.insert(libc::SYS_ioctl, any_of(1, &requests)?);
     Ok(rules)
 }

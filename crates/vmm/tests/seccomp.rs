@@ -247,6 +247,55 @@ fn the_vmm_filter_allows_disk_io_epoll_eventfd_and_unix_sockets_and_kills_on_ine
 }
 
 #[test]
+fn a_vcpu_thread_serving_devices_may_run_its_vcpu_and_do_disk_io_but_not_open_files() {
+    let filter = seccomp::filter(ThreadKind::VcpuDevices).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let disk = CString::new(dir.path().join("disk").to_str().unwrap()).unwrap();
+    let kvm_path = CString::new("/dev/kvm").unwrap();
+    // Setup: the disk opened as a block device's backing file is, and a vCPU, whose
+    // descriptor is the disk's plus one (both made in the child, which owns the VM).
+    let setup = || -> i32 {
+        // SAFETY: opens a file in the test's directory and makes a VM and a vCPU.
+        unsafe {
+            let fd = libc::open(disk.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC, 0o600);
+            let kvm = libc::open(kvm_path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+            let vm = if kvm >= 0 { libc::ioctl(kvm, KVM_CREATE_VM as _, 0) } else { -1 };
+            let vcpu = if vm >= 0 { libc::ioctl(vm, KVM_CREATE_VCPU as _, 0) } else { -1 };
+            if vcpu >= 0 {
+                libc::dup2(vcpu, 100);
+            }
+            fd
+        }
+    };
+    let served = in_child(&filter, setup, |wr, fd| {
+        // SAFETY: raw calls on descriptors the child owns.
+        unsafe {
+            let data = [9u8; 512];
+            let mut back = [0u8; 512];
+            if libc::pwrite(fd, data.as_ptr().cast(), 512, 0) == 512
+                && libc::fdatasync(fd) == 0
+                && libc::pread(fd, back.as_mut_ptr().cast(), 512, 0) == 512
+                && back == data
+            {
+                step(wr, b'D');
+            }
+            let mut regs = kvm_bindings::kvm_regs::default();
+            if libc::ioctl(100, KVM_GET_REGS as _, &mut regs) == 0 {
+                step(wr, b'G');
+            }
+            let unix = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+            if unix >= 0 {
+                step(wr, b'U');
+            }
+            libc::openat(libc::AT_FDCWD, disk.as_ptr(), libc::O_RDONLY);
+        }
+        step(wr, b'X');
+    });
+    assert_eq!(served.steps, b"FDGU", "disk I/O, a vCPU request and a Unix socket ran; nothing after openat");
+    assert!(killed_by_sigsys(&served), "openat: status {:#x}", served.status);
+}
+
+#[test]
 fn the_reaper_thread_runs_confined() {
     // Freeing a long run of guest pages starts the reaper thread; it confines itself with
     // the VMM filter before serving.

@@ -5,6 +5,7 @@ use super::builder::LinuxVm;
 use super::end::RunEnd;
 use super::error::{LinuxError, LinuxResult};
 use super::{devices, vcpu};
+use crate::seccomp::ThreadKind;
 use std::sync::Mutex;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -23,10 +24,11 @@ impl LinuxVm {
             detail: format!("eventfd: {e}"),
         })?;
         let vsock = self.vsock.take();
-        // vCPU threads confine themselves to the vCPU system calls, unless virtio devices are
-        // attached: their queues are served on the vCPU thread at each notification, with
-        // file and socket calls that list does not allow.
-        let confine = self.mmio.ranges().next().is_none();
+        // vCPU threads confine themselves to the vCPU system calls; with virtio devices
+        // attached, their queues are served on the vCPU thread at each notification, so those
+        // threads also get the device thread's file and Unix-socket calls.
+        let confine =
+            if self.mmio.ranges().next().is_none() { ThreadKind::Vcpu } else { ThreadKind::VcpuDevices };
         let record = |first: &Mutex<Option<LinuxResult<RunEnd>>>, end: LinuxResult<RunEnd>| {
             let mut slot = first.lock().unwrap_or_else(|e| e.into_inner());
             if slot.is_none() {

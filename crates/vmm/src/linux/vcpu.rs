@@ -58,21 +58,19 @@ pub(super) fn configure(
 
 /// Runs vCPU `id` until the guest resets, shuts down or fails, or a stop is requested.
 /// Every guest action maps to a [`RunEnd`]; only a failing KVM call is an error. With
-/// `confine`, the thread is limited to the vCPU system calls once it is set up.
+/// The thread is limited to the system calls of `confine` once it is set up.
 pub(super) fn run(
     id: u8,
     fd: &mut VcpuFd,
     pause: &PauseHandle,
     mmio: &Bus,
     pio: &Bus,
-    confine: bool,
+    confine: ThreadKind,
 ) -> LinuxResult<RunEnd> {
     let run_ptr: *mut kvm_bindings::kvm_run = fd.get_kvm_run();
     // Arming installs the kick signal's handler, a call the vCPU filter does not allow.
     let _armed = pause.arm(run_ptr);
-    if confine {
-        seccomp::apply(ThreadKind::Vcpu)?;
-    }
+    seccomp::apply(confine)?;
     loop {
         if pause.take_request() {
             return Ok(RunEnd::Stopped);
