@@ -15,8 +15,11 @@
 
 pub mod blk;
 pub mod chain;
+pub mod mmio;
 pub mod queue;
 pub mod rng;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 use virtio_queue::Queue;
 use vm_memory::GuestMemory;

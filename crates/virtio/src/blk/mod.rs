@@ -26,9 +26,9 @@ use crate::{DeviceError, VirtioDevice, FEATURE_EVENT_IDX, FEATURE_VERSION_1};
 
 /// Size of the one request queue.
 pub const QUEUE_SIZE: u16 = 256;
-/// Most data segments in one request (offered as `seg_max`): the queue less the header and
-/// status descriptors.
-pub const SEG_MAX: u32 = QUEUE_SIZE as u32 - 2;
+/// Most data segments in one request (offered as `seg_max`, so Linux never sends more); with
+/// the header and status descriptors a chain has at most 128 descriptors.
+pub const SEG_MAX: u32 = 126;
 /// Most data bytes in one request. Linux sends at most 1280 KiB per request by default.
 pub const MAX_REQUEST_BYTES: u32 = 4 << 20;
 /// Bytes of the request header (type, reserved, sector).
