@@ -20,6 +20,7 @@ pub mod queue;
 pub mod rng;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod vsock;
 
 use virtio_queue::Queue;
 use vm_memory::GuestMemory;
@@ -77,6 +78,13 @@ pub trait VirtioDevice: Send {
         queue: &mut Queue,
         mem: &M,
     ) -> Result<QueueOutcome, DeviceError>;
+
+    /// Queues (bit `i` for queue `i`) for which the device has work of its own, such as
+    /// vsock packets for the guest after host events or after a TX packet asked for an
+    /// answer. A transport processes them after each notification and host event.
+    fn queues_with_work(&self) -> u64 {
+        0
+    }
 
     /// The driver reset the device: forget negotiated features and per-session state.
     fn reset(&mut self);

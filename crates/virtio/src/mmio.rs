@@ -166,18 +166,35 @@ impl<D: VirtioDevice, S: GuestAddressSpace> MmioTransport<D, S> {
     }
 
     /// Processes queue `index` as if the guest had notified it (the VMM calls this from an
-    /// ioeventfd or after host-side events gave the device work). Does nothing before the
+    /// ioeventfd), then the queues the device says have work. Does nothing before the
     /// driver is ready.
     pub fn kick(&mut self, index: usize) {
+        if self.queues.get(index).is_none() {
+            self.counters.ignored_accesses += 1;
+            return;
+        }
+        self.process(index);
+        self.process_pending();
+    }
+
+    /// Processes the queues the device has work for, after host-side events (for vsock: call
+    /// after `handle_host_events` on the device).
+    pub fn process_pending(&mut self) {
+        let work = self.device.queues_with_work();
+        for index in 0..self.queues.len().min(64) {
+            if work & (1 << index) != 0 {
+                self.process(index);
+            }
+        }
+    }
+
+    fn process(&mut self, index: usize) {
         if self.regs.status & VIRTIO_CONFIG_S_DRIVER_OK == 0
             || self.regs.status & VIRTIO_CONFIG_S_NEEDS_RESET != 0
         {
             return;
         }
-        let Some(queue) = self.queues.get_mut(index) else {
-            self.counters.ignored_accesses += 1;
-            return;
-        };
+        let Some(queue) = self.queues.get_mut(index) else { return };
         let mem = self.mem.memory();
         if !queue.ready() {
             return;
