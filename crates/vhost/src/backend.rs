@@ -18,6 +18,9 @@ use crate::device::{Memory, ServedDevice};
 /// front end asks for is not ours to trust.
 const MAX_CONFIG_READ: u32 = 256;
 
+/// Extra passes over the queues a device reports work for, after one event's first pass.
+const MAX_WORK_ROUNDS: usize = 4;
+
 /// What the server did on one queue, as branchbox-virtio reported it.
 #[derive(Debug, Default)]
 pub struct QueueCounters {
@@ -106,38 +109,58 @@ impl<D: ServedDevice> Backend<D> {
         self.device.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Processes every ready queue, interrupting the guest where the device says so.
-    /// Processing them all on any event keeps devices whose queues depend on each other
-    /// (vsock: a request on tx is answered on rx) simple and correct; a queue with nothing
-    /// available costs one ring read.
+    /// Processes every enabled queue, then the queues the device says have work of its own
+    /// (vsock: a request on tx is answered on rx, which comes first), interrupting the guest
+    /// where the device says so. A queue with nothing available costs one ring read.
     fn process_all(&self, vrings: &[VringRwLock]) -> io::Result<()> {
         let Some(mem) = self.mem.as_ref().map(|m| m.memory()) else {
             return Ok(());
         };
         let mut device = self.device();
-        for (index, vring) in vrings.iter().enumerate() {
-            let mut state = vring.get_mut();
-            if !state.is_enabled() {
-                continue;
+        let mut used = false;
+        for index in 0..vrings.len() {
+            used |= self.process(&mut device, vrings, index, &mem)?;
+        }
+        // Bounded: a device that keeps reporting work the guest gave no buffers for (rx full)
+        // is retried on the guest's next kick, not spun on here.
+        for _ in 0..MAX_WORK_ROUNDS {
+            let work = device.queues_with_work();
+            if work == 0 || !used {
+                break;
             }
-            let outcome = match device.process_queue(index, state.get_queue_mut(), &*mem) {
-                Ok(outcome) => outcome,
-                Err(e) => {
-                    self.error(&e.to_string());
-                    continue;
-                }
-            };
-            if let Some(c) = self.counters.queues.get(index) {
-                c.chains.fetch_add(outcome.used.len() as u64, Ordering::Relaxed);
-                let bytes: u64 = outcome.used.iter().map(|u| u64::from(u.len)).sum();
-                c.bytes_to_guest.fetch_add(bytes, Ordering::Relaxed);
-                c.rejected.fetch_add(u64::from(outcome.rejected), Ordering::Relaxed);
-            }
-            if outcome.signal {
-                state.signal_used_queue()?;
+            used = false;
+            for index in (0..vrings.len()).filter(|i| *i < 64 && work & (1 << i) != 0) {
+                used |= self.process(&mut device, vrings, index, &mem)?;
             }
         }
         Ok(())
+    }
+
+    /// One pass over queue `index` if the front end enabled it; returns whether chains were
+    /// used.
+    fn process(&self, device: &mut D, vrings: &[VringRwLock], index: usize, mem: &Memory) -> io::Result<bool> {
+        let Some(vring) = vrings.get(index) else { return Ok(false) };
+        let mut state = vring.get_mut();
+        if !state.is_enabled() {
+            return Ok(false);
+        }
+        let outcome = match device.process_queue(index, state.get_queue_mut(), mem) {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                self.error(&e.to_string());
+                return Ok(false);
+            }
+        };
+        if let Some(c) = self.counters.queues.get(index) {
+            c.chains.fetch_add(outcome.used.len() as u64, Ordering::Relaxed);
+            let bytes: u64 = outcome.used.iter().map(|u| u64::from(u.len)).sum();
+            c.bytes_to_guest.fetch_add(bytes, Ordering::Relaxed);
+            c.rejected.fetch_add(u64::from(outcome.rejected), Ordering::Relaxed);
+        }
+        if outcome.signal {
+            state.signal_used_queue()?;
+        }
+        Ok(!outcome.used.is_empty())
     }
 
     fn error(&self, message: &str) {
@@ -214,10 +237,7 @@ impl<D: ServedDevice> VhostUserBackendMut for Backend<D> {
         _thread_id: usize,
     ) -> io::Result<()> {
         if device_event == self.host_event_id() {
-            let result = self.device().handle_host_events();
-            if let Err(e) = result {
-                self.error(&e);
-            }
+            self.device().handle_host_events();
         }
         self.process_all(vrings)
     }

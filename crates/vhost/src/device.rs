@@ -6,6 +6,7 @@ use std::os::fd::RawFd;
 
 use branchbox_virtio::blk::Block;
 use branchbox_virtio::rng::Rng;
+use branchbox_virtio::vsock::Vsock;
 use branchbox_virtio::VirtioDevice;
 
 /// Guest memory as the vhost-user front end shares it with us (no dirty bitmap).
@@ -24,10 +25,8 @@ pub trait ServedDevice: VirtioDevice + 'static {
     }
 
     /// Handles what made [`ServedDevice::host_event_fd`] readable. The server then processes
-    /// every queue, so data the host side queued reaches the guest.
-    fn handle_host_events(&mut self) -> Result<(), String> {
-        Ok(())
-    }
+    /// the queues with work, so data the host side queued reaches the guest.
+    fn handle_host_events(&mut self) {}
 }
 
 impl ServedDevice for Block {
@@ -36,4 +35,16 @@ impl ServedDevice for Block {
 
 impl ServedDevice for Rng {
     const NAME: &'static str = "rng";
+}
+
+impl ServedDevice for Vsock {
+    const NAME: &'static str = "vsock";
+
+    fn host_event_fd(&self) -> Option<RawFd> {
+        Some(Vsock::host_event_fd(self))
+    }
+
+    fn handle_host_events(&mut self) {
+        Vsock::handle_host_events(self);
+    }
 }

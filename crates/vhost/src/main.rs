@@ -7,6 +7,7 @@ use anyhow::Context;
 use branchbox_vhost::{Backend, ServedDevice, VhostServer};
 use branchbox_virtio::blk::{Block, OverlayBackend};
 use branchbox_virtio::rng::Rng;
+use branchbox_virtio::vsock::Vsock;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -38,6 +39,16 @@ enum DeviceArgs {
     },
     /// virtio-rng fed by the host kernel's random pool (QEMU: vhost-user-rng-pci).
     Rng,
+    /// virtio-vsock whose host side is a Unix socket: connect, send `CONNECT <port>\n`, read
+    /// `OK <port>\n`, then the stream is the guest connection (QEMU: vhost-user-vsock-pci).
+    Vsock {
+        /// The guest's context id (3 or more).
+        #[arg(long, default_value_t = 3)]
+        guest_cid: u64,
+        /// The host-side Unix socket to create.
+        #[arg(long)]
+        host_socket: PathBuf,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -52,6 +63,7 @@ fn main() -> anyhow::Result<()> {
                 serve(&mut server, Block::new(Box::new(disk), id))?
             }
             DeviceArgs::Rng => serve(&mut server, Rng::new())?,
+            DeviceArgs::Vsock { guest_cid, host_socket } => serve(&mut server, Vsock::new(*guest_cid, host_socket)?)?,
         }
         if cli.once {
             return Ok(());

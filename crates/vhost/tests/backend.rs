@@ -149,3 +149,51 @@ fn features_carry_vhost_user_protocol_features_and_config_only_where_there_is_on
     assert!(blk.protocol_features().contains(VhostUserProtocolFeatures::CONFIG));
     assert!(!rng.protocol_features().contains(VhostUserProtocolFeatures::CONFIG));
 }
+
+/// A vsock packet header (44 bytes, little-endian) as a guest driver writes it.
+fn vsock_header(src_port: u32, dst_port: u32, op: u16) -> [u8; 44] {
+    let mut h = [0u8; 44];
+    h[0..8].copy_from_slice(&3u64.to_le_bytes()); // src_cid: the guest
+    h[8..16].copy_from_slice(&2u64.to_le_bytes()); // dst_cid: the host
+    h[16..20].copy_from_slice(&src_port.to_le_bytes());
+    h[20..24].copy_from_slice(&dst_port.to_le_bytes());
+    h[28..30].copy_from_slice(&1u16.to_le_bytes()); // type: stream
+    h[30..32].copy_from_slice(&op.to_le_bytes());
+    h[36..40].copy_from_slice(&(64u32 << 10).to_le_bytes()); // buf_alloc
+    h
+}
+
+#[test]
+fn a_vsock_answer_to_a_tx_packet_reaches_rx_within_the_same_kick() {
+    use branchbox_virtio::vsock::{Vsock, RX, TX};
+    use vm_memory::Bytes;
+    const OP_REQUEST: u16 = 1;
+    const OP_RST: u16 = 3;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mem = guest_memory();
+    let atomic = GuestMemoryAtomic::from(mem.clone());
+    let mut backend = Backend::new(Vsock::new(3, &dir.path().join("vsock.host")).expect("vsock"));
+    backend.update_memory(atomic.clone()).expect("memory");
+    let mut rx = ring(&atomic);
+    let mut tx = Ring { driver: DriverQueue::new(0x20000, 16), ..ring(&atomic) };
+    tx.vring.set_queue_info(tx.driver.desc.0, tx.driver.avail.0, tx.driver.used.0).expect("tx addresses");
+    let mut bufs = Buffers::default();
+    let rx_buf = bufs.alloc(4096);
+    rx.driver.add_chain(&mem, &[(rx_buf, 4096, true)]);
+    // The guest connects to a host port nobody serves: the device must answer RST on rx.
+    let pkt = bufs.alloc(44);
+    mem.write_slice(&vsock_header(5000, 6000, OP_REQUEST), pkt).expect("write the packet");
+    tx.driver.add_chain(&mem, &[(pkt, 44, false)]);
+
+    let vrings = [rx.vring.clone(), tx.vring.clone()];
+    backend.handle_event(TX as u16, EventSet::IN, &vrings, 0).expect("handle the tx kick");
+
+    assert_eq!(tx.driver.take_used(&mem).len(), 1);
+    let answered = rx.driver.take_used(&mem);
+    assert_eq!(answered.len(), 1, "the answer waited for another event");
+    let mut op = [0u8; 2];
+    mem.read_slice(&mut op, vm_memory::GuestAddress(rx_buf.0 + 30)).expect("read the answer");
+    assert_eq!(u16::from_le_bytes(op), OP_RST);
+    assert_eq!(backend.counters().chains(RX), 1);
+}

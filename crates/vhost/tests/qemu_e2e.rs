@@ -9,6 +9,7 @@ mod harness;
 
 use std::time::Duration;
 
+use branchbox_virtio::vsock::{RX, TX};
 use harness::{agent, guest_files, one_guest_at_a_time, sh, wait_for, Devices, Disk, Qemu};
 
 /// Bytes the guest reads from /dev/hwrng.
@@ -41,6 +42,10 @@ fn the_agent_answers_over_our_vsock_files_persist_on_our_block_device_and_our_rn
     assert!(uname.starts_with("Linux 6."), "the guest is not our Linux kernel: {uname}");
     assert!(uname.ends_with("\nparent=1\n"), "the agent that answered is not PID 1: {uname}");
     assert_eq!(sh(&mut guest, "echo hello from the guest"), "hello from the guest\n");
+    // The conversation went through our vsock device's queues: the guest's packets on tx, ours
+    // to it on rx.
+    assert!(devices.vsock.chains(TX) > 0 && devices.vsock.bytes_to_guest(RX) > 0);
+    assert_eq!(devices.vsock.rejected(TX), 0, "the real driver's packets were refused");
 
     // The rng: the guest's hw_random core uses our device, and the bytes it reads came from us.
     let current = sh(&mut guest, "cat /sys/class/misc/hw_random/rng_current");

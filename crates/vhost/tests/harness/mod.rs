@@ -16,6 +16,7 @@ use branchbox_protocol::message::{Command as AgentCommand, ExecSpec};
 use branchbox_vhost::{Backend, Counters, ServeError, ServedDevice, VhostServer};
 use branchbox_virtio::blk::{Block, BlockBackend, OverlayBackend, SECTOR_SIZE};
 use branchbox_virtio::rng::Rng;
+use branchbox_virtio::vsock::Vsock;
 
 mod guest_files;
 pub use guest_files::{guest_files, GuestFiles};
@@ -69,9 +70,14 @@ impl Disk {
 pub struct Devices {
     /// Socket paths QEMU connects to.
     blk_socket: PathBuf,
+    vsock_socket: PathBuf,
     rng_socket: PathBuf,
+    /// The vsock device's host side: where the test reaches the guest's agent.
+    pub vsock_host_socket: PathBuf,
     /// Counters of the block server.
     pub blk: Arc<Counters>,
+    /// Counters of the vsock server.
+    pub vsock: Arc<Counters>,
     /// Counters of the rng server.
     pub rng: Arc<Counters>,
     sessions: Vec<(&'static str, JoinHandle<Result<(), ServeError>>)>,
@@ -90,10 +96,23 @@ impl Devices {
     pub fn start(dir: &Path, disk: &Disk) -> Devices {
         let blk_socket = dir.join("blk.sock");
         let rng_socket = dir.join("rng.sock");
+        let vsock_socket = dir.join("vsock.sock");
+        let vsock_host_socket = dir.join("vsock.host");
         let backend = OverlayBackend::open(&disk.base, &disk.overlay).expect("open the guest disk");
         let (blk, blk_session) = start(&blk_socket, Block::new(Box::new(backend), "branchbox-root"));
+        let vsock_device = Vsock::new(GUEST_CID, &vsock_host_socket).expect("the vsock device's host socket");
+        let (vsock, vsock_session) = start(&vsock_socket, vsock_device);
         let (rng, rng_session) = start(&rng_socket, Rng::new());
-        Devices { blk_socket, rng_socket, blk, rng, sessions: vec![("blk", blk_session), ("rng", rng_session)] }
+        Devices {
+            blk_socket,
+            vsock_socket,
+            rng_socket,
+            vsock_host_socket,
+            blk,
+            vsock,
+            rng,
+            sessions: vec![("blk", blk_session), ("vsock", vsock_session), ("rng", rng_session)],
+        }
     }
 
     /// Waits for every session to end (QEMU has exited) and checks each ended cleanly.
@@ -137,6 +156,8 @@ impl Qemu {
             .arg(format!("file:{}", console.display()))
             .args(["-chardev", &chardev("blk", &devices.blk_socket)])
             .args(["-device", "vhost-user-blk-pci,chardev=blk,num-queues=1"])
+            .args(["-chardev", &chardev("vsock", &devices.vsock_socket)])
+            .args(["-device", "vhost-user-vsock-pci,chardev=vsock"])
             .args(["-chardev", &chardev("rng", &devices.rng_socket)])
             .args(["-device", "vhost-user-rng-pci,chardev=rng"])
             .stdin(Stdio::null())
@@ -204,10 +225,6 @@ pub fn wait_for(qemu: &mut Qemu, limit: Duration, what: &str, mut cond: impl FnM
     }
 }
 
-/// The deadline for a boot to reach the agent.
-pub fn boot_deadline() -> Duration {
-    BOOT_DEADLINE
-}
 
 /// Longest `OK <port>` line the host side may send; anything longer is not our protocol.
 const MAX_REPLY_LINE: usize = 64;
