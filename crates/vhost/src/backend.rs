@@ -138,7 +138,13 @@ impl<D: ServedDevice> Backend<D> {
 
     /// One pass over queue `index` if the front end enabled it; returns whether chains were
     /// used.
-    fn process(&self, device: &mut D, vrings: &[VringRwLock], index: usize, mem: &Memory) -> io::Result<bool> {
+    fn process(
+        &self,
+        device: &mut D,
+        vrings: &[VringRwLock],
+        index: usize,
+        mem: &Memory,
+    ) -> io::Result<bool> {
         let Some(vring) = vrings.get(index) else { return Ok(false) };
         let mut state = vring.get_mut();
         if !state.is_enabled() {

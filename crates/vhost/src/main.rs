@@ -63,7 +63,9 @@ fn main() -> anyhow::Result<()> {
                 serve(&mut server, Block::new(Box::new(disk), id))?
             }
             DeviceArgs::Rng => serve(&mut server, Rng::new())?,
-            DeviceArgs::Vsock { guest_cid, host_socket } => serve(&mut server, Vsock::new(*guest_cid, host_socket)?)?,
+            DeviceArgs::Vsock { guest_cid, host_socket } => {
+                serve(&mut server, Vsock::new(*guest_cid, host_socket)?)?
+            }
         }
         if cli.once {
             return Ok(());
@@ -85,6 +87,11 @@ fn serve<D: ServedDevice>(server: &mut VhostServer, device: D) -> anyhow::Result
             )
         })
         .collect();
-    eprintln!("branchbox-vhost: {} session on {} ended; {}", D::NAME, server.path().display(), queues.join("; "));
+    eprintln!(
+        "branchbox-vhost: {} session on {} ended; {}",
+        D::NAME,
+        server.path().display(),
+        queues.join("; ")
+    );
     Ok(())
 }

@@ -50,8 +50,8 @@ pub struct VhostServer {
 impl VhostServer {
     /// Binds `path`, replacing a stale socket file left there.
     pub fn bind(path: &Path) -> Result<Self, ServeError> {
-        let listener = Listener::new(path, true)
-            .map_err(|source| ServeError::Bind { path: path.to_owned(), source })?;
+        let listener =
+            Listener::new(path, true).map_err(|source| ServeError::Bind { path: path.to_owned(), source })?;
         Ok(VhostServer { listener, path: path.to_owned() })
     }
 
@@ -66,8 +66,8 @@ impl VhostServer {
         let name = format!("vhost-{}", backend.device_name());
         let host = backend.host_event_fd().map(|fd| (fd, backend.host_event_id(), backend.device_name()));
         let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
-        let mut daemon = VhostUserDaemon::new(name, Arc::new(RwLock::new(backend)), mem)
-            .map_err(|e| self.session(e))?;
+        let mut daemon =
+            VhostUserDaemon::new(name, Arc::new(RwLock::new(backend)), mem).map_err(|e| self.session(e))?;
         daemon.start(&mut self.listener).map_err(|e| self.session(e))?;
         let handlers = daemon.get_epoll_handlers();
         if let Some((fd, id, device)) = host {

@@ -96,7 +96,9 @@ fn a_guest_killed_mid_write_leaves_a_disk_that_mounts() {
     // Files created, written and synced in a loop: data and journal writes in flight.
     let writer = "i=0; while true; do dd if=/dev/zero of=/root/f$i bs=64k count=16 conv=fsync 2>/dev/null; i=$((i+1)); done";
     guest
-        .spawn(branchbox_protocol::message::ExecSpec::new(branchbox_protocol::message::Command::Shell(writer.into())))
+        .spawn(branchbox_protocol::message::ExecSpec::new(branchbox_protocol::message::Command::Shell(
+            writer.into(),
+        )))
         .expect("start the writer");
     let start = devices.blk.chains(0);
     wait_for(&mut qemu, Duration::from_secs(60), "the guest's writes to reach our block device", || {
@@ -118,7 +120,10 @@ fn a_guest_killed_mid_write_leaves_a_disk_that_mounts() {
     let (mut guest, _) = agent(&mut qemu, &devices.vsock_host_socket);
     assert_eq!(sh(&mut guest, "cat /root/before"), "kept\n");
     let root = sh(&mut guest, "grep ' / ' /proc/mounts");
-    assert!(root.starts_with("/dev/root / ext4 rw") || root.starts_with("/dev/vda / ext4 rw"), "root mount: {root}");
+    assert!(
+        root.starts_with("/dev/root / ext4 rw") || root.starts_with("/dev/vda / ext4 rw"),
+        "root mount: {root}"
+    );
     sh(&mut guest, "echo after > /root/after && sync");
     qemu.kill();
     devices.finish();
@@ -130,7 +135,11 @@ fn e2fsck(args: &[&str], image: &std::path::Path) -> i32 {
         .arg(image)
         .output()
         .expect("run e2fsck (Debian's e2fsprogs)");
-    eprintln!("e2fsck {args:?}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    eprintln!(
+        "e2fsck {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     out.status.code().unwrap_or(-1)
 }
 

@@ -25,7 +25,11 @@ pub fn guest_files() -> GuestFiles {
     let bzimage = from_env("BRANCHBOX_GUEST_BZIMAGE");
     let rootfs = from_env("BRANCHBOX_GUEST_DISK");
     match (bzimage, rootfs) {
-        (Some(bzimage), Some(rootfs)) if bzimage.is_file() && rootfs.is_file() => GuestFiles { bzimage, rootfs },
-        (b, r) => panic!("the guest kernel and root disk are not built (bzImage {b:?}, rootfs {r:?}); {BUILD}"),
+        (Some(bzimage), Some(rootfs)) if bzimage.is_file() && rootfs.is_file() => {
+            GuestFiles { bzimage, rootfs }
+        }
+        (b, r) => {
+            panic!("the guest kernel and root disk are not built (bzImage {b:?}, rootfs {r:?}); {BUILD}")
+        }
     }
 }

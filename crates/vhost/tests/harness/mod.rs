@@ -120,7 +120,10 @@ impl Devices {
         let deadline = Instant::now() + Duration::from_secs(20);
         for (name, session) in self.sessions {
             while !session.is_finished() {
-                assert!(Instant::now() < deadline, "the {name} vhost-user session did not end after QEMU exited");
+                assert!(
+                    Instant::now() < deadline,
+                    "the {name} vhost-user session did not end after QEMU exited"
+                );
                 std::thread::sleep(Duration::from_millis(20));
             }
             match session.join() {
@@ -225,7 +228,6 @@ pub fn wait_for(qemu: &mut Qemu, limit: Duration, what: &str, mut cond: impl FnM
     }
 }
 
-
 /// Longest `OK <port>` line the host side may send; anything longer is not our protocol.
 const MAX_REPLY_LINE: usize = 64;
 
@@ -272,7 +274,9 @@ pub fn agent(qemu: &mut Qemu, host_socket: &Path) -> (AgentClient<UnixStream>, D
             Err(e) => e.to_string(),
         };
         if Instant::now() > deadline {
-            qemu.fail(&format!("the agent did not answer over our vsock back end within {BOOT_DEADLINE:?}: {last}"));
+            qemu.fail(&format!(
+                "the agent did not answer over our vsock back end within {BOOT_DEADLINE:?}: {last}"
+            ));
         }
         if let Ok(Some(status)) = qemu.child.try_wait() {
             qemu.fail(&format!("QEMU exited ({status}) before the agent answered: {last}"));
