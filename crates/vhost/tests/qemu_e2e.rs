@@ -10,13 +10,15 @@ mod harness;
 use std::time::Duration;
 
 use branchbox_virtio::vsock::{RX, TX};
-use harness::{agent, guest_files, one_guest_at_a_time, sh, wait_for, Devices, Disk, Qemu};
+use harness::{agent, guest_files, one_guest_at_a_time, sh, wait_for, Devices, Disk, GuestFiles, Qemu};
 
 /// Bytes the guest reads from /dev/hwrng.
 const HWRNG_READ: u64 = 4096;
 
-fn fresh_disk(dir: &std::path::Path) -> Disk {
-    Disk { base: guest_files().rootfs, overlay: dir.join("overlay.img") }
+/// The cached root disk as a read-only base under a fresh overlay: the cached file is never
+/// written.
+fn fresh_disk(files: &GuestFiles, dir: &std::path::Path) -> Disk {
+    Disk { base: files.rootfs.clone(), overlay: dir.join("overlay.img") }
 }
 
 fn base_fingerprint(disk: &Disk) -> (u64, std::time::SystemTime) {
@@ -29,7 +31,7 @@ fn the_agent_answers_over_our_vsock_files_persist_on_our_block_device_and_our_rn
     let _one = one_guest_at_a_time();
     let files = guest_files();
     let dir = tempfile::tempdir().expect("tempdir");
-    let disk = fresh_disk(dir.path());
+    let disk = fresh_disk(&files, dir.path());
     let base_before = base_fingerprint(&disk);
 
     // First boot: the agent (PID 1) answers through our vsock back end.
@@ -87,7 +89,7 @@ fn a_guest_killed_mid_write_leaves_a_disk_that_mounts() {
     let _one = one_guest_at_a_time();
     let files = guest_files();
     let dir = tempfile::tempdir().expect("tempdir");
-    let disk = fresh_disk(dir.path());
+    let disk = fresh_disk(&files, dir.path());
 
     let devices = Devices::start(dir.path(), &disk);
     let mut qemu = Qemu::boot(&files, &devices, &dir.path().join("console-1.log"));

@@ -3,7 +3,7 @@
 //! in this test process so the test can read their counters.
 
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -59,9 +59,15 @@ impl Disk {
             let n = chunk_sectors.min(disk.sectors() - sector);
             let part = &mut buf[..(n * SECTOR_SIZE) as usize];
             disk.read(sector, part).expect("read the disk");
-            file.write_all(part).expect("write the flat image");
+            // Holes stay holes: the root disk is mostly free space.
+            if part.iter().all(|&b| b == 0) {
+                file.seek(SeekFrom::Current(part.len() as i64)).expect("seek in the flat image");
+            } else {
+                file.write_all(part).expect("write the flat image");
+            }
             sector += n;
         }
+        file.set_len(disk.sectors() * SECTOR_SIZE).expect("size the flat image");
         out.to_owned()
     }
 }
