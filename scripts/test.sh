@@ -33,6 +33,12 @@ trap cleanup EXIT
 echo "== image"
 ./target/debug/branchbox --data-dir "$work/bench" image build
 
+# The Linux guest's kernel and root disk, built by the project's own commands into the image
+# cache: a cold kernel build takes minutes, a cached one milliseconds (docs/guest.md).
+echo "== guest kernel and root disk"
+./target/debug/branchbox guest kernel
+./target/debug/branchbox guest disk
+
 echo "== tests"
 cargo test --workspace --no-fail-fast -- --test-threads=2
 

@@ -4,6 +4,9 @@
 //! output (under gVisor those are pipes held by the host's shim, and they survive
 //! checkpoint/restore). Each request that can block runs on a thread of its own; client
 //! streams (stdin, file data) are routed to it by request id. See `docs/agent-protocol.md`.
+//!
+//! As the init of a Linux microVM (see [`vm`]) it serves the same protocol on every vsock
+//! connection instead, each with its own outbox and streams; processes are shared.
 
 mod cancel;
 mod exec;
@@ -15,6 +18,7 @@ mod oom;
 mod outbox;
 mod procs;
 mod reaper;
+mod vm;
 
 use branchbox_protocol::frame::{decode, read_raw, FrameError};
 use branchbox_protocol::{AgentInfo, ErrorCode, Frame, Request, Response, PROTOCOL_VERSION};
@@ -67,12 +71,20 @@ fn code_of(e: &std::io::Error) -> ErrorCode {
     }
 }
 
-struct Agent {
-    out: Outbox,
+/// What every connection shares: the children and the sandbox's identity.
+struct Shared {
     reaper: Arc<Reaper>,
     procs: Arc<Procs>,
     started: Instant,
     sandbox_id: Mutex<String>,
+    /// PID 1 of a microVM: `shutdown` powers it off.
+    vm: bool,
+}
+
+/// One connection's state.
+struct Agent {
+    out: Outbox,
+    shared: Arc<Shared>,
     streams: Mutex<HashMap<u64, SyncSender<Option<Vec<u8>>>>>,
     running: cancel::Registry,
 }
@@ -109,7 +121,7 @@ impl Agent {
             String::from_utf8_lossy(&bytes).into_owned()
         };
         AgentInfo {
-            sandbox_id: self.sandbox_id.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            sandbox_id: self.shared.sandbox_id.lock().unwrap_or_else(|e| e.into_inner()).clone(),
             hostname: field(&u.nodename),
             pid: std::process::id() as i32,
             agent_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -138,17 +150,27 @@ impl Agent {
                 };
                 self.reply(id, r);
             }
-            Request::Ping => {
-                self.reply(id, Ok(Response::Pong { uptime_ms: self.started.elapsed().as_millis() as u64 }))
-            }
+            Request::Ping => self.reply(
+                id,
+                Ok(Response::Pong { uptime_ms: self.shared.started.elapsed().as_millis() as u64 }),
+            ),
             Request::Info => self.reply(id, Ok(Response::Info(self.info()))),
             Request::Freeze => self.out.freeze(id),
             Request::Thaw { after_fork } => {
                 let hook = after_fork.map(|a| {
-                    *self.sandbox_id.lock().unwrap_or_else(|e| e.into_inner()) = a.sandbox_id.clone();
+                    *self.shared.sandbox_id.lock().unwrap_or_else(|e| e.into_inner()) = a.sandbox_id.clone();
                     hook::apply(&a, &f.body)
                 });
                 self.out.thaw(id, &Response::Thawed { hook });
+            }
+            Request::Shutdown { reboot } => {
+                if !self.shared.vm {
+                    let msg = "shutdown is for the agent of a microVM; stop this sandbox from the host";
+                    return self.reply(id, Err(Failure::new(ErrorCode::BadRequest, msg)));
+                }
+                self.reply(id, Ok(Response::Ok));
+                let e = vm::shutdown(reboot);
+                eprintln!("branchbox-agent: shutdown failed: {e}");
             }
             Request::Data => self.route(id, Some(f.body)),
             Request::Eof => self.route(id, None),
@@ -189,13 +211,15 @@ impl Agent {
         };
         let r = match req {
             Request::Exec(spec) => self.exec(spec, stream, token, &emit),
-            Request::Spawn(spec) => self.procs.spawn(&self.reaper, spec).map(|pid| Response::Spawned { pid }),
-            Request::ListProcs => Ok(Response::Procs { procs: self.procs.list() }),
+            Request::Spawn(spec) => {
+                self.shared.procs.spawn(&self.shared.reaper, spec).map(|pid| Response::Spawned { pid })
+            }
+            Request::ListProcs => Ok(Response::Procs { procs: self.shared.procs.list() }),
             Request::Signal { pid, signal, group } => {
-                self.procs.signal(pid, signal, group).map(|()| Response::Ok)
+                self.shared.procs.signal(pid, signal, group).map(|()| Response::Ok)
             }
             Request::Wait { pid, timeout_ms } => {
-                self.procs.wait(pid, timeout_ms.map(Duration::from_millis)).map(|done| match done {
+                self.shared.procs.wait(pid, timeout_ms.map(Duration::from_millis)).map(|done| match done {
                     Some(done) => {
                         self.send_chunks(id, &Response::Stdout, &done.stdout);
                         self.send_chunks(id, &Response::Stderr, &done.stderr);
@@ -246,7 +270,7 @@ impl Agent {
     ) -> Result<Response, Failure> {
         let cap = spec.output_cap.unwrap_or(exec::DEFAULT_OUTPUT_CAP);
         let timeout = spec.timeout_ms.map(Duration::from_millis);
-        let started = match exec::start(&self.reaper, &spec) {
+        let started = match exec::start(&self.shared.reaper, &spec) {
             Ok(s) => s,
             Err(e) => {
                 if let Some(rx) = stream {
@@ -274,20 +298,10 @@ impl Agent {
     }
 }
 
-fn main() {
-    guest::boot(&std::env::args().skip(1).collect::<Vec<_>>());
-    let agent = Arc::new(Agent {
-        out: Outbox::new(Box::new(std::io::stdout())),
-        reaper: Reaper::start(),
-        procs: Arc::new(Procs::default()),
-        started: Instant::now(),
-        sandbox_id: Mutex::new(String::new()),
-        streams: Mutex::new(HashMap::new()),
-        running: cancel::Registry::default(),
-    });
-    let mut input = std::io::stdin().lock();
+/// Reads request frames from `input` until it ends, answering on `agent`'s outbox.
+fn serve(agent: &Arc<Agent>, input: &mut impl std::io::Read) {
     loop {
-        match read_raw(&mut input) {
+        match read_raw(input) {
             Ok(Some(raw)) => match decode::<Request>(raw) {
                 Ok(frame) => agent.handle(frame),
                 Err(FrameError::BadHeader { id, source }) => {
@@ -306,5 +320,92 @@ fn main() {
                 break;
             }
         }
+    }
+}
+
+fn connection(shared: &Arc<Shared>, out: Box<dyn std::io::Write + Send>) -> Arc<Agent> {
+    Arc::new(Agent {
+        out: Outbox::new(out),
+        shared: Arc::clone(shared),
+        streams: Mutex::new(HashMap::new()),
+        running: cancel::Registry::default(),
+    })
+}
+
+fn main() {
+    let argv0 = std::env::args().next().unwrap_or_default();
+    let vm = vm::is_vm_init(std::process::id(), &argv0);
+    if vm {
+        vm::boot();
+    }
+    // Under gVisor the bundle passes the limits; a VM's kernel passes its unknown command-line
+    // words, which are not ours.
+    let args: Vec<String> = if vm { Vec::new() } else { std::env::args().skip(1).collect() };
+    guest::boot(&args);
+    let shared = Arc::new(Shared {
+        reaper: Reaper::start(),
+        procs: Arc::new(Procs::default()),
+        started: Instant::now(),
+        sandbox_id: Mutex::new(String::new()),
+        vm,
+    });
+    if vm {
+        vm::run(move |conn| {
+            let write_half = match conn.try_clone() {
+                Ok(w) => w,
+                Err(e) => return eprintln!("branchbox-agent: cannot use a vsock connection: {e}"),
+            };
+            let agent = connection(&shared, Box::new(write_half));
+            serve(&agent, &mut std::io::BufReader::new(conn));
+        });
+    }
+    let agent = connection(&shared, Box::new(std::io::stdout()));
+    serve(&agent, &mut std::io::stdin().lock());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use branchbox_protocol::{AgentClient, ClientError, Command, ExecSpec};
+    use std::os::unix::net::{UnixListener, UnixStream};
+
+    /// The microVM's accept loop and per-connection serving, over a Unix socket (this host
+    /// has no vsock loopback): connections answer independently and share processes.
+    #[test]
+    fn every_connection_is_served_and_processes_are_shared() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.sock");
+        let listener: std::os::fd::OwnedFd = UnixListener::bind(&path).unwrap().into();
+        let shared = Arc::new(Shared {
+            reaper: Reaper::start(),
+            procs: Arc::new(Procs::default()),
+            started: Instant::now(),
+            sandbox_id: Mutex::new(String::new()),
+            vm: false,
+        });
+        std::thread::spawn(move || {
+            vm::accept_loop(&listener, move |conn| {
+                let agent = connection(&shared, Box::new(conn.try_clone().unwrap()));
+                serve(&agent, &mut std::io::BufReader::new(conn));
+            })
+        });
+        let mut a = AgentClient::new(UnixStream::connect(&path).unwrap());
+        let mut b = AgentClient::new(UnixStream::connect(&path).unwrap());
+        a.hello().unwrap();
+        b.hello().unwrap();
+        let pid = a.spawn(ExecSpec::new(Command::Argv(vec!["sleep".into(), "30".into()]))).unwrap();
+        assert!(b.list_procs().unwrap().iter().any(|p| p.pid == pid && p.exit.is_none()));
+        let out = b.exec(ExecSpec::new(Command::Shell("echo from-b".into())), None).unwrap();
+        assert_eq!(out.stdout, b"from-b\n");
+        b.signal(pid, libc::SIGKILL, false).unwrap();
+        // A closed connection ends only its own serving.
+        drop(b);
+        assert!(a.ping().is_ok());
+        // Outside a microVM, shutdown is refused rather than powering anything off.
+        match a.shutdown(false) {
+            Err(ClientError::Agent { code: ErrorCode::BadRequest, .. }) => {}
+            other => panic!("shutdown outside a VM answered {other:?}"),
+        }
+        assert!(a.ping().is_ok());
     }
 }

@@ -91,6 +91,11 @@ pub enum Cmd {
         #[command(subcommand)]
         command: ImageCmd,
     },
+    /// Linux guests: the guest kernel and the ext4 root disk (cached by recipe hash).
+    Guest {
+        #[command(subcommand)]
+        command: GuestCmd,
+    },
     /// Create a sandbox, run one command in it, print its output and destroy it.
     Run {
         #[command(flatten)]
@@ -271,6 +276,36 @@ pub enum RefCmd {
 pub enum ImageCmd {
     /// Build the default image (cached by recipe hash; a cache hit takes milliseconds).
     Build,
+}
+
+/// Guest subcommands.
+#[derive(Debug, Subcommand)]
+pub enum GuestCmd {
+    /// Build the guest kernel (vmlinux and bzImage) from Debian's linux-source-6.12 and the
+    /// fragments in images/kernel/, or find it in the cache. With BRANCHBOX_KERNEL set, report
+    /// that kernel instead and build nothing.
+    Kernel {
+        /// Print only the kernel's cache directory (vmlinux, bzImage, config, build.log), or
+        /// the file BRANCHBOX_KERNEL names.
+        #[arg(long)]
+        print_path: bool,
+        /// Build from this kernel source tarball instead of Debian's package.
+        #[arg(long, value_name = "TARBALL")]
+        source: Option<PathBuf>,
+        /// Build nothing: report the cached kernel, or fail naming the command that builds it.
+        #[arg(long)]
+        cached: bool,
+    },
+    /// Build the ext4 root disk from the default image with the agent as /sbin/init, or find
+    /// it in the cache. Never write the cached file: copy it (or layer over it) per guest.
+    Disk {
+        /// Print only the path of the cached rootfs.ext4.
+        #[arg(long)]
+        print_path: bool,
+        /// Build nothing: report the cached disk, or fail naming the command that builds it.
+        #[arg(long)]
+        cached: bool,
+    },
 }
 
 /// File subcommands.

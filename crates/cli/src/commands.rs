@@ -19,13 +19,17 @@ pub fn run(cli: Cli) -> Result<i32> {
     if let Cmd::Doctor = cli.command {
         return doctor(&cfg, json);
     }
+    // Guest artifacts live in the image cache only: no data directory, no service.
+    if let Cmd::Guest { command } = &cli.command {
+        return crate::guest::run(&cfg, command, json);
+    }
     if let Some(code) = crate::remote::run(&cli)? {
         return Ok(code);
     }
     let engine = Engine::open(cfg)?;
     recover(&engine);
     match cli.command {
-        Cmd::Doctor => unreachable_doctor(),
+        Cmd::Doctor | Cmd::Guest { .. } => unreachable_early(),
         Cmd::Image { command: ImageCmd::Build } => image_build(&engine, json),
         Cmd::Run { create, exec } => run_once(&engine, &create, &exec, json),
         Cmd::Create { create } => {
@@ -237,8 +241,8 @@ fn each_target(
     Ok(if failed.is_empty() { 0 } else { 1 })
 }
 
-fn unreachable_doctor() -> Result<i32> {
-    Err(anyhow!("doctor is handled before the data directory is opened"))
+fn unreachable_early() -> Result<i32> {
+    Err(anyhow!("doctor and guest are handled before the data directory is opened"))
 }
 
 fn parse_id(s: &str) -> Result<SandboxId> {
@@ -265,7 +269,7 @@ fn limits(engine: &Engine, a: &CreateArgs) -> Result<Option<Limits>> {
     }))
 }
 
-fn progress_fn() -> impl FnMut(&str) {
+pub(crate) fn progress_fn() -> impl FnMut(&str) {
     let mut p: Option<Progress> = None;
     move |msg: &str| p.get_or_insert_with(Progress::new).step(msg)
 }

@@ -3,6 +3,7 @@
 mod args;
 mod commands;
 mod download;
+mod guest;
 mod output;
 mod remote;
 

@@ -1,10 +1,10 @@
 //! Building and caching images.
 
+use crate::lock::DirLock;
 use crate::recipe::Recipe;
 use branchbox_model::{Error, Result};
 use sha2::{Digest, Sha256};
 use std::io::{BufRead, BufReader};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -26,28 +26,6 @@ pub const STATX_COMPAT_IN_IMAGE: &str = "/usr/local/lib/branchbox/libbranchbox-s
 /// The compiled compatibility library.
 const STATX_COMPAT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libbranchbox-statx.so"));
 
-/// Holds an exclusive lock on the image directory while alive (closing the file releases it).
-struct DirLock {
-    _file: std::fs::File,
-}
-
-impl DirLock {
-    fn take(dir: &Path) -> Result<DirLock> {
-        let path = dir.join(".lock");
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|e| Error::io(&path, e))?;
-        // SAFETY: flock on an fd we own; released when the file closes.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(Error::io(&path, std::io::Error::last_os_error()));
-        }
-        Ok(DirLock { _file: f })
-    }
-}
-
 /// Hash of everything installed on top of the base: the agent and the compat library.
 fn payload_hash(path: &Path) -> Result<String> {
     let mut bytes = std::fs::read(path).map_err(|e| {
@@ -61,7 +39,7 @@ fn payload_hash(path: &Path) -> Result<String> {
     Ok(hex::encode(Sha256::digest(&bytes)))
 }
 
-fn tmp_dir(images: &Path, stem: &str) -> PathBuf {
+pub(crate) fn tmp_dir(images: &Path, stem: &str) -> PathBuf {
     images.join(format!("tmp-{stem}-{:08x}", rand::random::<u32>()))
 }
 
@@ -135,7 +113,7 @@ pub fn ensure_image(
 }
 
 /// Removes temporary directories left by interrupted builds (the caller holds the lock).
-fn clean_stale(images: &Path) {
+pub(crate) fn clean_stale(images: &Path) {
     if let Ok(entries) = std::fs::read_dir(images) {
         for e in entries.flatten() {
             if e.file_name().to_string_lossy().starts_with("tmp-") {
@@ -145,7 +123,7 @@ fn clean_stale(images: &Path) {
     }
 }
 
-fn run_checked(cmd: &mut Command, what: &str) -> Result<()> {
+pub(crate) fn run_checked(cmd: &mut Command, what: &str) -> Result<()> {
     let out = cmd
         .stdin(Stdio::null())
         .output()

@@ -10,10 +10,22 @@
 //! Every stage is built in a temporary directory and renamed into place, so an interrupted
 //! build never leaves a half-built image that looks complete.
 //!
+//! Linux guests (microVMs) boot the guest kernel (`kernel`, built from Debian's kernel source
+//! with the fragments under `images/kernel/`) and an ext4 root disk made from an image's tree;
+//! both are cached by recipe hash under `<images>/kernel/` and `<images>/disk/`.
+//!
 //! Not for: running sandboxes or recording metadata.
 
 mod build;
+pub mod disk;
+pub mod kconfig;
+pub mod kernel;
+mod lock;
 mod recipe;
 
 pub use build::{ensure_image, image_id, Image, STATX_COMPAT_IN_IMAGE};
+pub use disk::{cached_disk, ensure_disk, Disk, DiskRecipe};
+pub use kernel::{
+    cached_kernel, ensure_kernel, external_kernel, Kernel, KernelRecipe, KernelSource, KERNEL_ENV,
+};
 pub use recipe::Recipe;

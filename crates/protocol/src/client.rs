@@ -559,6 +559,11 @@ impl<S: Transport> AgentClient<S> {
     pub fn mkdir(&mut self, path: &str, parents: bool) -> Result<(), ClientError> {
         expect_ok(self.call(Request::Mkdir { path: path.to_string(), parents }, Vec::new())?)
     }
+
+    /// Powers a microVM's guest off (or restarts it) once its disks are synced.
+    pub fn shutdown(&mut self, reboot: bool) -> Result<(), ClientError> {
+        expect_ok(self.call(Request::Shutdown { reboot }, Vec::new())?)
+    }
 }
 
 fn unexpected(r: Response) -> ClientError {

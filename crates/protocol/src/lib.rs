@@ -21,6 +21,10 @@ pub use message::*;
 /// Protocol version spoken by this build; peers with another version are refused.
 pub const PROTOCOL_VERSION: u32 = 1;
 
+/// The AF_VSOCK port the agent listens on when it is PID 1 of a Linux microVM; each
+/// connection speaks this protocol, exactly as the stdin/stdout pipes do under gVisor.
+pub const AGENT_VSOCK_PORT: u32 = 1024;
+
 /// Largest body a sender puts in one frame of a stream (file data, command output).
 pub const CHUNK: usize = 256 * 1024;
 /// Most output bytes one command returns, through the CLI or the service (docs/limits.md).

@@ -171,6 +171,13 @@ pub enum Request {
         #[serde(default)]
         after_fork: Option<AfterFork>,
     },
+    /// Sync the disks and power the Linux VM off (or restart it with `reboot`), after the `ok`.
+    /// Only the agent of a microVM does this; elsewhere it is refused.
+    Shutdown {
+        /// Restart instead of powering off.
+        #[serde(default)]
+        reboot: bool,
+    },
     /// A chunk of a client stream (stdin, file data) for request `id`.
     Data,
     /// End of a client stream for request `id`.
