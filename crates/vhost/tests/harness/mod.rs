@@ -196,6 +196,18 @@ impl Qemu {
         panic!("{what}\n--- qemu stderr ---\n{stderr}\n--- guest console (end) ---\n{tail}");
     }
 
+    /// Waits for QEMU to exit by itself (the guest powered off); panics after `limit`.
+    pub fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return status,
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                _ => self.fail(&format!("QEMU did not exit within {limit:?} of the guest's power-off")),
+            }
+        }
+    }
+
     /// Power cut: SIGKILL, nothing flushed by QEMU or the guest.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
