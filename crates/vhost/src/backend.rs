@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_backend::{VhostUserBackendMut, VringRwLock, VringT};
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC;
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
@@ -188,7 +189,13 @@ impl<D: ServedDevice> VhostUserBackendMut for Backend<D> {
     }
 
     fn features(&self) -> u64 {
-        self.device().features() | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+        // Indirect descriptor tables are followed by virtio-queue's chain iterator, below any
+        // device's logic, so every device handles them. QEMU 7.2's vhost-user-rng acks it
+        // without asking (it passes the guest's features through unmasked), and
+        // vhost-user-backend refuses a feature we did not offer, ending the session.
+        self.device().features()
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | 1 << VIRTIO_RING_F_INDIRECT_DESC
     }
 
     fn acked_features(&mut self, features: u64) {

@@ -12,6 +12,7 @@ use branchbox_virtio::testing::{guest_memory, Buffers, DriverQueue};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_backend::{VhostUserBackendMut, VringRwLock, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC;
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -105,6 +106,31 @@ fn malformed_chains_are_refused_counted_and_serving_goes_on() {
 }
 
 #[test]
+fn a_chain_through_an_indirect_table_is_served() {
+    use branchbox_virtio::testing::{F_INDIRECT, F_WRITE};
+    use vm_memory::Bytes;
+
+    let mem = guest_memory();
+    let atomic = GuestMemoryAtomic::from(mem.clone());
+    let mut backend = Backend::new(Rng::new());
+    backend.update_memory(atomic.clone()).expect("memory");
+    let mut r = ring(&atomic);
+    let mut bufs = Buffers::default();
+    let (table, buf) = (bufs.alloc(16), bufs.alloc(48));
+    // The indirect table: one device-writable buffer of 48 bytes.
+    let mut desc = [0u8; 16];
+    desc[0..8].copy_from_slice(&buf.0.to_le_bytes());
+    desc[8..12].copy_from_slice(&48u32.to_le_bytes());
+    desc[12..14].copy_from_slice(&F_WRITE.to_le_bytes());
+    mem.write_slice(&desc, table).expect("indirect table");
+    r.driver.write_desc(&mem, 0, table.0, 16, F_INDIRECT, 0);
+    r.driver.push_avail(&mem, 0);
+
+    kick(&mut backend, &r);
+    assert_eq!(r.driver.take_used(&mem), vec![(0, 48)]);
+}
+
+#[test]
 fn events_before_the_front_end_shared_memory_do_nothing() {
     let mem = guest_memory();
     let atomic = GuestMemoryAtomic::from(mem.clone());
@@ -145,6 +171,7 @@ fn features_carry_vhost_user_protocol_features_and_config_only_where_there_is_on
     for features in [blk.features(), rng.features()] {
         assert_ne!(features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits(), 0);
         assert_ne!(features & (1 << VIRTIO_F_VERSION_1), 0);
+        assert_ne!(features & (1 << VIRTIO_RING_F_INDIRECT_DESC), 0);
     }
     assert!(blk.protocol_features().contains(VhostUserProtocolFeatures::CONFIG));
     assert!(!rng.protocol_features().contains(VhostUserProtocolFeatures::CONFIG));

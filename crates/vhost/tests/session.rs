@@ -64,3 +64,27 @@ fn a_socket_that_cannot_be_bound_is_named_in_the_error() {
     let err = VhostServer::bind(path).err().expect("binding in a missing directory fails");
     assert!(err.to_string().contains("/nonexistent-dir-for-branchbox/blk.sock"), "{err}");
 }
+
+#[test]
+fn the_features_qemu_7_2_vhost_user_rng_acks_are_accepted() {
+    use branchbox_virtio::rng::Rng;
+    use vhost::vhost_user::message::VhostUserHeaderFlag;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("rng.sock");
+    let mut server = VhostServer::bind(&socket).expect("bind");
+    let session = std::thread::spawn(move || server.serve(Backend::new(Rng::new())));
+
+    let mut frontend = Frontend::connect(&socket, 1).expect("connect");
+    frontend.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+    frontend.get_features().expect("features");
+    let protocol = frontend.get_protocol_features().expect("protocol features");
+    frontend.set_protocol_features(protocol).expect("set protocol features");
+    // What QEMU 7.2's vhost-user-rng sent (seen on the socket): the guest's features passed
+    // through unmasked, indirect descriptors included.
+    let qemu_acks = 1 << 28 | 1 << 29 | 1 << 32 | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+    frontend.set_features(qemu_acks).expect("the back end refused QEMU's feature ack");
+    assert_eq!(frontend.get_queue_num().expect("the session goes on"), 1);
+    drop(frontend);
+    session.join().expect("session thread").expect("session");
+}
