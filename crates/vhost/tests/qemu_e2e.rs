@@ -122,7 +122,11 @@ fn a_guest_killed_mid_write_leaves_a_disk_that_mounts() {
     // And the guest boots on it again: the kernel replays the journal and mounts it read-write.
     let devices = Devices::start(dir.path(), &disk);
     let mut qemu = Qemu::boot(&files, &devices, &dir.path().join("console-2.log"));
-    let (mut guest, _) = agent(&mut qemu, &devices.vsock_host_socket);
+    let (mut guest, recovered) = agent(&mut qemu, &devices.vsock_host_socket);
+    eprintln!(
+        "boot after the kill (journal replay) to the agent's first answer: {} ms",
+        recovered.as_millis()
+    );
     assert_eq!(sh(&mut guest, "cat /root/before"), "kept\n");
     let root = sh(&mut guest, "grep ' / ' /proc/mounts");
     assert!(
