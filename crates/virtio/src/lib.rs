@@ -15,11 +15,14 @@
 
 pub mod blk;
 pub mod chain;
+#[cfg(feature = "testing")]
+pub mod fuzz;
 pub mod mmio;
 pub mod queue;
 pub mod rng;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod vmgenid;
 pub mod vsock;
 
 use virtio_queue::Queue;

@@ -367,8 +367,9 @@ impl<D: VirtioDevice, S: GuestAddressSpace> MmioTransport<D, S> {
             let offered = self.device.features();
             let wanted = self.regs.driver_features;
             if wanted & !offered != 0 || wanted & FEATURE_VERSION_1 == 0 {
-                // Left without FEATURES_OK: the driver reads it back and gives up.
-                self.regs.status = value & !VIRTIO_CONFIG_S_FEATURES_OK;
+                // Left without FEATURES_OK (and so without DRIVER_OK, had both come in one
+                // write): the driver reads it back and gives up.
+                self.regs.status = value & !(VIRTIO_CONFIG_S_FEATURES_OK | VIRTIO_CONFIG_S_DRIVER_OK);
                 return false;
             }
             self.device.ack_features(wanted);

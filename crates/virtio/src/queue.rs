@@ -59,7 +59,9 @@ where
     let queue_err = |source| DeviceError::Queue { index, source };
     loop {
         queue.disable_notification(mem).map_err(queue_err)?;
+        let mut progressed = false;
         while let Some(chain) = queue.pop_descriptor_chain(mem) {
+            progressed = true;
             let head = chain.head_index();
             let len = match answer(chain) {
                 Answer::Done(len) => len,
@@ -79,11 +81,21 @@ where
         if !queue.enable_notification(mem).map_err(queue_err)? {
             break;
         }
+        if !progressed {
+            return Err(broken_avail_ring(index));
+        }
     }
     if !outcome.used.is_empty() {
         outcome.signal = queue.needs_notification(mem).map_err(queue_err)?;
     }
     Ok(outcome)
+}
+
+/// The driver's available index says there are chains, yet none can be popped: the index is
+/// more than a queue ahead of the device or the ring cannot be read. Looping on it would
+/// spin forever, so the queue is reported broken.
+pub(crate) fn broken_avail_ring(index: usize) -> DeviceError {
+    DeviceError::Queue { index, source: virtio_queue::Error::InvalidAvailRingIndex }
 }
 
 /// A queue's saved state: the fields of virtio-queue's `QueueState`, which has no serde.

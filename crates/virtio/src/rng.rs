@@ -61,7 +61,7 @@ impl Rng {
 }
 
 /// Fills `buf` from the kernel's random pool, retrying short reads and interruptions.
-fn fill_random(buf: &mut [u8]) -> io::Result<()> {
+pub(crate) fn fill_random(buf: &mut [u8]) -> io::Result<()> {
     let mut done = 0;
     while done < buf.len() {
         let rest = &mut buf[done..];

@@ -282,3 +282,17 @@ fn blk_restore_refuses_a_state_for_another_disk() {
     saved.queues[0].max_size = 1024;
     assert!(r.dev.restore(&saved, &NoContext).is_err());
 }
+
+#[test]
+fn overlay_refuses_an_unaligned_base_and_a_foreign_overlay() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("odd.img");
+    std::fs::write(&base, vec![0u8; 4096 + 512]).unwrap();
+    let err = OverlayBackend::open(&base, &dir.path().join("o1.img")).err().unwrap();
+    assert!(err.to_string().contains("not a multiple of 4096"), "{err}");
+    let base = base_file(dir.path());
+    let foreign = dir.path().join("o2.img");
+    std::fs::write(&foreign, vec![0u8; 8192]).unwrap();
+    let err = OverlayBackend::open(&base, &foreign).err().unwrap();
+    assert!(err.to_string().contains("belongs to one base"), "{err}");
+}

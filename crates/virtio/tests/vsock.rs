@@ -220,6 +220,14 @@ fn vsock_guest_connects_to_path_port_or_gets_reset() {
     server.read_exact(&mut buf).unwrap();
     assert_eq!(&buf, b"hello service");
 
+    // The same REQUEST again on the live connection: both ends are dropped.
+    r.send(Pkt::guest(40000, 5000, REQUEST), &[]);
+    let got = r.received();
+    assert_eq!(got.iter().map(|p| (p.0.op, p.0.dst_port)).collect::<Vec<_>>(), vec![(RST, 40000)]);
+    assert_eq!(r.dev.device().connections(), 0);
+    let mut rest = Vec::new();
+    assert_eq!(server.read_to_end(&mut rest).unwrap(), 0, "the service sees the close");
+
     r.send(Pkt::guest(40001, 5001, REQUEST), &[]);
     let got = r.received();
     assert_eq!(
@@ -366,4 +374,25 @@ fn vsock_restore_drops_host_connections_and_resets_the_guest_transport() {
     fresh.device_mut().handle_host_events();
     fresh.process_pending();
     assert_eq!(fresh.device().connections(), 1);
+}
+
+#[test]
+fn vsock_rx_queue_not_ready_is_left_alone() {
+    use branchbox_virtio::VirtioDevice;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v.sock");
+    let mut vsock = Vsock::new(CID, &path).unwrap();
+    let mut client = UnixStream::connect(&path).unwrap();
+    client.write_all(b"CONNECT 1024\n").unwrap();
+    vsock.handle_host_events();
+    assert_ne!(vsock.queues_with_work() & 1, 0, "a REQUEST waits for the guest");
+    let mem = guest_memory();
+    mem.write_slice(&[0xff; 64], GuestAddress(0)).unwrap();
+    // A queue the driver has not set up: its ring addresses are all zero.
+    let mut queue = <virtio_queue::Queue as virtio_queue::QueueT>::new(256).unwrap();
+    let out = vsock.process_queue(0, &mut queue, &*mem).unwrap();
+    assert!(out.used.is_empty());
+    let mut low = [0u8; 64];
+    mem.read_slice(&mut low, GuestAddress(0)).unwrap();
+    assert_eq!(low, [0xff; 64], "nothing written at guest address 0");
 }

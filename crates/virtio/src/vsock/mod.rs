@@ -8,6 +8,7 @@
 //! [`Vsock::handle_host_events`], then processes the queues [`VirtioDevice::queues_with_work`]
 //! names.
 
+mod conn;
 mod muxer;
 
 pub use muxer::{
@@ -25,7 +26,7 @@ use virtio_vsock::packet::{VsockPacket, PKT_HEADER_SIZE};
 use vm_memory::{Bytes, GuestMemory};
 
 use crate::chain::{parse_chain, ChainLimits};
-use crate::queue::{process_chains, Answer, QueueOutcome, UsedChain};
+use crate::queue::{broken_avail_ring, process_chains, Answer, QueueOutcome, UsedChain};
 use crate::{DeviceError, VirtioDevice, FEATURE_EVENT_IDX, FEATURE_VERSION_1};
 
 /// The RX queue's index.
@@ -143,15 +144,24 @@ impl Vsock {
     ) -> Result<QueueOutcome, DeviceError> {
         let queue_err = |source| DeviceError::Queue { index: RX, source };
         let mut out = QueueOutcome::default();
+        if !queue.ready() {
+            return Ok(out);
+        }
+        let mut looked_again = false;
         while self.muxer.has_rx_work() {
             let Some(mut chain) = queue.pop_descriptor_chain(mem) else {
                 // Out of buffers: ask to be notified when the driver adds some, and look once
                 // more in case it just did.
-                if queue.enable_notification(mem).map_err(queue_err)? {
-                    continue;
+                if !queue.enable_notification(mem).map_err(queue_err)? {
+                    break;
                 }
-                break;
+                if looked_again {
+                    return Err(broken_avail_ring(RX));
+                }
+                looked_again = true;
+                continue;
             };
+            looked_again = false;
             let head = chain.head_index();
             let len = match VsockPacket::from_rx_virtq_chain(mem, &mut chain, MAX_PKT_DATA) {
                 Ok(mut pkt) => {
@@ -199,6 +209,9 @@ impl Vsock {
     ) -> Result<QueueOutcome, DeviceError> {
         let queue_err = |source| DeviceError::Queue { index: EVENT, source };
         let mut out = QueueOutcome::default();
+        if !queue.ready() {
+            return Ok(out);
+        }
         while self.reset_event_pending {
             let Some(chain) = queue.pop_descriptor_chain(mem) else { break };
             let head = chain.head_index();

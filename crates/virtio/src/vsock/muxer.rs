@@ -16,6 +16,8 @@ use std::path::{Path, PathBuf};
 
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
+use super::conn::{Conn, State};
+
 /// The host's CID.
 pub const HOST_CID: u64 = 2;
 /// Bytes each connection buffers from the guest (advertised as `buf_alloc`): data the
@@ -82,79 +84,6 @@ pub struct VsockCounters {
 
 /// (host port, guest port).
 type Key = (u32, u32);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    /// Host-initiated, REQUEST sent or to be sent, waiting for RESPONSE.
-    Connecting,
-    Established,
-    /// SHUTDOWN sent to the guest after the host closed; waiting for its RST.
-    Closing,
-}
-
-struct Conn {
-    stream: UnixStream,
-    token: u64,
-    state: State,
-    send_request: bool,
-    send_response: bool,
-    send_credit: bool,
-    send_shutdown: bool,
-    peer_buf_alloc: u32,
-    peer_fwd_cnt: u32,
-    rx_cnt: u32,
-    fwd_cnt: u32,
-    fwd_cnt_sent: u32,
-    to_host: VecDeque<u8>,
-    readable: bool,
-}
-
-impl Conn {
-    fn new(stream: UnixStream, token: u64, state: State) -> Conn {
-        Conn {
-            stream,
-            token,
-            state,
-            send_request: state == State::Connecting,
-            send_response: state == State::Established,
-            send_credit: false,
-            send_shutdown: false,
-            peer_buf_alloc: 0,
-            peer_fwd_cnt: 0,
-            rx_cnt: 0,
-            fwd_cnt: 0,
-            fwd_cnt_sent: 0,
-            to_host: VecDeque::new(),
-            readable: state == State::Established,
-        }
-    }
-
-    /// Bytes the guest can still take on this connection.
-    fn peer_credit(&self) -> u32 {
-        self.peer_buf_alloc.saturating_sub(self.rx_cnt.wrapping_sub(self.peer_fwd_cnt))
-    }
-
-    /// Writes what the guest sent to the host client, as far as it takes it now.
-    fn flush_to_host(&mut self) -> io::Result<()> {
-        while !self.to_host.is_empty() {
-            let (front, _) = self.to_host.as_slices();
-            match self.stream.write(front) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => {
-                    self.to_host.drain(..n);
-                    self.fwd_cnt = self.fwd_cnt.wrapping_add(n as u32);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        if self.fwd_cnt.wrapping_sub(self.fwd_cnt_sent) >= CONN_BUF / 4 {
-            self.send_credit = true;
-        }
-        Ok(())
-    }
-}
 
 struct Handshake {
     stream: UnixStream,
@@ -460,7 +389,12 @@ impl Muxer {
 
     /// A guest REQUEST for host port `key.0`: connect to `<path>_<port>`.
     fn guest_connect(&mut self, key: Key) {
-        if self.conns.contains_key(&key) || self.conns.len() + self.handshakes.len() >= MAX_CONNECTIONS {
+        if self.conns.contains_key(&key) {
+            // A second REQUEST on a live connection: the guest lost track of it; drop both.
+            self.reset(key);
+            return;
+        }
+        if self.conns.len() + self.handshakes.len() >= MAX_CONNECTIONS {
             self.push_control(key, OP_RST, 0);
             return;
         }
