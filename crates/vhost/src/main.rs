@@ -1,0 +1,97 @@
+//! `branchbox-vhost`: serves one branchbox device back end on a vhost-user socket, for the
+//! QEMU end-to-end test and for developers (docs/vhost-user.md has the QEMU command line).
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use branchbox_vhost::{Backend, ServedDevice, VhostServer};
+use branchbox_virtio::blk::{Block, OverlayBackend};
+use branchbox_virtio::rng::Rng;
+use branchbox_virtio::vsock::Vsock;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "branchbox-vhost", about = "Serve a branchbox virtio device over vhost-user")]
+struct Cli {
+    /// The vhost-user Unix socket to create (a stale file there is replaced).
+    #[arg(long)]
+    socket: PathBuf,
+    /// Serve one front-end connection, then exit (default: serve one after another).
+    #[arg(long)]
+    once: bool,
+    #[command(subcommand)]
+    device: DeviceArgs,
+}
+
+#[derive(Subcommand)]
+enum DeviceArgs {
+    /// virtio-blk over a read-only base disk and a writable overlay (QEMU: vhost-user-blk-pci).
+    Blk {
+        /// The base disk image; never written.
+        #[arg(long)]
+        base: PathBuf,
+        /// The overlay that takes the guest's writes; created sparse if missing.
+        #[arg(long)]
+        overlay: PathBuf,
+        /// The id the guest reads with VIRTIO_BLK_T_GET_ID (at most 20 bytes used).
+        #[arg(long, default_value = "branchbox")]
+        id: String,
+    },
+    /// virtio-rng fed by the host kernel's random pool (QEMU: vhost-user-rng-pci).
+    Rng,
+    /// virtio-vsock whose host side is a Unix socket: connect, send `CONNECT <port>\n`, read
+    /// `OK <port>\n`, then the stream is the guest connection (QEMU: vhost-user-vsock-pci).
+    Vsock {
+        /// The guest's context id (3 or more).
+        #[arg(long, default_value_t = 3)]
+        guest_cid: u64,
+        /// The host-side Unix socket to create.
+        #[arg(long)]
+        host_socket: PathBuf,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let mut server = VhostServer::bind(&cli.socket)?;
+    loop {
+        // A fresh device per session: a front end that reconnects gets a reset device.
+        match &cli.device {
+            DeviceArgs::Blk { base, overlay, id } => {
+                let disk = OverlayBackend::open(base, overlay)
+                    .with_context(|| format!("opening disk {} over {}", overlay.display(), base.display()))?;
+                serve(&mut server, Block::new(Box::new(disk), id))?
+            }
+            DeviceArgs::Rng => serve(&mut server, Rng::new())?,
+            DeviceArgs::Vsock { guest_cid, host_socket } => {
+                serve(&mut server, Vsock::new(*guest_cid, host_socket)?)?
+            }
+        }
+        if cli.once {
+            return Ok(());
+        }
+    }
+}
+
+fn serve<D: ServedDevice>(server: &mut VhostServer, device: D) -> anyhow::Result<()> {
+    let backend = Backend::new(device);
+    let counters = backend.counters();
+    server.serve(backend)?;
+    let queues: Vec<String> = (0..counters.queues.len())
+        .map(|q| {
+            format!(
+                "queue {q}: {} chains, {} bytes to the guest, {} refused",
+                counters.chains(q),
+                counters.bytes_to_guest(q),
+                counters.rejected(q)
+            )
+        })
+        .collect();
+    eprintln!(
+        "branchbox-vhost: {} session on {} ended; {}",
+        D::NAME,
+        server.path().display(),
+        queues.join("; ")
+    );
+    Ok(())
+}
