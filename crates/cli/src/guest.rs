@@ -62,7 +62,13 @@ fn kernel(cfg: &Config, print_path: bool, source: Option<&PathBuf>, cached: bool
         } else {
             "from BRANCHBOX_KERNEL"
         };
-        format!("guest kernel {} ({how} in {took:.3} s): {}", k.hash, path.display())
+        let mut text = format!("guest kernel {} ({how} in {took:.3} s): {}", k.hash, path.display());
+        for (name, file) in [("vmlinux", &k.vmlinux), ("bzImage", &k.bzimage)] {
+            if let Some(f) = file {
+                text.push_str(&format!("\n  {name}: {}", f.display()));
+            }
+        }
+        text
     });
     Ok(0)
 }
