@@ -36,7 +36,7 @@ fn kernel(cfg: &Config, print_path: bool, source: Option<&PathBuf>, cached: bool
                 cached_kernel(&cfg.images_dir, &source).ok_or_else(|| {
                     anyhow!(
                         "the guest kernel is not built in {} (recipe {}); build it with `branchbox guest kernel` \
-                         (about 5 minutes on 2 cores), or name one with {KERNEL_ENV}",
+                         (about 10 minutes on 2 idle cores), or name one with {KERNEL_ENV}",
                         cfg.images_dir.display(),
                         KernelRecipe::new(&source).hash()
                     )
@@ -62,7 +62,13 @@ fn kernel(cfg: &Config, print_path: bool, source: Option<&PathBuf>, cached: bool
         } else {
             "from BRANCHBOX_KERNEL"
         };
-        format!("guest kernel {} ({how} in {took:.3} s): {}", k.hash, path.display())
+        let mut text = format!("guest kernel {} ({how} in {took:.3} s): {}", k.hash, path.display());
+        for (name, file) in [("vmlinux", &k.vmlinux), ("bzImage", &k.bzimage)] {
+            if let Some(f) = file {
+                text.push_str(&format!("\n  {name}: {}", f.display()));
+            }
+        }
+        text
     });
     Ok(0)
 }

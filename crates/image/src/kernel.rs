@@ -312,7 +312,9 @@ fn build(
     }
 
     let jobs = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    progress(&format!("guest kernel: compiling with {jobs} job(s) (about 5 minutes on 2 cores)"));
+    progress(&format!(
+        "guest kernel: compiling with {jobs} job(s) (about 20 CPU-minutes: 10 minutes on 2 idle cores)"
+    ));
     make_images(&src, &mut log, jobs, started, progress)?;
     for (from, to) in [
         (src.join("vmlinux"), out.join("vmlinux")),
