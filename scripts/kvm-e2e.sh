@@ -23,7 +23,7 @@ t() { date +%s%N; }
 since() { echo "$(( ($(t) - $1) / 1000000 )) ms"; }
 
 s=$(t); ./scripts/setup.sh; echo "kvm-e2e: setup $(since "$s")"
-s=$(t); cargo build --release -p branchbox-cli -p branchbox-agent -p branchbox-vmm --example linux_guest
+s=$(t); cargo build --release -p branchbox -p branchbox-agent -p branchbox-guest-tests --example linux_guest
 echo "kvm-e2e: binaries $(since "$s")"
 bb=target/release/branchbox
 
@@ -35,4 +35,4 @@ target/release/examples/linux_guest --kernel "$kernel" --disk "$disk" --runs "$r
 target/release/examples/linux_guest --kernel "$kernel" --disk "$disk" --runs "$runs" --cmdline-extra quiet
 
 BRANCHBOX_KERNEL="$kernel" BRANCHBOX_GUEST_DISK="$disk" \
-    cargo test --release -p branchbox-vmm --test linux_kvm -- --nocapture
+    cargo test --release -p branchbox-guest-tests --test linux_kvm -- --nocapture

@@ -8,9 +8,7 @@
 //! Without `--kernel`/`--disk`: `$BRANCHBOX_KERNEL`/`$BRANCHBOX_GUEST_DISK`, else the newest
 //! cached ones under `$BRANCHBOX_IMAGES`.
 
-#[path = "../tests/linux_support/mod.rs"]
-mod linux_support;
-
+use branchbox_guest_tests::{artifacts, kvm};
 use branchbox_protocol::{Command, ExecSpec};
 use branchbox_vmm::Hypervisor;
 use std::path::PathBuf;
@@ -57,23 +55,17 @@ fn main() {
 
 fn run() -> Result<(), String> {
     let args = parse_args()?;
-    linux_support::hardware_kvm().map_err(|why| format!("needs hardware KVM: {why}"))?;
-    let kernel = args.kernel.map_or_else(linux_support::guest_kernel, Ok)?;
-    let disk = args.disk.map_or_else(linux_support::guest_disk, Ok)?;
+    kvm::hardware_kvm().map_err(|why| format!("needs hardware KVM: {why}"))?;
+    let kernel = args.kernel.map_or_else(artifacts::vmlinux, Ok)?;
+    let disk = args.disk.map_or_else(artifacts::root_disk, Ok)?;
     let hv = Hypervisor::open().map_err(|e| e.to_string())?;
     println!("kernel {}\ndisk {}", kernel.display(), disk.display());
 
     let mut times = Vec::with_capacity(args.runs);
     for i in 0..args.runs {
         let work = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let mut booted = linux_support::boot_to_agent(
-            &hv,
-            &kernel,
-            &disk,
-            work.path(),
-            &args.extra,
-            Duration::from_secs(30),
-        )?;
+        let mut booted =
+            kvm::boot_to_agent(&hv, &kernel, &disk, work.path(), &args.extra, Duration::from_secs(30))?;
         times.push(booted.to_first_answer);
         println!(
             "run {i}: boot to the agent's first answer {:.1} ms",

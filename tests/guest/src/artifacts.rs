@@ -1,6 +1,7 @@
 //! Where the guest kernel and root disk come from: the project's cached builds, found with
-//! `branchbox guest kernel|disk --print-path --cached` (which never build). `BRANCHBOX_IMAGES`
-//! names the cache as for every branchbox command; `BRANCHBOX_KERNEL` names another kernel.
+//! `branchbox guest kernel|disk --print-path --cached` (which never build), so a test uses
+//! exactly the artifacts of the current recipes. `BRANCHBOX_IMAGES` names the cache as for
+//! every branchbox command; `BRANCHBOX_KERNEL` names another kernel (the CLI reports it as is).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -13,45 +14,82 @@ pub struct GuestFiles {
     pub rootfs: PathBuf,
 }
 
-/// The directory of the workspace's binaries: this test runs from `<target>/debug/deps/`.
-fn binaries() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test's own path");
-    exe.parent().and_then(Path::parent).expect("the test runs from <target>/<profile>/deps").to_path_buf()
+/// The directory of the workspace's binaries: tests run from `<target>/<profile>/deps/`,
+/// examples from `<target>/<profile>/examples/`.
+fn binaries() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program's own path: {e}"))?;
+    exe.parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .ok_or_else(|| format!("{} is not under <target>/<profile>/", exe.display()))
 }
 
-/// Runs `branchbox guest <what> --print-path --cached`; panics with its message on a miss.
-fn cached(what: &str) -> PathBuf {
-    let bin = binaries();
+/// Runs `branchbox guest <what> --print-path --cached`: the cached artifact's path, or why
+/// there is none with the command that builds it.
+fn cached(what: &str) -> Result<PathBuf, String> {
+    let bin = binaries()?;
     let branchbox = bin.join("branchbox");
-    assert!(
-        branchbox.is_file(),
-        "{} is missing: run `cargo build --workspace` first (the disk's recipe covers the agent it builds)",
-        branchbox.display()
-    );
+    if !branchbox.is_file() {
+        return Err(format!(
+            "{} is missing: run `cargo build --workspace` first (the disk's recipe covers the agent it builds)",
+            branchbox.display()
+        ));
+    }
     let mut cmd = Command::new(&branchbox);
     cmd.args(["guest", what, "--print-path", "--cached"]);
     if std::env::var_os("BRANCHBOX_AGENT").is_none() {
         cmd.env("BRANCHBOX_AGENT", bin.join("branchbox-agent"));
     }
-    let out = cmd.output().expect("run branchbox guest");
-    assert!(
-        out.status.success(),
-        "the guest {what} is not built; build it first with `branchbox guest {what}` \
-         (BRANCHBOX_IMAGES={:?}; the kernel takes about 5 minutes on 2 cores, then it is cached): {}",
-        std::env::var_os("BRANCHBOX_IMAGES"),
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    let out = cmd.output().map_err(|e| format!("cannot run {}: {e}", branchbox.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "the guest {what} is not built; build it first with `branchbox guest {what}` \
+             (BRANCHBOX_IMAGES={:?}; a cold kernel build takes about 10 minutes on 2 cores, then it \
+             is cached): {}",
+            std::env::var_os("BRANCHBOX_IMAGES"),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
-/// The guest files; panics naming the command that builds them when they are not built.
-/// There is no silent skip: CI builds them before running this test.
+/// One file of the cached kernel (`vmlinux` or `bzImage`), or the kernel `BRANCHBOX_KERNEL`
+/// names.
+fn kernel_file(name: &str) -> Result<PathBuf, String> {
+    let kernel = cached("kernel")?;
+    let file = if kernel.is_dir() { kernel.join(name) } else { kernel };
+    if file.is_file() {
+        Ok(file)
+    } else {
+        Err(format!("no kernel at {}", file.display()))
+    }
+}
+
+/// The guest kernel as an ELF `vmlinux`, the form our VMM loads.
+pub fn vmlinux() -> Result<PathBuf, String> {
+    let file = kernel_file("vmlinux")?;
+    let elf = std::fs::read(&file).map(|b| b.get(..4) == Some(b"\x7fELF")).unwrap_or(false);
+    if elf {
+        Ok(file)
+    } else {
+        Err(format!("{} is not a readable vmlinux (ELF); our VMM boots the ELF", file.display()))
+    }
+}
+
+/// The cached root disk: a read-only base, never written by a test.
+pub fn root_disk() -> Result<PathBuf, String> {
+    let disk = cached("disk")?;
+    if disk.is_file() {
+        Ok(disk)
+    } else {
+        Err(format!("no root disk at {}", disk.display()))
+    }
+}
+
+/// The guest files QEMU boots; panics naming the command that builds them when they are not
+/// built. There is no silent skip: CI builds them before running these tests.
 pub fn guest_files() -> GuestFiles {
-    let kernel = cached("kernel");
-    // The cache directory holds vmlinux and bzImage; BRANCHBOX_KERNEL names a file.
-    let bzimage = if kernel.is_dir() { kernel.join("bzImage") } else { kernel };
-    let rootfs = cached("disk");
-    assert!(bzimage.is_file(), "no kernel at {}", bzimage.display());
-    assert!(rootfs.is_file(), "no root disk at {}", rootfs.display());
+    let bzimage = kernel_file("bzImage").unwrap_or_else(|e| panic!("{e}"));
+    let rootfs = root_disk().unwrap_or_else(|e| panic!("{e}"));
     GuestFiles { bzimage, rootfs }
 }

@@ -1,6 +1,5 @@
-//! Shared by the Linux guest tests and the `linux_guest` example: finding the project's guest
-//! kernel and root disk, telling hardware KVM from PVM, and booting a guest to its agent.
-#![allow(dead_code)]
+//! Our VMM with a Linux guest: telling hardware KVM from PVM, and booting the guest to its
+//! agent (shared by the hardware-KVM test and the `linux_guest` example).
 
 use branchbox_protocol::{AgentClient, AGENT_VSOCK_PORT};
 use branchbox_vmm::linux::{connect_guest_port, LinuxVm, LinuxVmConfig, RunEnd, StopHandle};
@@ -12,67 +11,6 @@ use std::time::{Duration, Instant};
 
 /// The guest's CID.
 pub const GUEST_CID: u64 = 3;
-
-fn images_dir() -> PathBuf {
-    std::env::var_os("BRANCHBOX_IMAGES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| "/var/lib/branchbox/images".into())
-}
-
-/// The newest `<images>/<kind>/<hash>/<file>`, skipping unfinished `tmp-*` builds.
-fn newest_cached(kind: &str, file: &str) -> Option<PathBuf> {
-    let entries = std::fs::read_dir(images_dir().join(kind)).ok()?;
-    entries
-        .flatten()
-        .filter(|e| !e.file_name().to_string_lossy().starts_with("tmp-"))
-        .map(|e| e.path().join(file))
-        .filter(|p| p.is_file())
-        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
-}
-
-/// The guest kernel (`vmlinux`): `$BRANCHBOX_KERNEL` if set, else the newest one
-/// `branchbox guest kernel` cached. Without one: an error naming the command that builds it.
-pub fn guest_kernel() -> Result<PathBuf, String> {
-    if let Some(k) = std::env::var_os("BRANCHBOX_KERNEL").map(PathBuf::from) {
-        let elf = std::fs::read(&k).map(|b| b.get(..4) == Some(b"\x7fELF")).unwrap_or(false);
-        return if elf {
-            Ok(k)
-        } else {
-            Err(format!(
-                "BRANCHBOX_KERNEL={} is not a readable vmlinux (ELF); our VMM boots the ELF",
-                k.display()
-            ))
-        };
-    }
-    newest_cached("kernel", "vmlinux").ok_or_else(|| {
-        format!(
-            "no guest kernel under {}/kernel: build it with `BRANCHBOX_IMAGES={} branchbox guest kernel` \
-             (or point BRANCHBOX_KERNEL at a vmlinux)",
-            images_dir().display(),
-            images_dir().display()
-        )
-    })
-}
-
-/// The root disk: `$BRANCHBOX_GUEST_DISK` if set, else the newest one `branchbox guest disk`
-/// cached.
-pub fn guest_disk() -> Result<PathBuf, String> {
-    if let Some(d) = std::env::var_os("BRANCHBOX_GUEST_DISK").map(PathBuf::from) {
-        return if d.is_file() {
-            Ok(d)
-        } else {
-            Err(format!("BRANCHBOX_GUEST_DISK={} is not a file", d.display()))
-        };
-    }
-    newest_cached("disk", "rootfs.ext4").ok_or_else(|| {
-        format!(
-            "no root disk under {}/disk: build it with `BRANCHBOX_IMAGES={} branchbox guest disk` \
-             (or point BRANCHBOX_GUEST_DISK at an ext4 image)",
-            images_dir().display(),
-            images_dir().display()
-        )
-    })
-}
 
 /// `Ok` on a host with hardware virtualization behind `/dev/kvm`; otherwise why not. PVM
 /// hosts have `/dev/kvm` too, but no `vmx`/`svm` flag and only the `kvm_pvm` module.

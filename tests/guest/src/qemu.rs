@@ -18,8 +18,7 @@ use branchbox_virtio::blk::{Block, BlockBackend, OverlayBackend, SECTOR_SIZE};
 use branchbox_virtio::rng::Rng;
 use branchbox_virtio::vsock::Vsock;
 
-mod guest_files;
-pub use guest_files::{guest_files, GuestFiles};
+use crate::artifacts::GuestFiles;
 
 /// The agent's vsock port in the guest (crates/protocol's `AGENT_VSOCK_PORT`).
 pub const AGENT_PORT: u32 = 1024;

@@ -7,8 +7,7 @@
 //! is printed before that. On hardware KVM the kernel gets much further; the same lines are
 //! printed first and the run is stopped once they are in.
 
-mod linux_support;
-
+use branchbox_guest_tests::{artifacts, kvm};
 use branchbox_vmm::linux::{LinuxVm, LinuxVmConfig, RunEnd};
 use branchbox_vmm::Hypervisor;
 use std::path::Path;
@@ -68,7 +67,7 @@ fn boot_and_watch(
 ) -> (String, RunEnd, Vec<(&'static str, Duration)>, branchbox_arch::BootInfo) {
     let hv = Hypervisor::open().expect("open /dev/kvm: this test needs KVM (PVM is enough)");
     let config = LinuxVmConfig {
-        kernel: linux_support::guest_kernel().unwrap_or_else(|e| panic!("{e}")),
+        kernel: artifacts::vmlinux().unwrap_or_else(|e| panic!("{e}")),
         cmdline: CMDLINE.into(),
         mem_size: MEM,
         vcpus: 1,
@@ -114,7 +113,7 @@ fn boot_and_watch(
 #[test]
 fn kernel_reports_our_command_line_e820_map_and_zones() {
     let dir = tempfile::tempdir().unwrap();
-    let hardware = linux_support::hardware_kvm().is_ok();
+    let hardware = kvm::hardware_kvm().is_ok();
     let (log, end, seen, info) = boot_and_watch(&dir.path().join("serial.log"), hardware);
     eprintln!("run ended: {end}");
     for (m, t) in &seen {

@@ -4,11 +4,10 @@
 //! prints one skip line and passes: the guest cannot get past its first emulated
 //! instruction there (see `linux_boot.rs` for what those hosts do prove).
 
-mod linux_support;
-
+use branchbox_guest_tests::artifacts::{root_disk, vmlinux};
+use branchbox_guest_tests::kvm::{boot_to_agent, hardware_kvm};
 use branchbox_protocol::{Command, ExecSpec};
 use branchbox_vmm::Hypervisor;
-use linux_support::{boot_to_agent, guest_disk, guest_kernel, hardware_kvm};
 use std::io::Write;
 use std::time::Duration;
 
@@ -19,8 +18,8 @@ fn boots_to_the_agent_and_runs_python() {
         let _ = writeln!(std::io::stderr(), "SKIP linux_kvm: hardware KVM missing: {why}");
         return;
     }
-    let kernel = guest_kernel().unwrap_or_else(|e| panic!("{e}"));
-    let disk = guest_disk().unwrap_or_else(|e| panic!("{e}"));
+    let kernel = vmlinux().unwrap_or_else(|e| panic!("{e}"));
+    let disk = root_disk().unwrap_or_else(|e| panic!("{e}"));
     let work = tempfile::tempdir().unwrap();
     let hv = Hypervisor::open().expect("open /dev/kvm");
     let mut booted = boot_to_agent(&hv, &kernel, &disk, work.path(), "", Duration::from_secs(30))

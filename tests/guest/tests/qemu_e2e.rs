@@ -5,12 +5,11 @@
 //! Needs `qemu-system-x86_64` (Debian's qemu-system-x86) and the built guest kernel and disk;
 //! fails, naming the command to run, when either is missing.
 
-mod harness;
-
 use std::time::Duration;
 
+use branchbox_guest_tests::artifacts::{guest_files, GuestFiles};
+use branchbox_guest_tests::qemu::{agent, one_guest_at_a_time, sh, wait_for, Devices, Disk, Qemu};
 use branchbox_virtio::vsock::{RX, TX};
-use harness::{agent, guest_files, one_guest_at_a_time, sh, wait_for, Devices, Disk, GuestFiles, Qemu};
 
 /// Bytes the guest reads from /dev/hwrng.
 const HWRNG_READ: u64 = 4096;
