@@ -66,7 +66,7 @@ pub fn collect(engine: &Engine, dry_run: bool) -> Result<GcReport> {
     let mut lost = BTreeSet::new();
     for v in views.iter().filter(|v| !v.alive) {
         if !dry_run {
-            engine.kill(&v.sandbox.id)?;
+            engine.kill_held(&v.sandbox.id)?;
         }
         lost.insert(v.sandbox.id.to_string());
         r.lost_sandboxes.push(v.sandbox.id.clone());

@@ -417,6 +417,7 @@ impl Engine {
     /// Returns a running sandbox, in place and under the same id, to a snapshot taken of it.
     /// On failure the sandbox keeps running as it was.
     pub fn rollback(&self, id: &SandboxId, snapshot: &str) -> Result<Snapshot> {
+        let _busy = self.in_progress()?;
         let snap = self.usable_snapshot(snapshot)?;
         if snap.source.as_ref() != Some(id) {
             return Err(Error::Conflict(format!(
@@ -576,8 +577,15 @@ impl Engine {
         Ok(ForkOutcome { snapshot, children })
     }
 
-    /// Stops a sandbox and removes everything it had.
+    /// Stops a sandbox and removes everything it had. Holds the data directory like every
+    /// operation in progress, so a `gc` never judges a sandbox being killed as lost.
     pub fn kill(&self, id: &SandboxId) -> Result<()> {
+        let _busy = self.in_progress()?;
+        self.kill_held(id)
+    }
+
+    /// [`Engine::kill`] for a caller that holds the data directory exclusively already (gc).
+    pub(crate) fn kill_held(&self, id: &SandboxId) -> Result<()> {
         let s = self.store.sandbox(id)?;
         if let Ok(backend) = self.backend(s.backend) {
             backend.destroy(id, &self.sandbox_dir(id))?;
