@@ -8,8 +8,8 @@
 //! `/usr/local/bin/branchbox-agent` with its protocol on stdin/stdout: [`is_vm_init`] tells the
 //! two apart by the name the kernel exec'd.
 //!
-//! A PID 1 that exits panics the kernel, so every fatal error here ends in [`power_off`]: sync
-//! the disks, then `reboot(RB_POWER_OFF)`.
+//! A PID 1 that exits panics the kernel, so every fatal error here ends in [`power_off`]: end
+//! the other processes, remount the root read-only, sync, then `reboot(RB_POWER_OFF)`.
 
 use branchbox_protocol::AGENT_VSOCK_PORT;
 use std::ffi::CString;
@@ -273,14 +273,55 @@ pub fn run(serve: impl Fn(std::fs::File) + Send + Sync + Clone + 'static) -> ! {
     }
 }
 
-/// Syncs the disks and powers the VM off (`reboot` restarts it instead).
+/// How long processes get to exit on SIGTERM before they are killed, at a shutdown.
+const TERM_GRACE: std::time::Duration = std::time::Duration::from_millis(300);
+/// How often the root is tried read-only while killed processes still close their files.
+const REMOUNT_TRIES: u32 = 20;
+
+/// Ends every other process, remounts the root read-only (so the journal is closed and the
+/// next mount needs no recovery), syncs and powers the VM off (`reboot` restarts it instead).
+/// Returns only on failure.
 pub fn shutdown(reboot: bool) -> std::io::Error {
-    // SAFETY: sync has no preconditions.
-    unsafe { libc::sync() };
+    // SAFETY: kill(-1) signals every process but PID 1 (us); sync has no preconditions.
+    unsafe {
+        libc::kill(-1, libc::SIGTERM);
+        std::thread::sleep(TERM_GRACE);
+        libc::kill(-1, libc::SIGKILL);
+        libc::sync();
+    }
+    if let Err(e) = remount_root_read_only() {
+        // The disk is synced anyway; the next mount replays the journal.
+        eprintln!(
+            "branchbox-agent: / stays read-write at shutdown ({e}); the next boot recovers its journal"
+        );
+    }
     let cmd = if reboot { libc::RB_AUTOBOOT } else { libc::RB_POWER_OFF };
     // SAFETY: reboot(2) with a valid command; only returns on failure.
     unsafe { libc::reboot(cmd) };
     std::io::Error::last_os_error()
+}
+
+/// Remounts `/` read-only, retrying while processes just killed still hold files open for
+/// writing (EBUSY).
+fn remount_root_read_only() -> std::io::Result<()> {
+    let root = c"/";
+    let mut last = std::io::Error::from_raw_os_error(libc::EBUSY);
+    for _ in 0..REMOUNT_TRIES {
+        let flags = libc::MS_REMOUNT | libc::MS_RDONLY;
+        // SAFETY: a remount of "/" with no source, type or data.
+        let r = unsafe {
+            libc::mount(std::ptr::null(), root.as_ptr(), std::ptr::null(), flags, std::ptr::null())
+        };
+        if r == 0 {
+            return Ok(());
+        }
+        last = std::io::Error::last_os_error();
+        if last.raw_os_error() != Some(libc::EBUSY) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    Err(last)
 }
 
 /// Reports `why` on the console and powers off; if even that fails, waits forever (PID 1
