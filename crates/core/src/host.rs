@@ -58,12 +58,12 @@ pub fn linux_microvm_blocker(kvm: &KvmFacts) -> Option<String> {
     match kvm.kind {
         KvmKind::None => Some(format!("no usable KVM: {}", kvm.detail)),
         KvmKind::Pvm => Some(
-            "PVM emulates guest kernel code ~1000x slower and cannot boot an unmodified Linux kernel; \
-             a PVM-enabled guest kernel is needed"
+            "PVM emulates guest kernel code ~1000x slower: a Linux kernel stops at its first unsupported \
+             instruction (`branchbox vm boot` shows how far it gets), and a PVM guest kernel fails the same way"
                 .into(),
         ),
         KvmKind::Hardware => Some(
-            "the microvm backend boots only the synthetic test guest so far; Linux guest boot is not built yet".into(),
+            "Linux guests boot here (`branchbox vm boot`), but the microvm backend does not serve sandboxes yet".into(),
         ),
     }
 }

@@ -1,6 +1,7 @@
 //! Our VMM with a Linux guest: telling hardware KVM from PVM, and booting the guest to its
 //! agent (shared by the hardware-KVM test and the `linux_guest` example).
 
+use branchbox_core::host::{detect_kvm, KvmKind};
 use branchbox_protocol::{AgentClient, AGENT_VSOCK_PORT};
 use branchbox_vmm::linux::{connect_guest_port, LinuxVm, LinuxVmConfig, RunEnd, StopHandle};
 use branchbox_vmm::Hypervisor;
@@ -12,21 +13,14 @@ use std::time::{Duration, Instant};
 /// The guest's CID.
 pub const GUEST_CID: u64 = 3;
 
-/// `Ok` on a host with hardware virtualization behind `/dev/kvm`; otherwise why not. PVM
-/// hosts have `/dev/kvm` too, but no `vmx`/`svm` flag and only the `kvm_pvm` module.
+/// `Ok` on a host with hardware virtualization behind `/dev/kvm`; otherwise why not (the
+/// same detection `branchbox doctor` reports). PVM hosts have `/dev/kvm` too, but only the
+/// `kvm_pvm` module.
 pub fn hardware_kvm() -> Result<(), String> {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let flags: Vec<&str> =
-        cpuinfo.lines().filter(|l| l.starts_with("flags")).flat_map(|l| l.split_whitespace()).collect();
-    let vmx = flags.contains(&"vmx") || flags.contains(&"svm");
-    let module = ["kvm_intel", "kvm_amd"].into_iter().find(|m| Path::new("/sys/module").join(m).exists());
-    match (vmx, module, Path::new("/dev/kvm").exists()) {
-        (true, Some(_), true) => Ok(()),
-        (false, _, _) => {
-            Err("no vmx/svm CPU flag (this host's /dev/kvm, if any, is not hardware KVM)".into())
-        }
-        (true, None, _) => Err("vmx/svm present but neither kvm_intel nor kvm_amd is loaded".into()),
-        (true, Some(_), false) => Err("kvm module loaded but /dev/kvm is missing".into()),
+    let kvm = detect_kvm();
+    match kvm.kind {
+        KvmKind::Hardware => Ok(()),
+        _ => Err(kvm.detail),
     }
 }
 
