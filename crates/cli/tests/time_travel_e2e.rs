@@ -27,11 +27,12 @@ fn rollback_returns_files_memory_and_processes_to_the_checkpoint() {
     start_counter(&s);
     s.sh("echo before > /root/f");
     let pid = counter_pid(&s);
+    set_mark(&s, "before");
     let at_checkpoint = ask_count(&s);
     let cp = ok(&["checkpoint", &s.0]).trim().to_string();
-    std::thread::sleep(std::time::Duration::from_millis(1500));
     s.sh("echo after > /root/f; touch /root/new");
-    let before_rollback = ask_count(&s);
+    set_mark(&s, "after");
+    assert_eq!(ask_mark(&s), "after");
     s.sh(&format!("kill {pid}"));
     ok(&["rollback", &s.0, &cp]);
     assert_eq!(s.sh("cat /root/f").trim(), "before");
@@ -39,7 +40,9 @@ fn rollback_returns_files_memory_and_processes_to_the_checkpoint() {
     assert_eq!(counter_pid(&s), pid, "the killed process did not come back");
     let after = ask_count(&s);
     assert!(after >= at_checkpoint, "counter went below the checkpoint ({after} < {at_checkpoint})");
-    assert!(after < before_rollback, "memory was not rolled back ({after} >= {before_rollback})");
+    // The count keeps growing after the rollback, as fast as the host lets it, so the memory
+    // is judged by the word the process held at the checkpoint.
+    assert_eq!(ask_mark(&s), "before", "memory was not rolled back");
     let v = json(&["ls"]);
     assert!(v
         .as_array()

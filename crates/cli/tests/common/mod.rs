@@ -171,14 +171,20 @@ pub fn runsc_containers() -> String {
 /// A Python process that keeps a counter in memory only and reports it on request: it writes
 /// the counter to /tmp/count whenever /tmp/ask appears. A child that reports a count at or
 /// above the source's count at the fork instant continued from the source's memory.
+/// A process that counts, and keeps in its memory only a word it was told (`set_mark`), so a
+/// test can tell whether its memory went back without depending on how fast it counts.
 pub const COUNTER: &str = r#"
 import os, time
 n = 0
+mark = ''
 while True:
     n += 1
+    if os.path.exists('/tmp/mark'):
+        mark = open('/tmp/mark').read()
+        os.remove('/tmp/mark')
     if os.path.exists('/tmp/ask'):
         os.remove('/tmp/ask')
-        open('/tmp/count.tmp', 'w').write(str(n))
+        open('/tmp/count.tmp', 'w').write(str(n) + ' ' + mark)
         os.rename('/tmp/count.tmp', '/tmp/count')
     time.sleep(0.01)
 "#;
@@ -195,17 +201,35 @@ pub fn put_text(s: &Sandbox, path: &str, text: &str) {
     assert!(child.wait().expect("wait").success());
 }
 
-pub fn ask_count(s: &Sandbox) -> u64 {
+/// Asks the counter for its count and mark.
+fn ask(s: &Sandbox) -> (u64, String) {
     s.sh("rm -f /tmp/count; touch /tmp/ask");
-    let mut value = 0;
+    let mut value = (0, String::new());
     eventually("the counter to answer", || match s.sh_output("cat /tmp/count 2>/dev/null") {
         out if out.status.success() && !out.stdout.is_empty() => {
-            value = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(0);
-            value > 0
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let (n, mark) = text.split_once(' ').unwrap_or((&text, ""));
+            value = (n.trim().parse().unwrap_or(0), mark.to_string());
+            value.0 > 0
         }
         _ => false,
     });
     value
+}
+
+pub fn ask_count(s: &Sandbox) -> u64 {
+    ask(s).0
+}
+
+/// The word the counter holds in memory (set by `set_mark`).
+pub fn ask_mark(s: &Sandbox) -> String {
+    ask(s).1
+}
+
+/// Tells the counter a word to keep in memory, and waits until it has taken it.
+pub fn set_mark(s: &Sandbox, word: &str) {
+    s.sh(&format!("printf %s {word} > /tmp/mark.tmp && mv /tmp/mark.tmp /tmp/mark"));
+    eventually("the counter to take its mark", || !s.sh_output("test -e /tmp/mark").status.success());
 }
 
 pub fn counter_pid(s: &Sandbox) -> String {
