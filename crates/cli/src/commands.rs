@@ -114,7 +114,8 @@ pub fn run(cli: Cli) -> Result<i32> {
                 let verb = if r.dry_run { "would free" } else { "freed" };
                 format!(
                     "{verb} {:.1} MiB: {} expired snapshot(s) ({} kept for descendants), {} unreachable fork point(s), \
-                     {} interrupted snapshot(s), {} lost sandbox(es), {} stray sandbox dir(s), {} unused image(s)",
+                     {} interrupted snapshot(s), {} lost sandbox(es), {} stray sandbox dir(s), {} unused image(s), \
+                     {} unused root disk(s)",
                     r.freed_bytes as f64 / 1048576.0,
                     r.expired_snapshots.len(),
                     r.kept_with_descendants.len(),
@@ -122,7 +123,8 @@ pub fn run(cli: Cli) -> Result<i32> {
                     r.orphan_snapshot_dirs.len(),
                     r.lost_sandboxes.len(),
                     r.orphan_sandbox_dirs.len(),
-                    r.unused_images.len()
+                    r.unused_images.len(),
+                    r.unused_disks.len()
                 )
             });
             Ok(0)

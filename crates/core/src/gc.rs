@@ -27,6 +27,9 @@ pub struct GcReport {
     pub orphan_sandbox_dirs: Vec<String>,
     /// Images no sandbox or snapshot uses (only when the image cache is this data directory's own).
     pub unused_images: Vec<String>,
+    /// Cached Linux root disks (`<images>/disk/<hash>`) of images no sandbox or snapshot uses
+    /// (same rule as images).
+    pub unused_disks: Vec<String>,
     /// Bytes freed (or that would be freed).
     pub freed_bytes: u64,
 }
@@ -196,6 +199,12 @@ fn collect_images(engine: &Engine, dry_run: bool, r: &mut GcReport) -> Result<()
             }
             r.unused_images.push(name);
         }
+    }
+    for (hash, bytes) in
+        branchbox_image::collect_disks(&cfg.images_dir, &|image| used.contains(image), dry_run)?
+    {
+        r.freed_bytes += bytes;
+        r.unused_disks.push(hash);
     }
     Ok(())
 }

@@ -120,6 +120,62 @@ pub fn cached_disk(images: &Path, image: &Image, agent: &Path) -> Result<Option<
     Ok(cached(&images.join("disk").join(&hash).join("rootfs.ext4"), &hash))
 }
 
+/// Largest `recipe.json` read back from the cache: one is under 1 KiB.
+const MAX_RECIPE_BYTES: u64 = 64 * 1024;
+
+/// The image a cached disk was made from, as its `recipe.json` says; `None` when the entry has
+/// no readable recipe (it is then left alone: it is not one this builder made).
+fn recipe_image(dir: &Path) -> Option<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(dir.join("recipe.json"))
+        .ok()?
+        .take(MAX_RECIPE_BYTES)
+        .read_to_string(&mut text)
+        .ok()?;
+    #[derive(serde::Deserialize)]
+    struct Named {
+        image: String,
+    }
+    serde_json::from_str::<Named>(&text).ok().map(|r| r.image)
+}
+
+/// Removes (or only lists, with `dry_run`) the cached disks under `images` whose image
+/// `keep` refuses, returning each entry's hash and bytes. A new agent makes a new image id and
+/// so a new disk of about 200 MiB; this is how the old ones go. Holds the cache's build lock,
+/// so no build is renamed into place meanwhile.
+pub fn collect_disks(
+    images: &Path,
+    keep: &dyn Fn(&str) -> bool,
+    dry_run: bool,
+) -> Result<Vec<(String, u64)>> {
+    let root = images.join("disk");
+    if !root.is_dir() {
+        return Ok(Vec::new());
+    }
+    let _lock = DirLock::take(&root)?;
+    let entries = std::fs::read_dir(&root).map_err(|e| Error::io(&root, e))?;
+    let mut gone = Vec::new();
+    for e in entries.flatten() {
+        let dir = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        let is_hash = name.len() == 16 && name.bytes().all(|b| b.is_ascii_hexdigit());
+        let Some(image) = recipe_image(&dir).filter(|_| is_hash && dir.is_dir()) else { continue };
+        if keep(&image) {
+            continue;
+        }
+        let bytes = std::fs::read_dir(&dir)
+            .map(|rd| rd.flatten().filter_map(|f| f.metadata().ok()).map(|m| m.len()).sum())
+            .unwrap_or(0);
+        if !dry_run {
+            std::fs::remove_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        }
+        gone.push((name, bytes));
+    }
+    gone.sort();
+    Ok(gone)
+}
+
 /// Returns the root disk for `image` with `agent` as init, building it when the cache under
 /// `images` lacks it.
 pub fn ensure_disk(
@@ -266,6 +322,36 @@ mod tests {
 
     fn image(dir: &Path) -> Image {
         Image { id: "img-0123456789abcdef".into(), rootfs: dir.to_path_buf(), built: false }
+    }
+
+    #[test]
+    fn gc_takes_the_disks_of_unused_images_and_nothing_else() {
+        let images = tempfile::tempdir().unwrap();
+        let root = images.path().join("disk");
+        let entry = |hash: &str, recipe: Option<&str>| {
+            let d = root.join(hash);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("rootfs.ext4"), vec![0u8; 4096]).unwrap();
+            if let Some(r) = recipe {
+                std::fs::write(d.join("recipe.json"), r).unwrap();
+            }
+        };
+        entry("00000000000000aa", Some(r#"{"builder":1,"image":"img-kept","agent_sha256":"x"}"#));
+        entry("00000000000000bb", Some(r#"{"builder":1,"image":"img-old","agent_sha256":"x"}"#));
+        entry("00000000000000cc", None);
+        entry("00000000000000dd", Some("not json"));
+        entry("not-a-hash", Some(r#"{"image":"img-old"}"#));
+        let keep = |image: &str| image == "img-kept";
+        let listed = collect_disks(images.path(), &keep, true).unwrap();
+        assert_eq!(listed.iter().map(|(h, _)| h.as_str()).collect::<Vec<_>>(), ["00000000000000bb"]);
+        assert!(listed[0].1 >= 4096, "the disk's bytes are counted: {listed:?}");
+        assert!(root.join("00000000000000bb").exists(), "a dry run removed a disk");
+        assert_eq!(collect_disks(images.path(), &keep, false).unwrap(), listed);
+        assert!(!root.join("00000000000000bb").exists());
+        for left in ["00000000000000aa", "00000000000000cc", "00000000000000dd", "not-a-hash"] {
+            assert!(root.join(left).exists(), "{left} was collected");
+        }
+        assert!(collect_disks(&images.path().join("none"), &keep, false).unwrap().is_empty());
     }
 
     #[test]

@@ -24,7 +24,7 @@ mod lock;
 mod recipe;
 
 pub use build::{ensure_image, image_id, Image, STATX_COMPAT_IN_IMAGE};
-pub use disk::{cached_disk, ensure_disk, Disk, DiskRecipe};
+pub use disk::{cached_disk, collect_disks, ensure_disk, Disk, DiskRecipe};
 pub use kernel::{
     cached_kernel, ensure_kernel, external_kernel, Kernel, KernelRecipe, KernelSource, KERNEL_ENV,
 };

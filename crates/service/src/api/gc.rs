@@ -32,6 +32,8 @@ pub struct GcResult {
     pub orphan_sandbox_dirs: Vec<String>,
     /// Images nothing uses (only for an image cache of this data directory's own).
     pub unused_images: Vec<String>,
+    /// Cached Linux root disks made from images nothing uses (same rule as images).
+    pub unused_disks: Vec<String>,
     /// Unrecorded complete children of an interrupted fork, now recorded (reconciliation).
     pub adopted: Vec<String>,
     /// Unrecorded sandboxes whose processes were stopped (reconciliation).
@@ -58,6 +60,7 @@ impl From<&GcReport> for GcResult {
             lost_sandboxes: strings(&r.lost_sandboxes),
             orphan_sandbox_dirs: r.orphan_sandbox_dirs.clone(),
             unused_images: r.unused_images.clone(),
+            unused_disks: r.unused_disks.clone(),
             adopted,
             reaped,
         }

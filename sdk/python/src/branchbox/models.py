@@ -90,6 +90,7 @@ class GcReport:
     lost_sandboxes: List[str]
     orphan_sandbox_dirs: List[str]
     unused_images: List[str]
+    unused_disks: List[str]
     adopted: List[str]
     reaped: List[str]
 
@@ -97,7 +98,7 @@ class GcReport:
     def parse(d: Dict[str, Any]) -> "GcReport":
         lists = {k: [str(x) for x in d.get(k) or []] for k in (
             "expired_snapshots", "kept_with_descendants", "unreachable_fork_points", "orphan_snapshot_dirs",
-            "lost_sandboxes", "orphan_sandbox_dirs", "unused_images", "adopted", "reaped")}
+            "lost_sandboxes", "orphan_sandbox_dirs", "unused_images", "unused_disks", "adopted", "reaped")}
         return GcReport(dry_run=bool(d["dry_run"]), freed_bytes=int(d.get("freed_bytes", 0)), **lists)
 
 
