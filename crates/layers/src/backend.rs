@@ -94,6 +94,10 @@ impl LayeredBackend {
     pub fn freeze(&mut self) -> Result<FrozenChain, LayerError> {
         self.frozen.check_room()?;
         self.flush().map_err(io_err("cannot flush top layer", &self.top.path))?;
+        // A copy-up that failed part way may have left bytes past the last held cluster; a
+        // delta has exactly the size its slots need.
+        let end = self.top.data_at(self.held.len() as u64);
+        self.top.file.set_len(end).map_err(io_err("cannot cut top layer", &self.top.path))?;
         let new_top = self.store.new_top(self.frozen.disk_size())?;
         let mut deltas = self.frozen.refs();
         deltas.push(crate::manifest::DeltaRef {
