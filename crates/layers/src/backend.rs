@@ -22,7 +22,7 @@ use branchbox_virtio::blk::{BlockBackend, CLUSTER_SIZE, SECTOR_SIZE};
 use crate::chain::FrozenChain;
 use crate::format::{encode_entry, slot_offset};
 use crate::layer::{io_err, LayerFile};
-use crate::manifest::Manifest;
+use crate::manifest::{id_text, DeltaRef, Manifest};
 use crate::store::Store;
 use crate::LayerError;
 
@@ -100,10 +100,7 @@ impl LayeredBackend {
         self.top.file.set_len(end).map_err(io_err("cannot cut top layer", &self.top.path))?;
         let new_top = self.store.new_top(self.frozen.disk_size())?;
         let mut deltas = self.frozen.refs();
-        deltas.push(crate::manifest::DeltaRef {
-            id: crate::manifest::id_text(self.top.header.id),
-            clusters: self.held.len() as u64,
-        });
+        deltas.push(DeltaRef { id: id_text(self.top.header.id), clusters: self.held.len() as u64 });
         let manifest = Manifest::new(
             self.frozen.base_path().to_owned(),
             self.frozen.disk_size(),
