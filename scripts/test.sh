@@ -52,10 +52,11 @@ echo "== tests (all but the Linux guest's, which run once its kernel is built)"
 cargo test --workspace --exclude branchbox-guest-tests --no-fail-fast -- --test-threads=2
 
 # --- fuzz targets (short) -----------------------------------------------------------------------
-# libFuzzer targets for guest-controlled input of the virtio devices (fuzz/, cargo-fuzz layout).
+# libFuzzer targets for guest-controlled input of the virtio devices and for disk layer files
+# (fuzz/, cargo-fuzz layout).
 # Built with plain cargo and the coverage flags cargo-fuzz passes with `-s none` (no sanitizer,
 # so no nightly), which skips installing cargo-fuzz (5 minutes here). Each target runs 10 s from
-# the committed seeds (fuzz/seeds: valid requests, packets, a handshake); a crash fails the suite and prints the crashing input.
+# the committed seeds (fuzz/seeds: valid requests, packets, a handshake, layer files); a crash fails the suite and prints the crashing input.
 echo "== fuzz targets (10 s each)"
 fuzz_start=$(date +%s)
 (
@@ -67,7 +68,7 @@ fuzz_start=$(date +%s)
         cargo build --locked --quiet --target x86_64-unknown-linux-gnu --bins
 )
 mkdir -p "$work/fuzz-artifacts"
-for t in mmio_registers blk_requests vsock_packets rng_chains; do
+for t in mmio_registers blk_requests vsock_packets rng_chains layer_file; do
     mkdir -p "$work/fuzz-corpus/$t"
     log="$work/fuzz-$t.log"
     if ! "fuzz/target/x86_64-unknown-linux-gnu/debug/$t" -max_total_time=10 -rss_limit_mb=1024 \

@@ -1,9 +1,10 @@
 //! `branchbox-vhost`: serves one branchbox device back end on a vhost-user socket, for the
 //! QEMU end-to-end test and for developers (docs/vhost-user.md has the QEMU command line).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use branchbox_layers::{LayeredBackend, Store};
 use branchbox_vhost::{Backend, ServedDevice, VhostServer};
 use branchbox_virtio::blk::{Block, OverlayBackend};
 use branchbox_virtio::rng::Rng;
@@ -37,6 +38,22 @@ enum DeviceArgs {
         #[arg(long, default_value = "branchbox")]
         id: String,
     },
+    /// virtio-blk over a layered disk (docs/disk-layers.md): chain CHAIN of the layer store
+    /// STORE, whose writable top takes the guest's writes (QEMU: vhost-user-blk-pci).
+    BlkLayers {
+        /// The layer store directory (created if missing).
+        #[arg(long)]
+        store: PathBuf,
+        /// The chain to serve; it must have a writable top (a frozen chain is forked first).
+        #[arg(long)]
+        chain: String,
+        /// Create the chain over this read-only base disk if the store has none of that name.
+        #[arg(long)]
+        create_over: Option<PathBuf>,
+        /// The id the guest reads with VIRTIO_BLK_T_GET_ID (at most 20 bytes used).
+        #[arg(long, default_value = "branchbox")]
+        id: String,
+    },
     /// virtio-rng fed by the host kernel's random pool (QEMU: vhost-user-rng-pci).
     Rng,
     /// virtio-vsock whose host side is a Unix socket: connect, send `CONNECT <port>\n`, read
@@ -62,6 +79,10 @@ fn main() -> anyhow::Result<()> {
                     .with_context(|| format!("opening disk {} over {}", overlay.display(), base.display()))?;
                 serve(&mut server, Block::new(Box::new(disk), id))?
             }
+            DeviceArgs::BlkLayers { store, chain, create_over, id } => {
+                let disk = open_layers(store, chain, create_over.as_deref())?;
+                serve(&mut server, Block::new(Box::new(disk), id))?
+            }
             DeviceArgs::Rng => serve(&mut server, Rng::new())?,
             DeviceArgs::Vsock { guest_cid, host_socket } => {
                 serve(&mut server, Vsock::new(*guest_cid, host_socket)?)?
@@ -71,6 +92,19 @@ fn main() -> anyhow::Result<()> {
             return Ok(());
         }
     }
+}
+
+/// Opens `chain` in the store at `store`, creating it over `create_over` if it does not exist.
+/// The top is closed (its pending index slots written, its lock released) when the session's
+/// device is dropped, so the next session reopens it.
+fn open_layers(store: &Path, chain: &str, create_over: Option<&Path>) -> anyhow::Result<LayeredBackend> {
+    let layers = Store::open(store).with_context(|| format!("opening layer store {}", store.display()))?;
+    let exists = layers.has_chain(chain)?;
+    let disk = match create_over {
+        Some(base) if !exists => layers.create_chain(chain, base),
+        _ => layers.open_chain(chain),
+    };
+    disk.with_context(|| format!("opening chain {chain} of layer store {}", store.display()))
 }
 
 fn serve<D: ServedDevice>(server: &mut VhostServer, device: D) -> anyhow::Result<()> {

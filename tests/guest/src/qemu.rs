@@ -99,12 +99,18 @@ fn start<D: ServedDevice>(socket: &Path, device: D) -> (Arc<Counters>, JoinHandl
 impl Devices {
     /// Binds and serves blk (over `disk`), vsock and rng in `dir`, one session each.
     pub fn start(dir: &Path, disk: &Disk) -> Devices {
+        let backend = OverlayBackend::open(&disk.base, &disk.overlay).expect("open the guest disk");
+        Devices::with_disk(dir, Box::new(backend))
+    }
+
+    /// Binds and serves blk (over `disk`, any block backend: overlay or layered), vsock and
+    /// rng in `dir`, one session each. The backend is dropped when its session ends.
+    pub fn with_disk(dir: &Path, disk: Box<dyn BlockBackend>) -> Devices {
         let blk_socket = dir.join("blk.sock");
         let rng_socket = dir.join("rng.sock");
         let vsock_socket = dir.join("vsock.sock");
         let vsock_host_socket = dir.join("vsock.host");
-        let backend = OverlayBackend::open(&disk.base, &disk.overlay).expect("open the guest disk");
-        let (blk, blk_session) = start(&blk_socket, Block::new(Box::new(backend), "branchbox-root"));
+        let (blk, blk_session) = start(&blk_socket, Block::new(disk, "branchbox-root"));
         let vsock_device = Vsock::new(GUEST_CID, &vsock_host_socket).expect("the vsock device's host socket");
         let (vsock, vsock_session) = start(&vsock_socket, vsock_device);
         let (rng, rng_session) = start(&rng_socket, Rng::new());
