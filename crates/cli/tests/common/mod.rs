@@ -7,6 +7,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
+// The background process that holds a word in memory, and the polling, are the conformance
+// suite's (tests/conformance), which runs the generic behaviours against every backend. Each
+// test file uses some of them, as it does the rest of this module.
+#[allow(unused_imports)]
+pub use branchbox_conformance::{ask_count, counter_pid, eventually, Shell, COUNTER};
+
 fn shared_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
@@ -127,14 +133,10 @@ impl Sandbox {
     pub fn adopt(id: &str) -> Sandbox {
         Sandbox(id.trim().to_string(), data_dir().to_path_buf())
     }
+}
 
-    /// Runs a shell line inside; asserts success; returns stdout.
-    pub fn sh(&self, line: &str) -> String {
-        ok_in(&self.1, &["exec", &self.0, "-s", "--", line])
-    }
-
-    /// Runs a shell line inside and returns the whole output.
-    pub fn sh_output(&self, line: &str) -> Output {
+impl Shell for Sandbox {
+    fn sh_output(&self, line: &str) -> Output {
         run_in(&self.1, &["exec", &self.0, "-s", "--", line])
     }
 }
@@ -143,18 +145,6 @@ impl Drop for Sandbox {
     fn drop(&mut self) {
         let _ = run_in(&self.1, &["kill", &self.0]);
     }
-}
-
-/// Polls `f` until it returns true or 20 s pass.
-pub fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while std::time::Instant::now() < deadline {
-        if f() {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    panic!("timed out waiting for {what}");
 }
 
 /// The runsc containers under the shared data directory.
@@ -168,27 +158,7 @@ pub fn runsc_containers() -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// A Python process that keeps a counter in memory only and reports it on request: it writes
-/// the counter to /tmp/count whenever /tmp/ask appears. A child that reports a count at or
-/// above the source's count at the fork instant continued from the source's memory.
-/// A process that counts, and keeps in its memory only a word it was told (`set_mark`), so a
-/// test can tell whether its memory went back without depending on how fast it counts.
-pub const COUNTER: &str = r#"
-import os, time
-n = 0
-mark = ''
-while True:
-    n += 1
-    if os.path.exists('/tmp/mark'):
-        mark = open('/tmp/mark').read()
-        os.remove('/tmp/mark')
-    if os.path.exists('/tmp/ask'):
-        os.remove('/tmp/ask')
-        open('/tmp/count.tmp', 'w').write(str(n) + ' ' + mark)
-        os.rename('/tmp/count.tmp', '/tmp/count')
-    time.sleep(0.01)
-"#;
-
+/// Writes `text` to `path` inside `s` through `files put` from standard input.
 pub fn put_text(s: &Sandbox, path: &str, text: &str) {
     let mut child = bb_in(&s.1)
         .args(["files", "put", &s.0, "-", path])
@@ -199,39 +169,4 @@ pub fn put_text(s: &Sandbox, path: &str, text: &str) {
     use std::io::Write;
     child.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("write");
     assert!(child.wait().expect("wait").success());
-}
-
-/// Asks the counter for its count and mark.
-fn ask(s: &Sandbox) -> (u64, String) {
-    s.sh("rm -f /tmp/count; touch /tmp/ask");
-    let mut value = (0, String::new());
-    eventually("the counter to answer", || match s.sh_output("cat /tmp/count 2>/dev/null") {
-        out if out.status.success() && !out.stdout.is_empty() => {
-            let text = String::from_utf8_lossy(&out.stdout).into_owned();
-            let (n, mark) = text.split_once(' ').unwrap_or((&text, ""));
-            value = (n.trim().parse().unwrap_or(0), mark.to_string());
-            value.0 > 0
-        }
-        _ => false,
-    });
-    value
-}
-
-pub fn ask_count(s: &Sandbox) -> u64 {
-    ask(s).0
-}
-
-/// The word the counter holds in memory (set by `set_mark`).
-pub fn ask_mark(s: &Sandbox) -> String {
-    ask(s).1
-}
-
-/// Tells the counter a word to keep in memory, and waits until it has taken it.
-pub fn set_mark(s: &Sandbox, word: &str) {
-    s.sh(&format!("printf %s {word} > /tmp/mark.tmp && mv /tmp/mark.tmp /tmp/mark"));
-    eventually("the counter to take its mark", || !s.sh_output("test -e /tmp/mark").status.success());
-}
-
-pub fn counter_pid(s: &Sandbox) -> String {
-    s.sh("pgrep -x python3").trim().to_string()
 }
