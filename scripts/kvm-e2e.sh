@@ -2,7 +2,8 @@
 # End to end on hardware KVM, in one run: installs what the build needs, builds the binaries,
 # the guest kernel and the root disk (cached by recipe hash: a second run only checks them),
 # boots the guest to its agent N times with our VMM, prints boot-to-first-answer figures
-# (target <= 100 ms), and runs the gated end-to-end test (agent answers, Python runs).
+# (target <= 100 ms), runs the gated end-to-end test (agent answers, Python runs) and the
+# conformance suite against the microvm backend.
 #
 #   scripts/kvm-e2e.sh [RUNS]        (default 10; BRANCHBOX_IMAGES picks the image cache)
 #
@@ -36,3 +37,8 @@ target/release/examples/linux_guest --kernel "$kernel" --disk "$disk" --runs "$r
 
 BRANCHBOX_KERNEL="$kernel" BRANCHBOX_GUEST_DISK="$disk" \
     cargo test --release -p branchbox-guest-tests --test linux_kvm -- --nocapture
+
+# The conformance suite against the microvm backend (docs/conformance.md): it needs the debug
+# binaries the suite finds beside its test binary.
+cargo build --workspace
+cargo test -p branchbox-conformance -- microvm:: --nocapture
