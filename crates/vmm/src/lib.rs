@@ -22,6 +22,7 @@ mod lineage;
 pub mod linux;
 pub mod memory;
 mod page;
+pub mod process;
 mod reaper;
 pub mod seccomp;
 pub mod snapshot;
