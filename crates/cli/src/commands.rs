@@ -587,8 +587,16 @@ fn bench_cmd(engine: &Engine, cmd: BenchCmd, json: bool) -> Result<i32> {
             }
             branchbox_vmm::bench_fork_processes(&o)?
         }
+        BenchCmd::Fork { backend: BackendArg::Gvisor | BackendArg::Auto, processes: true, .. } => {
+            bail!("--processes measures the microvm engine's VMM processes; add --backend microvm")
+        }
         BenchCmd::Fork {
-            backend: BackendArg::Gvisor | BackendArg::Auto, mib, children, runs, short, ..
+            backend: BackendArg::Gvisor | BackendArg::Auto,
+            mib,
+            children,
+            runs,
+            short,
+            processes: false,
         } => {
             let (mib, wide, runs) =
                 if short { (16, 3, 1) } else { (mib.unwrap_or(50), children.unwrap_or(10), runs) };

@@ -397,7 +397,7 @@ impl ProcessForkBenchOptions {
 }
 
 fn client(e: crate::process::ClientError) -> Error {
-    Error::Thread(format!("VMM process: {e}"))
+    Error::Process(e.to_string())
 }
 
 /// Forks `n` children of snapshot `dir` into `pool`'s processes and pings each (pings sent
@@ -448,10 +448,10 @@ pub fn bench_fork_processes(opts: &ProcessForkBenchOptions) -> Result<Report> {
             let (d, children) = time(|| fork_and_ping(&warm.snapshot, n, &mut shells, w))?;
             inproc.push(d);
             drop(children);
-            pool.wait_ready(ready).map_err(Error::Thread)?;
+            pool.wait_ready(ready).map_err(client)?;
             let (d, (children, from_pool)) = time(|| fork_processes(&pool, &dir, n))?;
             if from_pool != n {
-                return Err(Error::Thread(format!("only {from_pool} of {n} processes came from the pool")));
+                return Err(Error::Process(format!("only {from_pool} of {n} processes came from the pool")));
             }
             pooled.push(d);
             drop(children);
@@ -473,11 +473,11 @@ pub fn bench_fork_processes(opts: &ProcessForkBenchOptions) -> Result<Report> {
     }
     // What one request across the process boundary costs: a ping to a child in its own
     // process against a ping to the parent in this one.
-    pool.wait_ready(ready).map_err(Error::Thread)?;
+    pool.wait_ready(ready).map_err(client)?;
     let mut child = fork_processes(&pool, &dir, 1)?
         .0
         .pop()
-        .ok_or_else(|| Error::Thread("the fork returned no child".into()))?;
+        .ok_or_else(|| Error::Process("the fork returned no child".into()))?;
     let (mut remote, mut local) = (Vec::new(), Vec::new());
     for _ in 0..opts.pings.max(1) {
         remote.push(time(|| child.call(Command::Ping).map_err(client))?.0);

@@ -55,6 +55,18 @@ pub enum ClientError {
         /// Its typed error.
         error: RemoteError,
     },
+    /// A pool did not reach its target of idle processes in time.
+    #[error("{ready} of {target} VMM processes ready after {waited:?}; last failure: {last}")]
+    PoolNotReady {
+        /// Idle processes when the wait ended.
+        ready: usize,
+        /// The pool's target.
+        target: usize,
+        /// How long the caller waited.
+        waited: std::time::Duration,
+        /// The last start failure, if any.
+        last: String,
+    },
     /// The process answered with another kind of reply than the request calls for.
     #[error("VMM process {pid} answered {got} to a request expecting {expected}; it is not a branchbox VMM of this build")]
     Unexpected {

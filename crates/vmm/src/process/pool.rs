@@ -164,27 +164,27 @@ impl VmmPool {
     }
 
     /// Waits until the pool holds its target of idle processes, at most `timeout`.
-    pub fn wait_ready(&self, timeout: Duration) -> std::result::Result<(), String> {
+    pub fn wait_ready(&self, timeout: Duration) -> ClientResult<()> {
         let deadline = Instant::now() + timeout;
-        let mut idle = self.inner.idle.lock().map_err(|_| "the pool's lock is poisoned".to_string())?;
+        let poisoned = || ClientError::PoolNotReady {
+            ready: 0,
+            target: self.inner.target,
+            waited: timeout,
+            last: "the pool's lock is poisoned (a thread panicked holding it)".into(),
+        };
+        let mut idle = self.inner.idle.lock().map_err(|_| poisoned())?;
         while idle.len() < self.inner.target {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 let last = self.inner.last_error.lock().ok().and_then(|e| e.clone());
-                return Err(format!(
-                    "{} of {} VMM processes ready after {:?}; last failure: {}",
-                    idle.len(),
-                    self.inner.target,
-                    timeout,
-                    last.unwrap_or_else(|| "none (the host may be slow)".into())
-                ));
+                return Err(ClientError::PoolNotReady {
+                    ready: idle.len(),
+                    target: self.inner.target,
+                    waited: timeout,
+                    last: last.unwrap_or_else(|| "none (the host may be slow: wait longer)".into()),
+                });
             }
-            idle = self
-                .inner
-                .changed
-                .wait_timeout(idle, left)
-                .map_err(|_| "the pool's lock is poisoned".to_string())?
-                .0;
+            idle = self.inner.changed.wait_timeout(idle, left).map_err(|_| poisoned())?.0;
         }
         Ok(())
     }
