@@ -374,6 +374,11 @@ pub enum BenchCmd {
         /// A short version for CI (small memory, few children).
         #[arg(long)]
         short: bool,
+        /// microvm only: fork into pre-started VMM processes (one per child) and compare with
+        /// the in-process fork (`branchbox-vmm` must sit next to this program, or be named by
+        /// BRANCHBOX_VMM).
+        #[arg(long)]
+        processes: bool,
     },
     /// Checkpoint in place with 1, 10, 100 MiB dirtied since the last one.
     Checkpoint(TravelArgs),

@@ -574,12 +574,37 @@ fn travel(engine: &Engine, which: Travel, t: &TravelArgs) -> Result<branchbox_mo
 fn bench_cmd(engine: &Engine, cmd: BenchCmd, json: bool) -> Result<i32> {
     let report = match cmd {
         BenchCmd::Exec { runs } => bench::exec(engine, runs.max(1))?,
-        BenchCmd::Fork { backend: BackendArg::Gvisor | BackendArg::Auto, mib, children, runs, short } => {
+        BenchCmd::Fork { backend: BackendArg::Microvm, mib, children, runs, short, processes: true } => {
+            let mut o =
+                if short { branchbox_vmm::ProcessForkBenchOptions::short() } else { Default::default() };
+            if let Some(m) = mib {
+                o.mem_mib = m;
+            }
+            if let Some(n) = children {
+                o.counts = [10, n].into_iter().filter(|c| *c <= n).collect();
+                o.counts.dedup();
+            }
+            if !short {
+                o.rounds = runs.max(1);
+            }
+            branchbox_vmm::bench_fork_processes(&o)?
+        }
+        BenchCmd::Fork { backend: BackendArg::Gvisor | BackendArg::Auto, processes: true, .. } => {
+            bail!("--processes measures the microvm engine's VMM processes; add --backend microvm")
+        }
+        BenchCmd::Fork {
+            backend: BackendArg::Gvisor | BackendArg::Auto,
+            mib,
+            children,
+            runs,
+            short,
+            processes: false,
+        } => {
             let (mib, wide, runs) =
                 if short { (16, 3, 1) } else { (mib.unwrap_or(50), children.unwrap_or(10), runs) };
             bench::fork(engine, mib, wide.max(1), runs.max(1))?
         }
-        BenchCmd::Fork { backend: BackendArg::Microvm, mib, children, runs, short } => {
+        BenchCmd::Fork { backend: BackendArg::Microvm, mib, children, runs, short, processes: false } => {
             let mut o = if short { branchbox_vmm::ForkBenchOptions::short() } else { Default::default() };
             if let Some(m) = mib {
                 o.mem_mib = m;

@@ -1,13 +1,13 @@
 //! Runs the microVM benchmarks and prints their reports as JSON, one per line.
 //! `--short` runs the CI-sized version; `--workers N` sets the fork threads; `--only NAME`
-//! (fork, density, checkpoint, rollback, branch, chain) runs one. The CLI's `branchbox
+//! (fork, fork-processes, density, checkpoint, rollback, branch, chain) runs one. The CLI's `branchbox
 //! bench` calls the same functions.
 
 use branchbox_model::bench::Report;
 use branchbox_vmm::{
-    bench_branch, bench_chain, bench_checkpoint, bench_density, bench_fork, bench_rollback,
-    BranchBenchOptions, ChainBenchOptions, CheckpointBenchOptions, DensityBenchOptions, ForkBenchOptions,
-    RollbackBenchOptions,
+    bench_branch, bench_chain, bench_checkpoint, bench_density, bench_fork, bench_fork_processes,
+    bench_rollback, BranchBenchOptions, ChainBenchOptions, CheckpointBenchOptions, DensityBenchOptions,
+    ForkBenchOptions, ProcessForkBenchOptions, RollbackBenchOptions,
 };
 
 type Bench = Box<dyn Fn() -> branchbox_vmm::Result<Report>>;
@@ -28,6 +28,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(w) = args.iter().position(|a| a == "--workers") {
         fork.workers = args.get(w + 1).ok_or("--workers needs a number")?.parse()?;
     }
+    let mut processes = pick(short, ProcessForkBenchOptions::short(), ProcessForkBenchOptions::default());
+    processes.workers = fork.workers;
     let (density, checkpoint, rollback, branch, chain) = (
         pick(short, DensityBenchOptions::short(), DensityBenchOptions::default()),
         pick(short, CheckpointBenchOptions::short(), CheckpointBenchOptions::default()),
@@ -37,6 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let benches: Vec<(&str, Bench)> = vec![
         ("fork", Box::new(move || bench_fork(&fork))),
+        ("fork-processes", Box::new(move || bench_fork_processes(&processes))),
         ("density", Box::new(move || bench_density(&density))),
         ("checkpoint", Box::new(move || bench_checkpoint(&checkpoint))),
         ("rollback", Box::new(move || bench_rollback(&rollback))),

@@ -147,6 +147,9 @@ pub enum Error {
         /// What failed.
         reason: String,
     },
+    /// A VMM process (see `process`) failed or could not be reached.
+    #[error("VMM process: {0}")]
+    Process(String),
     /// A running vCPU thread panicked or could not be joined.
     #[error("vCPU thread failed: {0}")]
     Thread(String),

@@ -22,6 +22,7 @@ mod lineage;
 pub mod linux;
 pub mod memory;
 mod page;
+pub mod process;
 mod reaper;
 pub mod seccomp;
 pub mod snapshot;
@@ -30,9 +31,9 @@ pub mod vm;
 pub mod vstate;
 
 pub use bench::{
-    bench_branch, bench_chain, bench_checkpoint, bench_density, bench_fork, bench_rollback,
-    BranchBenchOptions, ChainBenchOptions, CheckpointBenchOptions, DensityBenchOptions, ForkBenchOptions,
-    RollbackBenchOptions,
+    bench_branch, bench_chain, bench_checkpoint, bench_density, bench_fork, bench_fork_processes,
+    bench_rollback, BranchBenchOptions, ChainBenchOptions, CheckpointBenchOptions, DensityBenchOptions,
+    ForkBenchOptions, ProcessForkBenchOptions, RollbackBenchOptions,
 };
 pub use branchbox_persist::{NoContext, RestoreError, Snapshottable};
 pub use checkpoint::{fork_live, Checkpoint, LiveFork};

@@ -2,9 +2,9 @@
 //! Timings are not asserted: only that the report is complete.
 
 use branchbox_vmm::{
-    bench_branch, bench_chain, bench_checkpoint, bench_density, bench_fork, bench_rollback,
-    BranchBenchOptions, ChainBenchOptions, CheckpointBenchOptions, DensityBenchOptions, ForkBenchOptions,
-    Hypervisor, RollbackBenchOptions,
+    bench_branch, bench_chain, bench_checkpoint, bench_density, bench_fork, bench_fork_processes,
+    bench_rollback, BranchBenchOptions, ChainBenchOptions, CheckpointBenchOptions, DensityBenchOptions,
+    ForkBenchOptions, Hypervisor, ProcessForkBenchOptions, RollbackBenchOptions,
 };
 
 #[test]
@@ -27,6 +27,29 @@ fn fork_and_density_benchmarks_report_figures_and_references() {
     // An idle child holds a handful of private pages, far from the parent's 8 MiB.
     assert!(child.max <= 64.0, "idle child holds {} KiB", child.max);
     assert!(report.figures["ref_parent_rss"].p50 > 4096.0);
+}
+
+#[test]
+fn fork_into_processes_benchmark_reports_figures_and_references() {
+    if let Err(e) = Hypervisor::open() {
+        println!("skipped: {e}");
+        return;
+    }
+    let opts = ProcessForkBenchOptions {
+        mem_mib: 8,
+        counts: vec![3],
+        rounds: 1,
+        workers: 2,
+        pings: 2,
+        program: env!("CARGO_BIN_EXE_branchbox-vmm").into(),
+    };
+    let r = bench_fork_processes(&opts).unwrap();
+    for name in ["floor_n3", "fork_n3_inprocess_pooled", "fork_n3_processes_pooled", "fork_n3_processes_cold"]
+    {
+        assert_eq!(r.figures[name].runs, 1, "{name}");
+    }
+    assert_eq!(r.figures["ping_process"].runs, 2);
+    assert!(r.ratios.contains_key("fork_n3_processes_pooled/fork_n3_inprocess_pooled"));
 }
 
 #[test]

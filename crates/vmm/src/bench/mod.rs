@@ -352,3 +352,185 @@ fn rollup_private() -> Result<u64> {
         .sum::<u64>()
         * 1024)
 }
+
+/// Parameters of [`bench_fork_processes`].
+#[derive(Debug, Clone)]
+pub struct ProcessForkBenchOptions {
+    /// Guest RAM of the snapshot, in MiB; all of it is touched before the snapshot.
+    pub mem_mib: u64,
+    /// Numbers of children forked at once.
+    pub counts: Vec<usize>,
+    /// Repetitions of each `counts` entry.
+    pub rounds: usize,
+    /// Threads of the in-process fork and the floor.
+    pub workers: usize,
+    /// Pings to one child for the round-trip figures.
+    pub pings: usize,
+    /// The `branchbox-vmm` program.
+    pub program: std::path::PathBuf,
+}
+
+impl Default for ProcessForkBenchOptions {
+    fn default() -> Self {
+        ProcessForkBenchOptions {
+            mem_mib: 512,
+            counts: vec![10, 100],
+            rounds: 5,
+            workers: host_cpus(),
+            pings: 200,
+            program: crate::process::default_program(),
+        }
+    }
+}
+
+impl ProcessForkBenchOptions {
+    /// A short run for CI: 64 MiB, up to 10 children.
+    pub fn short() -> Self {
+        ProcessForkBenchOptions {
+            mem_mib: 64,
+            counts: vec![1, 10],
+            rounds: 2,
+            pings: 20,
+            ..Default::default()
+        }
+    }
+}
+
+fn client(e: crate::process::ClientError) -> Error {
+    Error::Process(e.to_string())
+}
+
+/// Forks `n` children of snapshot `dir` into `pool`'s processes and pings each (pings sent
+/// to all before any answer is read); returns the children and how many were pre-started.
+fn fork_processes(
+    pool: &crate::process::VmmPool,
+    dir: &std::path::Path,
+    n: usize,
+) -> Result<(Vec<crate::process::VmmProcess>, usize)> {
+    let fork = pool.fork(dir, crate::snapshot::DEFAULT_NAME, n, true);
+    let mut children =
+        fork.children.into_iter().collect::<std::result::Result<Vec<_>, _>>().map_err(client)?;
+    let ping = crate::process::protocol::Request::Call { command: Command::Ping };
+    for c in &mut children {
+        c.send(&ping).map_err(client)?;
+    }
+    for c in &mut children {
+        c.recv_answer().map_err(client)?;
+    }
+    Ok((children, fork.from_pool))
+}
+
+/// Fork of a warm snapshot into VMM processes (one per child) against the in-process fork
+/// and the bare-VM floor, same clock-stop rule as [`bench_fork`]: every child has answered a
+/// ping. `_processes_pooled`: the processes were started, and their shells built, before
+/// the clock; `_processes_cold`: started on the clock.
+pub fn bench_fork_processes(opts: &ProcessForkBenchOptions) -> Result<Report> {
+    use crate::process::VmmPool;
+    let hv = Hypervisor::open()?;
+    let mut warm = warm_snapshot(&hv, opts.mem_mib)?;
+    let config = warm.snapshot.state().config;
+    let dir = warm.snapshot.dir().to_path_buf();
+    let widest = opts.counts.iter().copied().max().unwrap_or(1).max(1);
+    let pool = VmmPool::new(&opts.program, config, widest);
+    let cold_pool = VmmPool::new(&opts.program, config, 0);
+    let mut shells = ShellPool::new(&hv, config);
+    let ready = Duration::from_secs(300);
+    let (rounds, w) = (opts.rounds.max(1), opts.workers.max(1));
+    let (mut figures, mut ratios) = (BTreeMap::new(), BTreeMap::new());
+    for &n in &opts.counts {
+        let n = n.max(1);
+        let (mut floor, mut inproc, mut pooled, mut cold) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            let (d, bare) = time(|| bare_vms(&hv, &warm.snapshot, n, w))?;
+            floor.push(d);
+            drop(bare);
+            shells.fill(n)?;
+            let (d, children) = time(|| fork_and_ping(&warm.snapshot, n, &mut shells, w))?;
+            inproc.push(d);
+            drop(children);
+            pool.wait_ready(ready).map_err(client)?;
+            let (d, (children, from_pool)) = time(|| fork_processes(&pool, &dir, n))?;
+            if from_pool != n {
+                return Err(Error::Process(format!("only {from_pool} of {n} processes came from the pool")));
+            }
+            pooled.push(d);
+            drop(children);
+            let (d, children) = time(|| fork_processes(&cold_pool, &dir, n))?;
+            cold.push(d);
+            drop(children);
+        }
+        let (floor, inproc, pooled, cold) = (stats(&floor)?, stats(&inproc)?, stats(&pooled)?, stats(&cold)?);
+        ratios.insert(
+            format!("fork_n{n}_processes_pooled/fork_n{n}_inprocess_pooled"),
+            pooled.p50 / inproc.p50,
+        );
+        ratios.insert(format!("fork_n{n}_processes_pooled/floor_n{n}"), pooled.p50 / floor.p50);
+        ratios.insert(format!("fork_n{n}_inprocess_pooled/floor_n{n}"), inproc.p50 / floor.p50);
+        figures.insert(format!("floor_n{n}"), floor);
+        figures.insert(format!("fork_n{n}_inprocess_pooled"), inproc);
+        figures.insert(format!("fork_n{n}_processes_pooled"), pooled);
+        figures.insert(format!("fork_n{n}_processes_cold"), cold);
+    }
+    // What one request across the process boundary costs: a ping to a child in its own
+    // process against a ping to the parent in this one.
+    pool.wait_ready(ready).map_err(client)?;
+    let mut child = fork_processes(&pool, &dir, 1)?
+        .0
+        .pop()
+        .ok_or_else(|| Error::Process("the fork returned no child".into()))?;
+    let (mut remote, mut local) = (Vec::new(), Vec::new());
+    for _ in 0..opts.pings.max(1) {
+        remote.push(time(|| child.call(Command::Ping).map_err(client))?.0);
+        local.push(time(|| testguest::call(&mut warm.parent, Command::Ping))?.0);
+    }
+    let (remote, local) = (stats(&remote)?, stats(&local)?);
+    ratios.insert("ping_process/ping_inprocess".into(), remote.p50 / local.p50);
+    let summary = format!(
+        "microvm fork into VMM processes, {} MiB warm snapshot: {}; ping round trip {:.3} ms to a \
+         process vs {:.3} ms in process",
+        opts.mem_mib,
+        opts.counts
+            .iter()
+            .filter_map(|n| Some(format!(
+                "n={n}: {:.1} ms pooled processes / {:.1} ms processes started on the clock / {:.1} ms \
+                 in-process pooled, floor {:.1} ms",
+                figures.get(&format!("fork_n{n}_processes_pooled"))?.p50,
+                figures.get(&format!("fork_n{n}_processes_cold"))?.p50,
+                figures.get(&format!("fork_n{n}_inprocess_pooled"))?.p50,
+                figures.get(&format!("floor_n{n}"))?.p50
+            )))
+            .collect::<Vec<_>>()
+            .join("; "),
+        remote.p50,
+        local.p50
+    );
+    figures.insert("ping_process".into(), remote);
+    figures.insert("ping_inprocess".into(), local);
+    Ok(Report {
+        bench: "fork_processes".into(),
+        backend: "microvm".into(),
+        method: "Parent: the synthetic test guest with all its RAM written, snapshotted once \
+                 (layer in the page cache). fork_nN_processes_pooled: N branchbox-vmm processes \
+                 were started and built their VM shells before the clock; clock starts, Restore \
+                 (map the layer MAP_PRIVATE, load state, resume) is sent to all N, the replies \
+                 read, a ping sent to all N, clock stops after the last answer. _processes_cold: \
+                 the N processes are started on the clock (spawn, shell, handshake). \
+                 fork_nN_inprocess_pooled: bench_fork's pooled fork (ShellPool, `workers` \
+                 threads) with the same stop rule. floor_nN: N bare VMs over the same layer, not \
+                 run. ping_process: one ping round trip to a child in its process (socket, \
+                 vCPU thread, guest); ping_inprocess: the same guest call in this process."
+            .into(),
+        inputs: json!({
+            "mem_mib": opts.mem_mib,
+            "counts": opts.counts,
+            "rounds": rounds,
+            "workers": w,
+            "pings": opts.pings.max(1),
+            "program": opts.program.display().to_string(),
+        }),
+        host: host_facts(&hv),
+        figures,
+        ratios,
+        summary,
+    })
+}

@@ -26,6 +26,7 @@ use crate::error::{Error, Result};
 use crate::vm::Vm;
 use crate::vstate::RunOutcome;
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
+use serde::{Deserialize, Serialize};
 
 /// Guest-physical address of the PML4.
 const PML4: u64 = 0x1000;
@@ -81,7 +82,8 @@ pub fn lcg(seed: u64, mut n: u64) -> u64 {
 }
 
 /// A command for the test guest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Command {
     /// Answer at once.
     Ping,
@@ -121,7 +123,8 @@ pub enum Command {
 }
 
 /// The guest's answer to one command.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Answer {
     /// 0 for success; for `Check` the number of mismatches.
     pub status: u64,

@@ -1,0 +1,331 @@
+//! The control protocol between the engine and one VMM process, over a Unix socket.
+//!
+//! A frame is a 4-byte little-endian payload length followed by that many bytes of JSON: one
+//! [`Request`] from the engine, or one [`Response`] from the VMM. Replies come in request
+//! order, one per request. The first request must be [`Request::Hello`] with this build's
+//! [`PROTOCOL_VERSION`]; anything else first is refused. Every frame is capped at
+//! [`MAX_FRAME`] bytes: a declared length over it is refused before anything is read, and
+//! the connection closes (the stream cannot be resynchronised). A frame that is not a valid
+//! message gets an [`ErrorKind::Protocol`] reply and the connection goes on.
+//!
+//! JSON rather than bincode: messages are few and small (paths, a status), and a
+//! self-describing format lets a newer peer's unknown message fail with a message naming it
+//! instead of decoding into the wrong variant.
+
+use crate::config::VmConfig;
+use crate::testguest::{Answer, Command};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::io::{Read, Write};
+use std::path::PathBuf;
+
+/// The protocol version this build speaks; both sides must speak the same one.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Largest frame payload either side accepts, in bytes.
+pub const MAX_FRAME: usize = 64 * 1024;
+
+/// What the engine asks a VMM process to do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// Version handshake; must be the first request.
+    Hello {
+        /// The engine's [`PROTOCOL_VERSION`].
+        version: u32,
+    },
+    /// What the process holds and what its guest is doing.
+    Status,
+    /// Installs the synthetic test guest into the idle shell (the guest is then paused).
+    BootTestGuest,
+    /// Restores snapshot `name` of the store `dir` into the idle shell: maps its memory
+    /// layers `MAP_PRIVATE` over the shell's RAM and loads CPU and device state.
+    Restore {
+        /// Absolute path of the snapshot directory.
+        dir: PathBuf,
+        /// Snapshot name (`vm` is the default one).
+        name: String,
+        /// Run the guest right away instead of leaving it paused.
+        resume: bool,
+    },
+    /// Stops the guest from running further commands.
+    Pause,
+    /// Lets a paused guest run again.
+    Resume,
+    /// Takes a full, durable snapshot of the paused guest into `dir` (as `vm`).
+    Snapshot {
+        /// Absolute path of an existing directory.
+        dir: PathBuf,
+    },
+    /// Checkpoints the paused guest as `name` in `dir`; the delta layer is written in the
+    /// background (the reply comes once the guest may run again).
+    Checkpoint {
+        /// Absolute path of an existing directory.
+        dir: PathBuf,
+        /// Checkpoint name (letters, digits, `-`, `_`).
+        name: String,
+    },
+    /// Returns the paused guest, in place, to snapshot `name` of `dir`.
+    Rollback {
+        /// Absolute path of the snapshot directory.
+        dir: PathBuf,
+        /// Snapshot name.
+        name: String,
+    },
+    /// Gives the running test guest a command and waits for its doorbell.
+    Call {
+        /// The command.
+        command: Command,
+    },
+    /// Ends the process (after the reply).
+    Shutdown,
+}
+
+/// What a VMM process answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Response {
+    /// The handshake's answer.
+    Hello {
+        /// The VMM's [`PROTOCOL_VERSION`].
+        version: u32,
+        /// The VMM's process id.
+        pid: u32,
+        /// The shape of the shell it holds.
+        config: VmConfig,
+        /// Whether its vCPU thread runs under the `Vcpu` seccomp filter.
+        confined: bool,
+    },
+    /// The answer to [`Request::Status`].
+    Status(Status),
+    /// The request was carried out.
+    Done,
+    /// A checkpoint was taken.
+    Checkpoint {
+        /// How long the guest stayed paused for it, in microseconds.
+        pause_us: u64,
+        /// Pages its new layer holds.
+        pages: u64,
+        /// The process writing its delta layer, if any.
+        writer_pid: Option<u32>,
+    },
+    /// The test guest's answer.
+    Answer(Answer),
+    /// The request failed; nothing changed unless the message says so.
+    Error(RemoteError),
+}
+
+/// A VMM process's state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub struct Status {
+    /// The process id.
+    pub pid: u32,
+    /// The shape of its VM.
+    pub config: VmConfig,
+    /// What its VM is doing.
+    pub state: VmState,
+}
+
+/// What a VMM process's VM is doing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum VmState {
+    /// An empty shell, waiting for a restore or a boot.
+    Idle,
+    /// A guest is loaded and does not run.
+    Paused,
+    /// A guest is loaded and runs.
+    Running,
+    /// The guest stopped on its own (triple fault, halt, entry failure); the process keeps
+    /// it for inspection until shut down.
+    GuestExited {
+        /// What the VMM saw.
+        reason: String,
+    },
+}
+
+/// Why a request failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub struct RemoteError {
+    /// The kind of failure.
+    pub kind: ErrorKind,
+    /// What failed and what to do about it.
+    pub message: String,
+}
+
+impl std::fmt::Display for RemoteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}: {}", self.kind, self.message)
+    }
+}
+
+/// Kinds of failure a VMM process reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The peers speak different protocol versions.
+    Version,
+    /// A request came before the handshake.
+    NoHello,
+    /// The frame was not a valid request.
+    Protocol,
+    /// The request does not fit the VM's state (restore into a busy process, run a paused
+    /// guest, ...).
+    State,
+    /// A request's argument was refused (a relative path, a bad name).
+    Argument,
+    /// The snapshot is for a VM of another shape than this process's shell.
+    Shape,
+    /// The snapshot could not be opened or used.
+    Snapshot,
+    /// The guest stopped; see [`VmState::GuestExited`].
+    Guest,
+    /// The VMM failed (KVM, memory).
+    Vmm,
+}
+
+/// A frame that could not be read or decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// The declared length is over the limit.
+    #[error("a frame of {len} bytes exceeds the limit of {max} bytes; messages are small, so the peer is not a branchbox VMM of this version or is misbehaving")]
+    TooLarge {
+        /// Declared length.
+        len: u64,
+        /// The limit.
+        max: usize,
+    },
+    /// The stream ended inside a frame.
+    #[error("the connection closed in the middle of a frame ({got} of {want} bytes)")]
+    Truncated {
+        /// Bytes received.
+        got: usize,
+        /// Bytes declared (with the length prefix).
+        want: usize,
+    },
+    /// The payload is not a valid message.
+    #[error("not a valid message: {0}")]
+    Decode(String),
+    /// Reading or writing the socket failed.
+    #[error("socket {op} failed: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Encodes `msg` as one frame (length prefix and payload).
+pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
+    let payload = serde_json::to_vec(msg).map_err(|e| FrameError::Decode(e.to_string()))?;
+    if payload.len() > MAX_FRAME {
+        return Err(FrameError::TooLarge { len: payload.len() as u64, max: MAX_FRAME });
+    }
+    let mut frame = Vec::with_capacity(4 + payload.len());
+    frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    frame.extend_from_slice(&payload);
+    Ok(frame)
+}
+
+/// Writes `msg` as one frame.
+pub fn write_message<T: Serialize>(w: &mut impl Write, msg: &T) -> Result<(), FrameError> {
+    let frame = encode(msg)?;
+    w.write_all(&frame).map_err(|source| FrameError::Io { op: "write", source })
+}
+
+/// Reads one frame's payload; `None` when the stream ended cleanly between frames.
+pub fn read_frame(r: &mut impl Read) -> Result<Option<Vec<u8>>, FrameError> {
+    let mut len = [0u8; 4];
+    let mut got = 0;
+    while got < len.len() {
+        match r.read(&mut len[got..]) {
+            Ok(0) if got == 0 => return Ok(None),
+            Ok(0) => return Err(FrameError::Truncated { got, want: 4 }),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(source) => return Err(FrameError::Io { op: "read", source }),
+        }
+    }
+    let n = u32::from_le_bytes(len) as usize;
+    if n > MAX_FRAME {
+        return Err(FrameError::TooLarge { len: n as u64, max: MAX_FRAME });
+    }
+    let mut payload = vec![0u8; n];
+    let mut got = 0;
+    while got < n {
+        match r.read(&mut payload[got..]) {
+            Ok(0) => return Err(FrameError::Truncated { got: got + 4, want: n + 4 }),
+            Ok(k) => got += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(source) => return Err(FrameError::Io { op: "read", source }),
+        }
+    }
+    Ok(Some(payload))
+}
+
+/// Decodes a frame's payload as a message (no trailing bytes, JSON nesting bounded by
+/// `serde_json`'s recursion limit).
+pub fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, FrameError> {
+    serde_json::from_slice(payload).map_err(|e| FrameError::Decode(e.to_string()))
+}
+
+/// Reads frames from `data` as a peer would, decoding each as a request and as a response,
+/// until the bytes run out or a frame is refused. For the fuzz target: must never panic, and
+/// every decoded message must encode and decode back to itself.
+pub fn fuzz_frames(data: &[u8]) {
+    let mut cursor = std::io::Cursor::new(data);
+    while let Ok(Some(payload)) = read_frame(&mut cursor) {
+        if let Ok(req) = decode::<Request>(&payload) {
+            let again = encode(&req).ok().and_then(|f| f.get(4..).map(decode::<Request>));
+            assert!(matches!(again, Some(Ok(ref r)) if *r == req), "request did not round-trip: {req:?}");
+        }
+        if let Ok(resp) = decode::<Response>(&payload) {
+            let again = encode(&resp).ok().and_then(|f| f.get(4..).map(decode::<Response>));
+            assert!(matches!(again, Some(Ok(ref r)) if *r == resp), "response did not round-trip: {resp:?}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_round_trips_through_a_frame() {
+        let req = Request::Restore { dir: "/tmp/s".into(), name: "vm".into(), resume: true };
+        let frame = encode(&req).unwrap();
+        let payload = read_frame(&mut frame.as_slice()).unwrap().unwrap();
+        assert_eq!(decode::<Request>(&payload).unwrap(), req);
+    }
+
+    #[test]
+    fn an_oversized_length_is_refused_before_reading_the_payload() {
+        let mut frame = ((MAX_FRAME + 1) as u32).to_le_bytes().to_vec();
+        frame.extend_from_slice(b"{}");
+        let err = read_frame(&mut frame.as_slice()).unwrap_err();
+        assert!(matches!(err, FrameError::TooLarge { len, .. } if len == MAX_FRAME as u64 + 1), "{err}");
+    }
+
+    #[test]
+    fn truncated_frames_and_unknown_fields_are_errors() {
+        assert!(matches!(read_frame(&mut &[1u8, 0][..]), Err(FrameError::Truncated { .. })));
+        assert!(matches!(read_frame(&mut &[5u8, 0, 0, 0, b'{'][..]), Err(FrameError::Truncated { .. })));
+        assert!(read_frame(&mut &[][..]).unwrap().is_none());
+        assert!(decode::<Request>(br#"{"hello":{"version":1,"extra":2}}"#).is_err());
+        assert!(decode::<Request>(br#""status" trailing"#).is_err());
+        assert_eq!(decode::<Request>(br#""status""#).unwrap(), Request::Status);
+    }
+
+    #[test]
+    fn fuzz_entry_survives_arbitrary_bytes() {
+        fuzz_frames(&[0xff; 16]);
+        fuzz_frames(b"\x08\0\0\0\"status\"\x02\0\0\0{}");
+        let mut seed = encode(&Request::Call { command: Command::Ping }).unwrap();
+        seed.extend(encode(&Response::Done).unwrap());
+        fuzz_frames(&seed);
+    }
+}
