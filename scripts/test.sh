@@ -52,11 +52,12 @@ echo "== tests (all but the Linux guest's, which run once its kernel is built)"
 cargo test --workspace --exclude branchbox-guest-tests --no-fail-fast -- --test-threads=2
 
 # --- fuzz targets (short) -----------------------------------------------------------------------
-# libFuzzer targets for guest-controlled input of the virtio devices and for disk layer files
-# (fuzz/, cargo-fuzz layout).
+# libFuzzer targets for guest-controlled input of the virtio devices, disk layer files and the VMM
+# control protocol (fuzz/, cargo-fuzz layout).
 # Built with plain cargo and the coverage flags cargo-fuzz passes with `-s none` (no sanitizer,
 # so no nightly), which skips installing cargo-fuzz (5 minutes here). Each target runs 10 s from
-# the committed seeds (fuzz/seeds: valid requests, packets, a handshake, layer files); a crash fails the suite and prints the crashing input.
+# the committed seeds (fuzz/seeds: valid requests, packets, a handshake, layer files, control
+# frames); a crash fails the suite and prints the crashing input.
 echo "== fuzz targets (10 s each)"
 fuzz_start=$(date +%s)
 (
