@@ -14,6 +14,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod devices;
 mod dirty;
+pub mod disk;
 mod error;
 pub mod fork;
 pub mod hypervisor;
