@@ -60,8 +60,11 @@ pub enum DiskError {
         /// The chain of the disk it has.
         chain: String,
     },
-    /// A snapshot names a store that is not a directory.
-    #[error("disk store {store} named by the snapshot is not a directory; it was moved or removed")]
+    /// A snapshot names a store that is not one (no `layers` and `chains` directories).
+    #[error(
+        "disk store {store} named by the snapshot is not a layer store (an absolute directory \
+         with layers/ and chains/); it was moved or removed"
+    )]
     NoStore {
         /// The path the snapshot names.
         store: PathBuf,
@@ -106,11 +109,7 @@ pub(crate) struct SnapshotDisk {
 impl SnapshotDisk {
     /// Opens the frozen chain `disk` names.
     pub(crate) fn open(disk: &DiskRef) -> Result<SnapshotDisk, DiskError> {
-        if !disk.store.is_absolute() || !disk.store.is_dir() {
-            return Err(DiskError::NoStore { store: disk.store.clone() });
-        }
-        let store = Store::open(&disk.store)
-            .map_err(|source| DiskError::Layers { store: disk.store.clone(), source })?;
+        let store = existing_store(&disk.store)?;
         let frozen = store.open_frozen(&disk.frozen).map_err(DiskError::layers(&store))?;
         Ok(SnapshotDisk { store, frozen })
     }
@@ -248,6 +247,16 @@ impl Disk {
     }
 }
 
+/// Opens the store at `path` (absolute), which must exist: a path read from a state file
+/// must not make `Store::open` create directories wherever it points.
+pub(crate) fn existing_store(path: &Path) -> Result<Store, DiskError> {
+    let is_store = path.is_absolute() && path.join("layers").is_dir() && path.join("chains").is_dir();
+    if !is_store {
+        return Err(DiskError::NoStore { store: path.to_owned() });
+    }
+    Store::open(path).map_err(|source| DiskError::Layers { store: path.to_owned(), source })
+}
+
 /// A fresh name for a chain or frozen chain: `prefix` and 16 random hex digits.
 pub(crate) fn chain_name(prefix: &str) -> Result<String, Error> {
     Ok(format!("{prefix}-{:016x}", crate::checkpoint::random_id()?))
@@ -259,4 +268,20 @@ pub(crate) fn open_chain(store: &Path, chain: &str) -> Result<(Store, LayeredBac
         Store::open(store).map_err(|source| DiskError::Layers { store: store.to_owned(), source })?;
     let backend = opened.open_chain(chain).map_err(DiskError::layers(&opened))?;
     Ok((opened, backend))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_path_from_a_state_file_creates_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = existing_store(dir.path()).expect_err("an empty directory is no store");
+        assert!(matches!(err, DiskError::NoStore { .. }), "{err}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing was created");
+        assert!(matches!(existing_store(Path::new("relative/store")), Err(DiskError::NoStore { .. })));
+        Store::open(dir.path()).unwrap();
+        existing_store(dir.path()).unwrap();
+    }
 }

@@ -109,7 +109,7 @@ impl Vm {
         if let Some(frozen) = snapshot.disk() {
             let name = disk::chain_name("vm")?;
             let backend = frozen.fork(&name).map_err(DiskError::at_restore)?;
-            shell.add_disk(frozen.store.clone(), backend).map_err(DiskError::at_restore)?;
+            shell.add_disk(frozen.store.clone(), backend)?;
         }
         let disk = shell.disk.as_ref().map(|d| (d.store().clone(), d.name().to_string()));
         if let Err(e) = shell.restore(snapshot.state(), snapshot.chain()) {
@@ -143,21 +143,19 @@ impl Vm {
         let store = std::fs::canonicalize(store)
             .map_err(|_| DiskError::NoStore { store: store.to_owned() }.at_restore())?;
         let (store, backend) = disk::open_chain(&store, chain).map_err(DiskError::at_restore)?;
-        self.add_disk(store, backend).map_err(DiskError::at_restore)
+        self.add_disk(store, backend)
     }
 
     fn add_disk(
         &mut self,
         store: branchbox_layers::Store,
         backend: branchbox_layers::LayeredBackend,
-    ) -> std::result::Result<(), DiskError> {
+    ) -> Result<()> {
         if let Some(d) = &self.disk {
-            return Err(DiskError::HasDisk { chain: d.name().to_string() });
+            return Err(DiskError::HasDisk { chain: d.name().to_string() }.at_restore());
         }
-        let disk = Disk::new(&self.ram, store, backend)?;
-        self.devices
-            .add_block(DISK_BASE, DISK_LEN, disk.transport().clone())
-            .map_err(|e| DiskError::Memory(e.to_string()))?;
+        let disk = Disk::new(&self.ram, store, backend).map_err(DiskError::at_restore)?;
+        self.devices.add_block(DISK_BASE, DISK_LEN, disk.transport().clone())?;
         self.disk = Some(disk);
         Ok(())
     }

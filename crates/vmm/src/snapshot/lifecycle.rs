@@ -137,15 +137,15 @@ impl Snapshot {
         }
         let path = dir.join(state_file_name(name));
         // A store that is not a directory (any more) holds nothing to remove.
-        let disk = format::read_state_file(&path).ok().and_then(|s| s.disk).filter(|d| d.store.is_dir());
+        let disk = format::read_state_file(&path).ok().and_then(|s| s.disk);
         std::fs::remove_file(&path).map_err(|source| Error::SnapshotIo { path, op: "remove", source })?;
         sync_dir(dir)?;
         // After the state file: a crash in between leaves a frozen chain no snapshot names,
         // which only keeps its layers, never a snapshot whose disk is gone.
         if let Some(disk) = disk {
-            let removed =
-                branchbox_layers::Store::open(&disk.store).and_then(|s| s.remove_chain(&disk.frozen));
-            match removed {
+            // A store that is gone holds nothing to remove.
+            let Ok(store) = crate::disk::existing_store(&disk.store) else { return Ok(()) };
+            match store.remove_chain(&disk.frozen) {
                 Ok(()) | Err(branchbox_layers::LayerError::NoChain { .. }) => {}
                 Err(e) => {
                     return Err(Error::Checkpoint(format!(
