@@ -105,18 +105,31 @@ impl Vm {
     /// private copy-on-write view of the snapshot's layer, nothing is copied. A snapshot
     /// with a disk gives the VM a disk of its own: a new chain (a new empty top) over the
     /// snapshot's frozen chain, named by [`disk_chain`](Vm::disk_chain).
-    pub fn restore_into(mut shell: Vm, snapshot: &Snapshot) -> Result<Vm> {
-        if let Some(frozen) = snapshot.disk() {
-            let name = disk::chain_name("vm")?;
-            let backend = frozen.fork(&name).map_err(DiskError::at_restore)?;
-            shell.add_disk(frozen.store.clone(), backend)?;
-        }
-        let disk = shell.disk.as_ref().map(|d| (d.store().clone(), d.name().to_string()));
-        if let Err(e) = shell.restore(snapshot.state(), snapshot.chain()) {
+    pub fn restore_into(shell: Vm, snapshot: &Snapshot) -> Result<Vm> {
+        let disk = match snapshot.disk() {
+            Some(d) => d.fork(1)?.pop(),
+            None => None,
+        };
+        Vm::restore_with(shell, snapshot, disk)
+    }
+
+    /// [`restore_into`](Vm::restore_into) with the disk's new chain already made (`None`
+    /// for a snapshot without a disk). A failed restore removes that chain.
+    pub(crate) fn restore_with(
+        mut shell: Vm,
+        snapshot: &Snapshot,
+        disk: Option<branchbox_layers::LayeredBackend>,
+    ) -> Result<Vm> {
+        let chain = disk.as_ref().map(|b| b.name().to_string());
+        let added = match (snapshot.disk(), disk) {
+            (Some(d), Some(backend)) => shell.add_disk(d.store.clone(), backend),
+            _ => Ok(()),
+        };
+        if let Err(e) = added.and_then(|()| shell.restore(snapshot.state(), snapshot.chain())) {
             // The new chain belongs to no VM: its top is released with the shell, then removed.
             drop(shell);
-            if let Some((store, name)) = disk {
-                let _ = store.remove_chain(&name);
+            if let (Some(d), Some(name)) = (snapshot.disk(), chain) {
+                let _ = d.store.remove_chain(&name);
             }
             return Err(e);
         }
