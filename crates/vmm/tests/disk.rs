@@ -320,3 +320,51 @@ fn a_snapshot_whose_disk_is_gone_is_refused_with_its_names() {
     let err = vm.attach_disk(&disk.store, "disk").unwrap_err();
     assert!(err.to_string().contains("has a disk already"), "{err}");
 }
+
+/// The chains of the store at `store`, by name.
+fn chains(store: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(store.join("chains"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().trim_end_matches(".json").to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_failed_restore_or_fork_leaves_no_chain_behind() {
+    let Some(hv) = common::kvm_or_skip() else { return };
+    let work = tempfile::tempdir().unwrap();
+    let (mut vm, mut driver) = vm_with_disk(&hv, work.path());
+    driver.write(&vm, 0, 0xa1);
+    let dir = tempfile::tempdir().unwrap();
+    let snap = vm.checkpoint(dir.path(), "s").unwrap().wait().unwrap();
+    let store = vm.disk_store().unwrap().to_path_buf();
+    let before = chains(&store);
+    assert_eq!(before.len(), 2, "the VM's chain and the snapshot's frozen chain: {before:?}");
+
+    // A shell of another shape refuses the state after its disk's chain was made.
+    let mut other = vm.config();
+    other.mem_size *= 2;
+    let err = Vm::restore_into(Vm::shell(&hv, other).unwrap(), &snap).err().expect("another shape");
+    assert!(err.to_string().contains("shaped"), "{err}");
+    assert_eq!(chains(&store), before, "the refused restore's chain was removed");
+
+    // A store that cannot take new tops fails every child of a fork, and makes none.
+    std::fs::rename(store.join("layers"), work.path().join("layers-away")).unwrap();
+    let mut pool = ShellPool::new(&hv, vm.config());
+    let children = fork(&snap, 3, &mut pool);
+    std::fs::rename(work.path().join("layers-away"), store.join("layers")).unwrap();
+    assert_eq!(children.len(), 3);
+    let errors: Vec<String> = children.into_iter().map(|c| c.err().expect("no child").to_string()).collect();
+    assert!(
+        errors[0].contains(&store.display().to_string()),
+        "the first child names the store: {}",
+        errors[0]
+    );
+    assert!(errors[1].contains("first child's error"), "{}", errors[1]);
+    assert_eq!(chains(&store), before, "a failed fork makes no chain");
+    // With the store back, the same snapshot forks.
+    let child = fork(&snap, 1, &mut pool).pop().unwrap().unwrap();
+    driver.clone().expect(&child, 0, 0xa1, "a child after the failed fork");
+}
