@@ -42,6 +42,8 @@ pub struct Checkpoint {
     state: MachineState,
     chain: Arc<Chain>,
     disk: Option<SnapshotDisk>,
+    /// The disk of the snapshot of the same name this one replaces.
+    replaced: Option<DiskRef>,
     writer: Option<Writer>,
 }
 
@@ -83,6 +85,13 @@ impl Checkpoint {
     pub fn wait(self) -> Result<Snapshot> {
         if let Some(w) = &self.writer {
             w.wait()?;
+        }
+        if let Some(old) = &self.replaced {
+            // The new state file is in place and no longer names the old frozen chain. A
+            // failure leaves a chain no snapshot names: it only keeps its layers.
+            if let Ok(store) = crate::disk::existing_store(&old.store) {
+                let _ = store.remove_chain(&old.frozen);
+            }
         }
         Ok(self.snapshot())
     }
@@ -159,7 +168,8 @@ impl Vm {
         // Held until the state file is in place (a delta's writer inherits it): garbage
         // collection waits for it (`snapshot::lifecycle`).
         let _lock = DirLock::shared(dir)?;
-        match self.lineage.take() {
+        let replaced = self.replaced_disk(dir, name);
+        let mut checkpoint = match self.lineage.take() {
             Some(lineage) if lineage.dir == dir && lineage.chain_intact() => {
                 self.checkpoint_delta(lineage, name, start)
             }
@@ -168,7 +178,18 @@ impl Vm {
                 self.lineage = other;
                 self.checkpoint_full(dir, name, start, logging)
             }
-        }
+        }?;
+        checkpoint.replaced = replaced.filter(|old| checkpoint.state.disk.as_ref() != Some(old));
+        Ok(checkpoint)
+    }
+
+    /// The disk of the snapshot `name` in `dir` that a checkpoint of that name replaces: its
+    /// frozen chain is removed once the new state file is in place ([`Checkpoint::wait`]),
+    /// or it would keep its layers with no snapshot naming it. Read only for a VM with a
+    /// disk; an unreadable old state names nothing.
+    fn replaced_disk(&self, dir: &Path, name: &str) -> Option<DiskRef> {
+        self.disk()?;
+        format::read_state_file(&dir.join(state_file_name(name))).ok()?.disk
     }
 
     fn checkpoint_full(
@@ -235,6 +256,7 @@ impl Vm {
             state,
             chain,
             disk: self.snapshot_disk(disk),
+            replaced: None,
             writer: None,
         })
     }
@@ -375,6 +397,7 @@ impl Vm {
             state,
             chain,
             disk: self.snapshot_disk(disk),
+            replaced: None,
             writer: Some(writer),
         })
     }

@@ -368,3 +368,32 @@ fn a_failed_restore_or_fork_leaves_no_chain_behind() {
     let child = fork(&snap, 1, &mut pool).pop().unwrap().unwrap();
     driver.clone().expect(&child, 0, 0xa1, "a child after the failed fork");
 }
+
+#[test]
+fn a_snapshot_taken_again_under_its_name_releases_the_old_disk() {
+    let Some(hv) = common::kvm_or_skip() else { return };
+    let work = tempfile::tempdir().unwrap();
+    let (mut vm, mut driver) = vm_with_disk(&hv, work.path());
+    let dir = tempfile::tempdir().unwrap();
+    driver.write(&vm, 0, 0xa1);
+    vm.snapshot(dir.path()).unwrap();
+    let first = Snapshot::open(dir.path()).unwrap().disk_ref().unwrap().clone();
+    driver.write(&vm, 0, 0xb2);
+    vm.snapshot(dir.path()).unwrap();
+    let second = Snapshot::open(dir.path()).unwrap();
+    let store = vm.disk_store().unwrap().to_path_buf();
+    assert_eq!(
+        chains(&store),
+        {
+            let mut want =
+                vec![vm.disk_chain().unwrap().to_string(), second.disk_ref().unwrap().frozen.clone()];
+            want.sort();
+            want
+        },
+        "the replaced snapshot's frozen chain {} is gone",
+        first.frozen
+    );
+    let mut pool = ShellPool::new(&hv, vm.config());
+    let child = fork(&second, 1, &mut pool).pop().unwrap().unwrap();
+    driver.clone().expect(&child, 0, 0xb2, "a child of the second snapshot");
+}
