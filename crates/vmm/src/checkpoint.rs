@@ -107,17 +107,6 @@ impl Checkpoint {
     }
 }
 
-/// A random 64-bit id for a new delta layer.
-pub(crate) fn random_id() -> Result<u64> {
-    let mut b = [0u8; 8];
-    // SAFETY: fills the 8-byte buffer.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n != 8 {
-        return Err(Error::Memory { op: "getrandom", source: std::io::Error::last_os_error() });
-    }
-    Ok(u64::from_le_bytes(b))
-}
-
 fn cstr(dir_relative: String) -> Result<CString> {
     CString::new(dir_relative).map_err(|_| Error::Config("a file name contains NUL".into()))
 }
@@ -285,7 +274,7 @@ impl Vm {
 
     fn write_delta(&mut self, lineage: &mut Lineage, name: &str, start: Instant) -> Result<Checkpoint> {
         let layer = new_layer_name("delta");
-        let id = random_id()?;
+        let id = crate::random::random_id()?;
         let mut refs: Vec<LayerRef> = lineage.head.refs();
         refs.push(LayerRef { name: layer.clone(), kind: LayerKind::Delta { id } });
         // CPU state first: saving completes a pending guest access, which may write memory

@@ -17,9 +17,9 @@
 //! dirty bitmap: what the device writes (read data, used rings) is a host write KVM's dirty
 //! log does not see, so checkpoints take those pages from the bitmap.
 
-use crate::devices::doorbell::{DOORBELL_BASE, DOORBELL_LEN};
 use crate::error::Error;
 use crate::memory::GuestRam;
+use branchbox_devices::doorbell::{DOORBELL_BASE, DOORBELL_LEN};
 use branchbox_layers::{FrozenChain, LayerError, LayeredBackend, Store};
 use branchbox_persist::RestoreError;
 use branchbox_virtio::blk::{Block, BlockBackend};
@@ -260,7 +260,7 @@ pub(crate) fn existing_store(path: &Path) -> Result<Store, DiskError> {
 
 /// A fresh name for a chain or frozen chain: `prefix` and 16 random hex digits.
 pub(crate) fn chain_name(prefix: &str) -> Result<String, Error> {
-    Ok(format!("{prefix}-{:016x}", crate::checkpoint::random_id()?))
+    Ok(format!("{prefix}-{:016x}", crate::random::random_id()?))
 }
 
 /// Opens `store` (a directory) and its chain `chain`.

@@ -23,6 +23,7 @@ mod lineage;
 pub mod linux;
 pub mod memory;
 mod page;
+mod random;
 mod reaper;
 pub mod seccomp;
 pub mod snapshot;
