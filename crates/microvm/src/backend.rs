@@ -8,6 +8,7 @@ use branchbox_vmm::linux::connect_guest_port;
 use branchbox_vmm::process::protocol::{BootLinux, ErrorKind, VmState};
 use branchbox_vmm::process::{spawn_listening, ClientError, VmmProcess};
 use branchbox_vmm::VmConfig;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -169,7 +170,12 @@ impl Backend for MicrovmBackend {
     }
 
     fn create(&self, plan: &SandboxPlan) -> Result<()> {
-        std::fs::create_dir_all(&plan.dir).map_err(|e| Error::io(&plan.dir, e))?;
+        // Owner-only: its sockets drive the VM and reach the agent.
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&plan.dir)
+            .map_err(|e| Error::io(&plan.dir, e))?;
         let dir = absolute(&plan.dir)?;
         check_socket_paths(&dir)?;
         let started = self.boot(plan, &dir).and_then(|()| self.connect(&dir).map(drop));
@@ -268,5 +274,26 @@ impl MicrovmBackend {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locating_without_a_built_kernel_names_what_builds_it() {
+        if std::env::var_os(KERNEL_ENV).is_some() {
+            eprintln!("skipped: {KERNEL_ENV} names a kernel");
+            return;
+        }
+        let images = tempfile::tempdir().unwrap();
+        let e =
+            MicrovmBackend::locate("branchbox-vmm".into(), images.path().into(), "agent".into()).unwrap_err();
+        let text = e.to_string();
+        assert!(matches!(e, Error::Unavailable(_)), "{e:?}");
+        // Without Debian's kernel source the recipe itself cannot be named: that says how to
+        // install it instead.
+        assert!(text.contains("`branchbox guest kernel`") || text.contains("linux-source"), "{text}");
     }
 }

@@ -55,6 +55,8 @@ fn a_guest_that_ends_before_its_agent_answers_fails_create_with_its_end_reason()
     let pid = vmm_pid(&dir).expect("the VMM's pid file");
     assert!(!process_alive(pid), "create left the VMM {pid} running");
     assert!(!backend.is_alive(&dir));
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&dir).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o700, "the sandbox directory holds its VM's sockets: owner only");
     backend.destroy(&plan.id, &dir).unwrap();
     assert!(!dir.exists());
 }
