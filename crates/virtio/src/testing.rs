@@ -2,6 +2,9 @@
 //! rings into a `GuestMemoryMmap` the way a guest driver would, drives the virtio-mmio
 //! handshake through [`BusDevice`] accesses, and reads back the used ring.
 //!
+//! The queue helpers take any [`DriverMemory`]: [`guest_memory`]'s, or a VMM's own view of
+//! guest RAM (one with a dirty bitmap, say), directly or in an `Arc`.
+//!
 //! Built only with the `testing` feature.
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -12,7 +15,8 @@ use virtio_bindings::virtio_config::{
     VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
     VIRTIO_CONFIG_S_FEATURES_OK,
 };
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::bitmap::Bitmap;
+use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap};
 
 use crate::mmio::Interrupt;
 
@@ -34,6 +38,28 @@ pub fn guest_memory() -> Arc<GuestMemoryMmap> {
         GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)])
             .expect("16 MiB of anonymous memory for a test guest"),
     )
+}
+
+/// Guest memory a [`DriverQueue`] writes its rings into.
+pub trait DriverMemory {
+    /// The memory itself.
+    type Memory: GuestMemory;
+    /// The memory to read and write.
+    fn memory(&self) -> &Self::Memory;
+}
+
+impl<B: Bitmap + 'static> DriverMemory for GuestMemoryMmap<B> {
+    type Memory = Self;
+    fn memory(&self) -> &Self {
+        self
+    }
+}
+
+impl<T: DriverMemory> DriverMemory for Arc<T> {
+    type Memory = T::Memory;
+    fn memory(&self) -> &T::Memory {
+        (**self).memory()
+    }
 }
 
 /// An [`Interrupt`] that counts how often it was raised.
@@ -113,7 +139,16 @@ impl DriverQueue {
     }
 
     /// Writes descriptor `index` as given, with no checks: for building malformed chains.
-    pub fn write_desc(&self, mem: &GuestMemoryMmap, index: u16, addr: u64, len: u32, flags: u16, next: u16) {
+    pub fn write_desc<D: DriverMemory>(
+        &self,
+        mem: &D,
+        index: u16,
+        addr: u64,
+        len: u32,
+        flags: u16,
+        next: u16,
+    ) {
+        let mem = mem.memory();
         let at = self.desc.0 + 16 * u64::from(index);
         let mut raw = [0u8; 16];
         raw[0..8].copy_from_slice(&addr.to_le_bytes());
@@ -124,7 +159,8 @@ impl DriverQueue {
     }
 
     /// Makes `head` available to the device (no checks: may name any index).
-    pub fn push_avail(&mut self, mem: &GuestMemoryMmap, head: u16) {
+    pub fn push_avail<D: DriverMemory>(&mut self, mem: &D, head: u16) {
+        let mem = mem.memory();
         let slot = self.avail.0 + 4 + 2 * u64::from(self.avail_idx % self.size);
         mem.write_obj(head, GuestAddress(slot)).expect("avail ring inside test memory");
         self.avail_idx = self.avail_idx.wrapping_add(1);
@@ -133,7 +169,7 @@ impl DriverQueue {
 
     /// Writes `bufs` as one well-formed chain in the next free descriptors and makes it
     /// available; returns its head index.
-    pub fn add_chain(&mut self, mem: &GuestMemoryMmap, bufs: &[Buf]) -> u16 {
+    pub fn add_chain<D: DriverMemory>(&mut self, mem: &D, bufs: &[Buf]) -> u16 {
         let head = self.next_desc;
         for (i, &(addr, len, writable)) in bufs.iter().enumerate() {
             let index = (head + i as u16) % self.size;
@@ -148,7 +184,8 @@ impl DriverQueue {
 
     /// Used-ring entries `(head, len)` added since the last call; then asks (through
     /// `used_event`) to be interrupted for the next one.
-    pub fn take_used(&mut self, mem: &GuestMemoryMmap) -> Vec<(u16, u32)> {
+    pub fn take_used<D: DriverMemory>(&mut self, mem: &D) -> Vec<(u16, u32)> {
+        let mem = mem.memory();
         let idx: u16 = mem.read_obj(GuestAddress(self.used.0 + 2)).expect("used idx");
         let mut out = Vec::new();
         while self.used_seen != idx {

@@ -13,6 +13,7 @@
 //! - **Branch**: a checkpoint of a running VM, then children forked from it.
 
 use crate::dirty;
+use crate::disk::{DiskError, DiskRef, SnapshotDisk};
 use crate::error::{Error, Result};
 use crate::fork::{fork, ShellPool};
 use crate::layers::delta::{data_offset, encode_header, index_bytes, DeltaHeader};
@@ -24,7 +25,7 @@ use crate::memory::{new_layer_name, write_atomic};
 use crate::page::PAGE_SIZE;
 use crate::snapshot::lifecycle::DirLock;
 use crate::snapshot::{format, state_file_name, valid_name, MachineState, Snapshot, DEFAULT_NAME};
-use crate::vm::Vm;
+use crate::vm::{CpuState, Vm};
 use branchbox_persist::Snapshottable;
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
@@ -40,6 +41,9 @@ pub struct Checkpoint {
     pages: u64,
     state: MachineState,
     chain: Arc<Chain>,
+    disk: Option<SnapshotDisk>,
+    /// The disk of the snapshot of the same name this one replaces.
+    replaced: Option<DiskRef>,
     writer: Option<Writer>,
 }
 
@@ -82,23 +86,25 @@ impl Checkpoint {
         if let Some(w) = &self.writer {
             w.wait()?;
         }
+        if let Some(old) = &self.replaced {
+            // The new state file is in place and no longer names the old frozen chain. A
+            // failure leaves a chain no snapshot names: it only keeps its layers.
+            if let Ok(store) = crate::disk::existing_store(&old.store) {
+                let _ = store.remove_chain(&old.frozen);
+            }
+        }
         Ok(self.snapshot())
     }
 
     fn snapshot(&self) -> Snapshot {
-        Snapshot::from_parts(&self.dir, &self.name, self.state.clone(), Arc::clone(&self.chain))
+        Snapshot::from_parts(
+            &self.dir,
+            &self.name,
+            self.state.clone(),
+            Arc::clone(&self.chain),
+            self.disk.clone(),
+        )
     }
-}
-
-/// A random 64-bit id for a new delta layer.
-fn random_id() -> Result<u64> {
-    let mut b = [0u8; 8];
-    // SAFETY: fills the 8-byte buffer.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n != 8 {
-        return Err(Error::Memory { op: "getrandom", source: std::io::Error::last_os_error() });
-    }
-    Ok(u64::from_le_bytes(b))
 }
 
 fn cstr(dir_relative: String) -> Result<CString> {
@@ -124,7 +130,8 @@ fn fork_ranges(runs: &[(u64, u64)], gap: u64) -> Vec<(u64, u64)> {
 
 impl Vm {
     /// Takes a snapshot of this paused VM into the existing directory `dir` as its default
-    /// snapshot (`vm.state`) and waits until it is durable. The first snapshot of a VM
+    /// snapshot (`vm.state`) and waits until it is durable. A VM with a disk has its disk
+    /// frozen at the same instant (see [`checkpoint`](Vm::checkpoint)). The first snapshot of a VM
     /// writes a full memory layer; later ones into the same directory write a delta layer.
     /// Afterwards this VM's RAM is a copy-on-write view shared with every child.
     pub fn snapshot(&mut self, dir: &Path) -> Result<()> {
@@ -136,6 +143,12 @@ impl Vm {
     /// layers) writes a full base layer before returning; later ones write only the pages
     /// dirtied since the previous checkpoint, in a delta layer written after the return
     /// from memory captured now. [`Checkpoint::wait`] makes it durable.
+    ///
+    /// A VM with a disk has its disk frozen at the same instant, after the CPU state is saved
+    /// (which completes a pending guest access, possibly a queue notification): the top is
+    /// flushed and becomes a delta, the VM goes on with a new top, and the frozen chain is
+    /// recorded in the disk's store under a name the state file keeps. The disk's layers are
+    /// durable when this returns.
     pub fn checkpoint(&mut self, dir: &Path, name: &str) -> Result<Checkpoint> {
         let start = Instant::now();
         if !valid_name(name) {
@@ -144,7 +157,8 @@ impl Vm {
         // Held until the state file is in place (a delta's writer inherits it): garbage
         // collection waits for it (`snapshot::lifecycle`).
         let _lock = DirLock::shared(dir)?;
-        match self.lineage.take() {
+        let replaced = self.replaced_disk(dir, name);
+        let mut checkpoint = match self.lineage.take() {
             Some(lineage) if lineage.dir == dir && lineage.chain_intact() => {
                 self.checkpoint_delta(lineage, name, start)
             }
@@ -153,7 +167,18 @@ impl Vm {
                 self.lineage = other;
                 self.checkpoint_full(dir, name, start, logging)
             }
-        }
+        }?;
+        checkpoint.replaced = replaced.filter(|old| checkpoint.state.disk.as_ref() != Some(old));
+        Ok(checkpoint)
+    }
+
+    /// The disk of the snapshot `name` in `dir` that a checkpoint of that name replaces: its
+    /// frozen chain is removed once the new state file is in place ([`Checkpoint::wait`]),
+    /// or it would keep its layers with no snapshot naming it. Read only for a VM with a
+    /// disk; an unreadable old state names nothing.
+    fn replaced_disk(&self, dir: &Path, name: &str) -> Option<DiskRef> {
+        self.disk()?;
+        format::read_state_file(&dir.join(state_file_name(name))).ok()?.disk
     }
 
     fn checkpoint_full(
@@ -164,6 +189,23 @@ impl Vm {
         logging: bool,
     ) -> Result<Checkpoint> {
         let cpu = self.save_cpu()?;
+        let disk = self.freeze_disk()?;
+        let result = self.write_full(dir, name, start, logging, cpu, disk.clone());
+        if let (Err(_), Some((r, _))) = (&result, &disk) {
+            self.forget_frozen(r);
+        }
+        result
+    }
+
+    fn write_full(
+        &mut self,
+        dir: &Path,
+        name: &str,
+        start: Instant,
+        logging: bool,
+        cpu: CpuState,
+        disk: Option<(DiskRef, branchbox_layers::FrozenChain)>,
+    ) -> Result<Checkpoint> {
         let layer = new_layer_name("layer");
         let crc32 = self.ram().write_layer(dir, &layer)?;
         let path = dir.join(&layer);
@@ -175,7 +217,7 @@ impl Vm {
         let mut lineage = Lineage::new(dir, &chain);
         lineage.logging = logging;
         self.lineage = Some(lineage);
-        self.ram().take_host_dirty();
+        self.take_host_dirty();
         if logging {
             // The mapping now equals the new layer: start the next dirty set empty.
             self.take_dirty_log()?;
@@ -186,6 +228,7 @@ impl Vm {
             vcpus: cpu.vcpus,
             devices: cpu.devices,
             memory: crate::memory::MemoryState { size: chain.size(), layers: chain.refs() },
+            disk: disk.as_ref().map(|(r, _)| r.clone()),
         };
         let bytes = format::encode(&state)?;
         let state_name = state_file_name(name);
@@ -201,6 +244,8 @@ impl Vm {
             pages: self.ram().pages(),
             state,
             chain,
+            disk: self.snapshot_disk(disk),
+            replaced: None,
             writer: None,
         })
     }
@@ -210,7 +255,7 @@ impl Vm {
     /// Also returns the dirty bitmap read, for [`Vm::clear_dirty_log`] once the writer has
     /// been forked.
     fn dirty_since_head(&mut self, lineage: &mut Lineage) -> Result<(Vec<u64>, Vec<u64>)> {
-        let host = dirty::union(&self.ram().take_host_dirty(), &std::mem::take(&mut lineage.carry));
+        let host = dirty::union(&self.take_host_dirty(), &std::mem::take(&mut lineage.carry));
         if lineage.logging {
             let bitmap = self.dirty_bitmap()?;
             return Ok((dirty::union(&dirty::bitmap_pages(&bitmap), &host), bitmap));
@@ -228,13 +273,34 @@ impl Vm {
     }
 
     fn write_delta(&mut self, lineage: &mut Lineage, name: &str, start: Instant) -> Result<Checkpoint> {
-        let dir = lineage.dir.clone();
         let layer = new_layer_name("delta");
-        let id = random_id()?;
+        let id = crate::random::random_id()?;
         let mut refs: Vec<LayerRef> = lineage.head.refs();
         refs.push(LayerRef { name: layer.clone(), kind: LayerKind::Delta { id } });
-        // CPU state first: saving completes a pending guest access, which may write memory.
-        let state = self.save(&mut refs)?;
+        // CPU state first: saving completes a pending guest access, which may write memory
+        // or serve a disk request.
+        let mut state = self.save(&mut refs)?;
+        let disk = self.freeze_disk()?;
+        state.disk = disk.as_ref().map(|(r, _)| r.clone());
+        let result = self.write_delta_layer(lineage, name, start, state, (layer, id), disk.clone());
+        if let (Err(_), Some((r, _))) = (&result, &disk) {
+            self.forget_frozen(r);
+        }
+        result
+    }
+
+    /// The rest of [`write_delta`](Vm::write_delta): the new layer `(name, id)` and its
+    /// writer, with `state` (saved, disk frozen) as its state file.
+    fn write_delta_layer(
+        &mut self,
+        lineage: &mut Lineage,
+        name: &str,
+        start: Instant,
+        state: MachineState,
+        (layer, id): (String, u64),
+        disk: Option<(DiskRef, branchbox_layers::FrozenChain)>,
+    ) -> Result<Checkpoint> {
+        let dir = lineage.dir.clone();
         let (pages, logged) = self.dirty_since_head(lineage)?;
         // Until the writer runs, nothing holds these pages: a failure below leaves them to
         // the next checkpoint.
@@ -319,6 +385,8 @@ impl Vm {
             pages: n,
             state,
             chain,
+            disk: self.snapshot_disk(disk),
+            replaced: None,
             writer: Some(writer),
         })
     }
@@ -338,7 +406,15 @@ impl Vm {
             )));
         }
         let now = self.save_cpu()?;
-        if let Err(e) = self.restore_cpu(&target.vm, &target.vcpus, &target.devices) {
+        // The device states were checked first: the target has a disk exactly when this VM
+        // has one. The disk goes back after the devices, at the same pause.
+        let restored = self.restore_cpu(&target.vm, &target.vcpus, &target.devices).and_then(|()| {
+            match (self.disk(), to.disk()) {
+                (Some(d), Some(frozen)) => d.rollback(&frozen.frozen).map_err(DiskError::at_restore),
+                _ => Ok(()),
+            }
+        });
+        if let Err(e) = restored {
             let undo = self.restore_cpu(&now.vm, &now.vcpus, &now.devices);
             return Err(match undo {
                 Ok(()) => e,
@@ -353,7 +429,7 @@ impl Vm {
         let writer = lineage.as_mut().and_then(|l| l.writer.take());
         let result = match lineage {
             Some(l) if l.mapped.base_layer().name == chain.base_layer().name => {
-                let mut dirty = dirty::union(&l.dirty, &self.ram().take_host_dirty());
+                let mut dirty = dirty::union(&l.dirty, &self.take_host_dirty());
                 if l.logging {
                     dirty = dirty::union(&dirty, &self.take_dirty_log()?);
                 } else {
@@ -362,7 +438,7 @@ impl Vm {
                 self.apply(&rollback_plan(&l.mapped, chain, &dirty), chain)
             }
             _ => {
-                self.ram().take_host_dirty();
+                self.take_host_dirty();
                 if logging {
                     self.take_dirty_log()?;
                 }
@@ -376,6 +452,13 @@ impl Vm {
         lineage.writer = writer.filter(|(_, layer)| chain.layers().iter().any(|l| &l.name == layer));
         self.lineage = Some(lineage);
         result
+    }
+
+    /// The disk a checkpoint's snapshot restores from: the chain just frozen, in this VM's
+    /// store.
+    fn snapshot_disk(&self, disk: Option<(DiskRef, branchbox_layers::FrozenChain)>) -> Option<SnapshotDisk> {
+        let store = self.disk()?.store().clone();
+        disk.map(|(_, frozen)| SnapshotDisk { store, frozen })
     }
 
     fn apply(&self, ops: &[RemapOp], chain: &Chain) -> Result<()> {

@@ -86,7 +86,7 @@ pub enum Error {
     },
     /// The state file was written by another snapshot format version.
     #[error(
-        "snapshot {path} has format version {found}, this build reads only version {supported}; \
+        "snapshot {path} has format version {found}, this build writes version {supported} and reads it and version 3; \
          restore it with the branchbox release that wrote it, or take a new snapshot"
     )]
     SnapshotVersion {

@@ -4,13 +4,17 @@
 //! is a new VM whose RAM maps the snapshot's layer `MAP_PRIVATE` and whose vCPU/VM/device
 //! state is restored from the parsed snapshot. Building the VM (KVM_CREATE_VM, slot, vCPUs)
 //! is most of a child's cost, so a [`ShellPool`] builds shells ahead of time, off the fork
-//! path; a fork then only re-maps the layer over a shell's RAM and restores state.
+//! path; a fork then only re-maps the layer over a shell's RAM and restores state. A
+//! snapshot with a disk gives each child a new empty top over its frozen chain, all made by
+//! one fork of the disk's store before the children are restored.
 
 use crate::config::VmConfig;
 use crate::error::{Error, Result};
 use crate::hypervisor::Hypervisor;
 use crate::snapshot::Snapshot;
 use crate::vm::Vm;
+use branchbox_layers::LayeredBackend;
+use branchbox_persist::RestoreError;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -59,6 +63,9 @@ impl ShellPool {
     }
 }
 
+/// One child being made: its shell, its disk's new chain, and the outcome.
+type Slot = (Option<Vm>, Option<LayeredBackend>, Option<Result<Vm>>);
+
 /// Restores `n` independent children of `snapshot`, taking shells from `pool` (which must
 /// have the snapshot's shape). Each child is paused where the snapshot was taken; one
 /// child's failure does not stop the others.
@@ -79,30 +86,42 @@ pub fn fork_with<F>(
 where
     F: Fn(&mut Vm) -> Result<()> + Sync,
 {
-    let mut slots: Vec<(Option<Vm>, Option<Result<Vm>>)> =
-        (0..n).map(|_| (pool.shells.pop(), None)).collect();
+    // Every child's disk chain in one fork of the store: its directories are synced once.
+    let mut disks: Vec<Option<LayeredBackend>> = match snapshot.disk().map(|d| d.fork(n)) {
+        Some(Ok(tops)) => tops.into_iter().map(Some).collect(),
+        Some(Err(e)) => {
+            let rest = (1..n).map(|_| {
+                let detail = "the disk's fork for every child failed; the first child's error says why";
+                Err(Error::Restore(RestoreError::new("disk", detail)))
+            });
+            return std::iter::once(Err(e)).chain(rest).take(n).collect();
+        }
+        None => Vec::new(),
+    };
+    disks.resize_with(n, || None);
+    let mut slots: Vec<Slot> = disks.into_iter().map(|disk| (pool.shells.pop(), disk, None)).collect();
     let (hv, config) = (&pool.hv, pool.config);
-    let one = |shell: Option<Vm>| -> Result<Vm> {
+    let one = |shell: Option<Vm>, disk: Option<LayeredBackend>| -> Result<Vm> {
         let shell = match shell {
             Some(vm) => vm,
             None => Vm::shell(hv, config)?,
         };
-        let mut child = Vm::restore_into(shell, snapshot)?;
+        let mut child = Vm::restore_with(shell, snapshot, disk)?;
         then(&mut child)?;
         Ok(child)
     };
     let per_worker = n.div_ceil(workers.clamp(1, n.max(1)));
     if per_worker >= n {
-        for (shell, out) in &mut slots {
-            *out = Some(one(shell.take()));
+        for (shell, disk, out) in &mut slots {
+            *out = Some(one(shell.take(), disk.take()));
         }
     } else {
         std::thread::scope(|scope| {
             for chunk in slots.chunks_mut(per_worker) {
                 let one = &one;
                 scope.spawn(move || {
-                    for (shell, out) in chunk {
-                        *out = Some(one(shell.take()));
+                    for (shell, disk, out) in chunk {
+                        *out = Some(one(shell.take(), disk.take()));
                     }
                 });
             }
@@ -110,7 +129,7 @@ where
     }
     slots
         .into_iter()
-        .map(|(_, out)| out.unwrap_or_else(|| Err(Error::Thread("a fork worker stopped early".into()))))
+        .map(|(_, _, out)| out.unwrap_or_else(|| Err(Error::Thread("a fork worker stopped early".into()))))
         .collect()
 }
 

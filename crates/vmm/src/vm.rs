@@ -5,7 +5,8 @@
 
 use crate::config::VmConfig;
 use crate::devices::doorbell::{DoorbellState, DOORBELL_BASE, DOORBELL_LEN};
-use crate::devices::{DeviceStates, Devices};
+use crate::devices::{Bus, DeviceStates, Devices};
+use crate::disk::{self, Disk, DiskError, DiskMemory, DiskRef, DISK_BASE, DISK_LEN};
 use crate::error::{kvm, Error, Result};
 use crate::hypervisor::Hypervisor;
 use crate::layers::{Chain, LayerRef};
@@ -27,11 +28,13 @@ vmm_sys_util::ioctl_iowr_nr!(
 
 /// A KVM virtual machine.
 pub struct Vm {
-    // Field order is drop order: vCPUs and the VM go before the RAM their slot points into.
+    // Field order is drop order: vCPUs, the VM and the devices go before the RAM their slot
+    // and the disk's view point into.
     vcpus: Vec<Vcpu>,
     core: VmCore,
-    ram: GuestRam,
     devices: Devices,
+    disk: Option<Disk>,
+    ram: GuestRam,
     config: VmConfig,
     /// The layers under this VM's RAM and what was dirtied since; `None` while its RAM is
     /// still anonymous (booted, never snapshotted).
@@ -85,7 +88,7 @@ impl Vm {
             .collect::<Result<Vec<_>>>()?;
         let mut devices = Devices::default();
         devices.add_doorbell(DOORBELL_BASE, DOORBELL_LEN)?;
-        Ok(Vm { vcpus, core, ram, devices, config, lineage: None, manual_log: false })
+        Ok(Vm { vcpus, core, devices, disk: None, ram, config, lineage: None, manual_log: false })
     }
 
     /// Builds a fresh VM ready for a guest to be installed: a shell whose vCPUs get the
@@ -99,9 +102,37 @@ impl Vm {
     }
 
     /// Restores `snapshot` into `shell` (built with the snapshot's config): RAM becomes a
-    /// private copy-on-write view of the snapshot's layer, nothing is copied.
-    pub fn restore_into(mut shell: Vm, snapshot: &Snapshot) -> Result<Vm> {
-        shell.restore(snapshot.state(), snapshot.chain())?;
+    /// private copy-on-write view of the snapshot's layer, nothing is copied. A snapshot
+    /// with a disk gives the VM a disk of its own: a new chain (a new empty top) over the
+    /// snapshot's frozen chain, named by [`disk_chain`](Vm::disk_chain).
+    pub fn restore_into(shell: Vm, snapshot: &Snapshot) -> Result<Vm> {
+        let disk = match snapshot.disk() {
+            Some(d) => d.fork(1)?.pop(),
+            None => None,
+        };
+        Vm::restore_with(shell, snapshot, disk)
+    }
+
+    /// [`restore_into`](Vm::restore_into) with the disk's new chain already made (`None`
+    /// for a snapshot without a disk). A failed restore removes that chain.
+    pub(crate) fn restore_with(
+        mut shell: Vm,
+        snapshot: &Snapshot,
+        disk: Option<branchbox_layers::LayeredBackend>,
+    ) -> Result<Vm> {
+        let chain = disk.as_ref().map(|b| b.name().to_string());
+        let added = match (snapshot.disk(), disk) {
+            (Some(d), Some(backend)) => shell.add_disk(d.store.clone(), backend),
+            _ => Ok(()),
+        };
+        if let Err(e) = added.and_then(|()| shell.restore(snapshot.state(), snapshot.chain())) {
+            // The new chain belongs to no VM: its top is released with the shell, then removed.
+            drop(shell);
+            if let (Some(d), Some(name)) = (snapshot.disk(), chain) {
+                let _ = d.store.remove_chain(&name);
+            }
+            return Err(e);
+        }
         shell.lineage = Some(Lineage::new(snapshot.dir(), snapshot.chain()));
         Ok(shell)
     }
@@ -111,6 +142,89 @@ impl Vm {
         let snapshot = Snapshot::open(dir)?;
         let shell = Vm::shell(hv, snapshot.state().config)?;
         Vm::restore_into(shell, &snapshot)
+    }
+
+    /// Gives this VM a disk: chain `chain` of the layer store at `store` (a directory;
+    /// `branchbox_layers::Store::create_chain` makes one, and its handle must be dropped
+    /// first: a chain's top is open in one place at a time). The disk is a virtio-blk device
+    /// on virtio-mmio at [`DISK_BASE`]; from now on the VM's snapshots, forks and rollbacks
+    /// carry it with the memory. A VM has at most one disk, added before its first snapshot.
+    pub fn attach_disk(&mut self, store: &Path, chain: &str) -> Result<()> {
+        if let Some(d) = &self.disk {
+            return Err(DiskError::HasDisk { chain: d.name().to_string() }.at_restore());
+        }
+        let store = std::fs::canonicalize(store)
+            .map_err(|_| DiskError::NoStore { store: store.to_owned() }.at_restore())?;
+        let (store, backend) = disk::open_chain(&store, chain).map_err(DiskError::at_restore)?;
+        self.add_disk(store, backend)
+    }
+
+    fn add_disk(
+        &mut self,
+        store: branchbox_layers::Store,
+        backend: branchbox_layers::LayeredBackend,
+    ) -> Result<()> {
+        if let Some(d) = &self.disk {
+            return Err(DiskError::HasDisk { chain: d.name().to_string() }.at_restore());
+        }
+        let disk = Disk::new(&self.ram, store, backend).map_err(DiskError::at_restore)?;
+        self.devices.add_block(DISK_BASE, DISK_LEN, disk.transport().clone())?;
+        self.disk = Some(disk);
+        Ok(())
+    }
+
+    /// The name of this VM's disk chain in its store, if it has a disk. It stays in the store
+    /// after the VM is dropped, until removed (`Store::remove_chain`).
+    pub fn disk_chain(&self) -> Option<&str> {
+        self.disk.as_ref().map(Disk::name)
+    }
+
+    /// The directory of this VM's disk store, if it has a disk.
+    pub fn disk_store(&self) -> Option<&Path> {
+        self.disk.as_ref().map(|d| d.store().root())
+    }
+
+    /// Guest RAM as the disk device reaches it, for a host-side driver that plays the
+    /// guest's part (tests): what is written through it is seen by checkpoints, like the
+    /// device's own writes. `None` without a disk.
+    pub fn disk_memory(&self) -> Option<DiskMemory> {
+        self.disk.as_ref().map(|d| d.memory().clone())
+    }
+
+    /// The MMIO bus, where a host-side driver reaches the devices' registers as the guest
+    /// would.
+    pub fn mmio(&self) -> &Bus {
+        self.devices.mmio()
+    }
+
+    /// Pages the host wrote since the last call: through [`GuestRam`]'s own writes and
+    /// through the disk device's view.
+    pub(crate) fn take_host_dirty(&self) -> Vec<u64> {
+        let ram = self.ram.take_host_dirty();
+        match &self.disk {
+            Some(d) => crate::dirty::union(&ram, &d.take_dirty()),
+            None => ram,
+        }
+    }
+
+    /// Freezes the disk, if any, at this instant (vCPUs stopped) as a new frozen chain.
+    pub(crate) fn freeze_disk(&self) -> Result<Option<(DiskRef, branchbox_layers::FrozenChain)>> {
+        let Some(d) = &self.disk else { return Ok(None) };
+        let name = disk::chain_name("snap")?;
+        d.freeze(&name).map(Some).map_err(DiskError::at_checkpoint)
+    }
+
+    /// Removes a frozen chain [`freeze_disk`](Vm::freeze_disk) recorded, after the
+    /// checkpoint it was for failed.
+    pub(crate) fn forget_frozen(&self, disk: &DiskRef) {
+        if let Some(d) = &self.disk {
+            d.forget(&disk.frozen);
+        }
+    }
+
+    /// The VM's disk, if any.
+    pub(crate) fn disk(&self) -> Option<&Disk> {
+        self.disk.as_ref()
     }
 
     /// The VM's shape.
@@ -272,6 +386,8 @@ impl Snapshottable for Vm {
             vcpus: cpu.vcpus,
             devices: cpu.devices,
             memory: self.ram.save(layers)?,
+            // The checkpoint freezes the disk and records it.
+            disk: None,
         })
     }
 

@@ -58,7 +58,7 @@ fn snapshot_from_another_format_version_is_refused() {
     bytes[8..12].copy_from_slice(&7u32.to_le_bytes());
     std::fs::write(&path, &bytes).unwrap();
     let err = open_err(dir.path());
-    assert!(matches!(err, Error::SnapshotVersion { found: 7, supported: 3, .. }), "{err:?}");
+    assert!(matches!(err, Error::SnapshotVersion { found: 7, supported: 4, .. }), "{err:?}");
     assert!(err.to_string().contains("format version 7"));
 }
 

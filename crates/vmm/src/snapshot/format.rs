@@ -25,10 +25,14 @@ use std::path::Path;
 
 /// First bytes of every state file.
 pub const MAGIC: [u8; 8] = *b"BBXVMST\0";
-/// The one format version this build reads and writes. Version 3 stores device states as
-/// one typed list per kind of device (each entry with its bus range) instead of two bus
-/// lists of an enum of every device (version 2).
-pub const FORMAT_VERSION: u32 = 3;
+/// The format version this build writes. Version 4 adds the disks' device states (a list
+/// after the doorbells') and the disk's frozen chain (after the device states); version 3
+/// stored device states as one typed list per kind of device (each entry with its bus
+/// range) instead of two bus lists of an enum of every device (version 2).
+pub const FORMAT_VERSION: u32 = 4;
+/// The older version this build still reads: its payload is a prefix of version 4's (the
+/// fields version 4 added are all at the end), read as a VM without a disk.
+pub const FORMAT_VERSION_V3: u32 = 3;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 32;
 /// Largest payload accepted (a few vCPUs' state is tens of KiB).
@@ -94,7 +98,7 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<MachineState> {
         return Err(corrupt("it does not start with the snapshot magic".into()));
     }
     let version = le_u32(bytes, 8);
-    if version != FORMAT_VERSION {
+    if version != FORMAT_VERSION && version != FORMAT_VERSION_V3 {
         return Err(Error::SnapshotVersion {
             path: path.to_path_buf(),
             found: version,
@@ -122,10 +126,38 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<MachineState> {
     if crc != actual {
         return Err(corrupt(format!("payload checksum is {actual:#010x}, header says {crc:#010x}")));
     }
-    let state: MachineState =
-        codec().deserialize(payload).map_err(|e| corrupt(format!("payload does not decode: {e}")))?;
+    let undecodable = |e: bincode::Error| corrupt(format!("payload does not decode: {e}"));
+    let state: MachineState = if version == FORMAT_VERSION_V3 {
+        codec().deserialize::<StateV3>(payload).map_err(undecodable)?.into()
+    } else {
+        codec().deserialize(payload).map_err(undecodable)?
+    };
     validate(&state).map_err(corrupt)?;
     Ok(state)
+}
+
+/// A version 3 payload: everything up to the doorbells' states, the field order of
+/// [`MachineState`] and `DeviceStates` (bincode writes fields in order, untagged).
+#[derive(serde::Deserialize)]
+struct StateV3 {
+    config: crate::config::VmConfig,
+    vm: crate::vstate::VmState,
+    vcpus: Vec<crate::vstate::VcpuState>,
+    memory: crate::memory::MemoryState,
+    doorbells: Vec<crate::devices::Placed<crate::devices::doorbell::DoorbellState>>,
+}
+
+impl From<StateV3> for MachineState {
+    fn from(v3: StateV3) -> MachineState {
+        MachineState {
+            config: v3.config,
+            vm: v3.vm,
+            vcpus: v3.vcpus,
+            memory: v3.memory,
+            devices: crate::devices::DeviceStates { doorbells: v3.doorbells, blocks: Vec::new() },
+            disk: None,
+        }
+    }
 }
 
 /// Checks what the decoder cannot: references and sizes that must make sense.
@@ -163,6 +195,16 @@ fn validate(state: &MachineState) -> std::result::Result<(), String> {
     if state.vm.irqchip.is_some() != state.config.irqchip {
         return Err("irqchip state does not match the VM configuration".into());
     }
+    if let Some(disk) = &state.disk {
+        if !disk.store.is_absolute() {
+            return Err(format!("disk store {} is not an absolute path", disk.store.display()));
+        }
+        if state.devices.blocks.len() != 1 {
+            return Err(format!("a disk and {} disk devices", state.devices.blocks.len()));
+        }
+    } else if !state.devices.blocks.is_empty() {
+        return Err("disk device state without a disk".into());
+    }
     Ok(())
 }
 
@@ -190,6 +232,7 @@ mod tests {
     use super::*;
     use crate::config::VmConfig;
     use crate::devices::{doorbell::DoorbellState, DeviceStates, Placed};
+    use crate::disk::DiskRef;
     use crate::layers::{LayerKind, LayerRef};
     use crate::memory::MemoryState;
     use crate::vstate::{VcpuState, VmState};
@@ -222,8 +265,17 @@ mod tests {
                     len: 0x1000,
                     state: DoorbellState { rings: 3, last: 7 },
                 }],
+                blocks: vec![],
             },
+            disk: None,
         }
+    }
+
+    /// `bytes` with the header's version set to `version` (the checksum covers only the
+    /// payload).
+    fn with_version(mut bytes: Vec<u8>, version: u32) -> Vec<u8> {
+        bytes[8..12].copy_from_slice(&version.to_le_bytes());
+        bytes
     }
 
     fn p() -> &'static Path {
@@ -236,6 +288,34 @@ mod tests {
         let back = decode(p(), &bytes).unwrap();
         assert_eq!(back.memory, sample().memory);
         assert_eq!(back.vcpus.len(), 1);
+    }
+
+    #[test]
+    fn a_version_3_file_reads_as_a_vm_without_a_disk() {
+        // A version 3 payload is version 4's without the two fields added at the end: an
+        // empty list of disk devices (8 bytes) and no disk (1 byte).
+        let v4 = encode(&sample()).unwrap();
+        let payload = &v4[HEADER_LEN..v4.len() - 9];
+        let mut v3 = with_version(v4[..HEADER_LEN].to_vec(), FORMAT_VERSION_V3);
+        v3[16..24].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+        v3[24..28].copy_from_slice(&crc32fast::hash(payload).to_le_bytes());
+        v3.extend_from_slice(payload);
+        let back = decode(p(), &v3).unwrap();
+        assert_eq!(back.devices, sample().devices);
+        assert_eq!(back.disk, None);
+        let err = decode(p(), &with_version(v4, 2)).unwrap_err();
+        assert!(matches!(err, Error::SnapshotVersion { found: 2, .. }), "{err:?}");
+    }
+
+    #[test]
+    fn a_disk_must_come_with_its_device_and_an_absolute_store() {
+        let mut s = sample();
+        s.disk = Some(DiskRef { store: "/var/lib/disks".into(), frozen: "snap-1".into() });
+        let err = decode(p(), &encode(&s).unwrap()).unwrap_err();
+        assert!(err.to_string().contains("a disk and 0 disk devices"), "{err}");
+        s.disk = Some(DiskRef { store: "disks".into(), frozen: "snap-1".into() });
+        let err = decode(p(), &encode(&s).unwrap()).unwrap_err();
+        assert!(err.to_string().contains("not an absolute path"), "{err}");
     }
 
     #[test]

@@ -125,16 +125,39 @@ pub fn collect_garbage(dir: &Path, dry_run: bool) -> Result<Collected> {
 }
 
 impl Snapshot {
-    /// Removes snapshot `name` from `dir`: its state file. Its layers stay while other
-    /// snapshots name them; [`collect_garbage`] frees the rest. VMs already restored from it
-    /// are unaffected.
+    /// Removes snapshot `name` from `dir`: its state file, then its disk's frozen chain (the
+    /// manifest in the disk's store; a snapshot that cannot be read has its state file
+    /// removed all the same). Its layers stay while other snapshots (or, for the disk, other
+    /// chains: children forked from it) name them; [`collect_garbage`] frees the memory
+    /// layers, `branchbox_layers::Store::unreferenced_layers` lists the disk's. VMs already
+    /// restored from it are unaffected.
     pub fn remove(dir: &Path, name: &str) -> Result<()> {
         if !valid_name(name) {
             return Err(Error::Config(format!("{name:?} is not a snapshot name (letters, digits, - and _)")));
         }
         let path = dir.join(state_file_name(name));
+        // A store that is not a directory (any more) holds nothing to remove.
+        let disk = format::read_state_file(&path).ok().and_then(|s| s.disk);
         std::fs::remove_file(&path).map_err(|source| Error::SnapshotIo { path, op: "remove", source })?;
-        sync_dir(dir)
+        sync_dir(dir)?;
+        // After the state file: a crash in between leaves a frozen chain no snapshot names,
+        // which only keeps its layers, never a snapshot whose disk is gone.
+        if let Some(disk) = disk {
+            // A store that is gone holds nothing to remove.
+            let Ok(store) = crate::disk::existing_store(&disk.store) else { return Ok(()) };
+            match store.remove_chain(&disk.frozen) {
+                Ok(()) | Err(branchbox_layers::LayerError::NoChain { .. }) => {}
+                Err(e) => {
+                    return Err(Error::Checkpoint(format!(
+                        "snapshot {name} is removed, but its disk's frozen chain {} in {} is not: {e}; \
+                         remove it from the store",
+                        disk.frozen,
+                        disk.store.display()
+                    )))
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Rewrites this snapshot's memory as one base layer holding what its chain shows and

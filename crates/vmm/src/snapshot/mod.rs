@@ -7,6 +7,9 @@
 //! reference and every device's state, each produced by that part's
 //! [`Snapshottable`](branchbox_persist::Snapshottable) impl.
 //! Removing snapshots, flattening chains and collecting unused layers: [`lifecycle`].
+//! A VM with a disk also has the disk frozen at the snapshot's instant: a frozen chain in
+//! the disk's layer store, which the state file names (`MachineState::disk`,
+//! docs/disk-layers.md "In the VMM").
 
 pub mod format;
 pub mod lifecycle;
@@ -14,6 +17,7 @@ mod state;
 
 pub use state::MachineState;
 
+use crate::disk::{DiskError, SnapshotDisk};
 use crate::error::{Error, Result};
 use crate::layers::Chain;
 use std::path::{Path, PathBuf};
@@ -36,6 +40,7 @@ pub struct Snapshot {
     name: String,
     state: MachineState,
     chain: Arc<Chain>,
+    disk: Option<SnapshotDisk>,
 }
 
 /// Whether `name` can name a snapshot: letters, digits, `-` and `_`, 1 to 128 of them.
@@ -64,12 +69,30 @@ impl Snapshot {
         let path = dir.join(state_file_name(name));
         let state = format::read_state_file(&path)?;
         let chain = Chain::open(dir, &state.memory.layers, state.memory.size)?;
-        Ok(Snapshot::from_parts(dir, name, state, Arc::new(chain)))
+        let disk = match &state.disk {
+            Some(d) => Some(SnapshotDisk::open(d).map_err(|e: DiskError| Error::SnapshotCorrupt {
+                path: path.clone(),
+                reason: format!(
+                    "its disk (frozen chain {} in {}) cannot be opened: {e}",
+                    d.frozen,
+                    d.store.display()
+                ),
+            })?),
+            None => None,
+        };
+        Ok(Snapshot::from_parts(dir, name, state, Arc::new(chain), disk))
     }
 
-    /// A snapshot whose state and chain are already in memory (a checkpoint just taken).
-    pub(crate) fn from_parts(dir: &Path, name: &str, state: MachineState, chain: Arc<Chain>) -> Snapshot {
-        Snapshot { dir: dir.to_path_buf(), name: name.to_string(), state, chain }
+    /// A snapshot whose state, chain and disk are already in memory (a checkpoint just
+    /// taken).
+    pub(crate) fn from_parts(
+        dir: &Path,
+        name: &str,
+        state: MachineState,
+        chain: Arc<Chain>,
+        disk: Option<SnapshotDisk>,
+    ) -> Snapshot {
+        Snapshot { dir: dir.to_path_buf(), name: name.to_string(), state, chain, disk }
     }
 
     /// Names of the complete snapshots in `dir`, sorted: state files that parse and whose
@@ -113,6 +136,17 @@ impl Snapshot {
     /// The opened memory layer chain.
     pub fn chain(&self) -> &Arc<Chain> {
         &self.chain
+    }
+
+    /// The disk's frozen chain, opened, for a snapshot of a VM with a disk.
+    pub(crate) fn disk(&self) -> Option<&SnapshotDisk> {
+        self.disk.as_ref()
+    }
+
+    /// The disk's frozen chain: its store and its name there (`None` without a disk). Its
+    /// layers are kept while this snapshot exists: [`Snapshot::remove`] removes the chain.
+    pub fn disk_ref(&self) -> Option<&crate::disk::DiskRef> {
+        self.state.disk.as_ref()
     }
 
     /// Reads every layer of the chain in full and checks its checksum (on demand; reads all

@@ -4,6 +4,7 @@
 
 use crate::config::VmConfig;
 use crate::devices::DeviceStates;
+use crate::disk::DiskRef;
 use crate::memory::MemoryState;
 use crate::vstate::{VcpuState, VmState};
 use serde::{Deserialize, Serialize};
@@ -21,4 +22,6 @@ pub struct MachineState {
     pub memory: MemoryState,
     /// Every device's state, by kind.
     pub devices: DeviceStates,
+    /// Where the disk's frozen chain is, for a VM with a disk (format version 4 on).
+    pub disk: Option<DiskRef>,
 }
