@@ -54,6 +54,22 @@ fn vmm_err(e: ClientError) -> Error {
     }
 }
 
+/// Longest host name the guest's agent accepts.
+const MAX_HOSTNAME: usize = 64;
+
+/// Refuses a host name the agent would not set: it goes on the kernel command line, where a
+/// space would add a parameter of its own.
+fn check_hostname(name: &str) -> Result<()> {
+    let valid = (1..=MAX_HOSTNAME).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+    if valid {
+        return Ok(());
+    }
+    Err(Error::InvalidInput(format!(
+        "host name {name:?} is not 1-{MAX_HOSTNAME} letters, digits, '-' or '.'; the guest's kernel command line carries it"
+    )))
+}
+
 fn absolute(path: &Path) -> Result<PathBuf> {
     std::path::absolute(path).map_err(|e| Error::io(path, e))
 }
@@ -170,6 +186,7 @@ impl Backend for MicrovmBackend {
     }
 
     fn create(&self, plan: &SandboxPlan) -> Result<()> {
+        check_hostname(&plan.hostname)?;
         // Owner-only: its sockets drive the VM and reach the agent.
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -280,6 +297,35 @@ impl MicrovmBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_host_name_that_would_add_kernel_parameters_is_refused_before_anything_starts() {
+        let work = tempfile::tempdir().unwrap();
+        let backend = MicrovmBackend::new(MicrovmConfig {
+            vmm: "/nonexistent/branchbox-vmm".into(),
+            kernel: "/nonexistent/vmlinux".into(),
+            images_dir: work.path().into(),
+            agent: "/nonexistent/agent".into(),
+            agent_timeout: AGENT_TIMEOUT,
+        });
+        let dir = work.path().join("sandbox");
+        for bad in ["a init=/bin/sh", "", &"a".repeat(MAX_HOSTNAME + 1), "a\nb"] {
+            let plan = SandboxPlan {
+                id: SandboxId::generate(),
+                dir: dir.clone(),
+                rootfs: work.path().join("img-0000000000000000/rootfs"),
+                limits: branchbox_model::Limits::default(),
+                hostname: bad.to_string(),
+            };
+            let e = backend.create(&plan).unwrap_err();
+            assert!(
+                matches!(&e, Error::InvalidInput(m) if m.contains("is not 1-64 letters")),
+                "{bad:?}: {e:?}"
+            );
+            assert!(!dir.exists(), "nothing is created for a refused plan");
+        }
+        assert!(check_hostname("bb-0123abcd.test").is_ok());
+    }
 
     #[test]
     fn locating_without_a_built_kernel_names_what_builds_it() {

@@ -65,8 +65,13 @@ pub(crate) fn serial_tail(dir: &Path) -> String {
         let _ = f.seek(SeekFrom::Start(len.saturating_sub(TAIL_BYTES)));
         let _ = f.take(TAIL_BYTES).read_to_end(&mut bytes);
     }
-    let text = String::from_utf8_lossy(&bytes);
-    let lines: Vec<&str> = text.lines().map(str::trim_end).filter(|l| !l.is_empty()).collect();
+    // The guest writes this log: no control characters (terminal escapes) reach an error.
+    let text: String = String::from_utf8_lossy(&bytes)
+        .chars()
+        .map(|c| if c.is_control() && c != '\n' { '?' } else { c })
+        .collect();
+    let lines: Vec<&str> =
+        text.lines().map(|l| l.trim_end_matches(['?', ' '])).filter(|l| !l.is_empty()).collect();
     if lines.is_empty() {
         return format!("the serial log {} is empty", path.display());
     }
@@ -88,4 +93,22 @@ pub(crate) fn our_vmm(dir: &Path) -> Option<i32> {
         .map(|s| s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
         .unwrap_or(true);
     (ours && !zombie).then_some(pid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_serial_tail_keeps_the_last_lines_without_control_characters() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(serial_tail(dir.path()).contains("is empty"));
+        let mut log: Vec<u8> = (0..40).flat_map(|i| format!("line {i}\r\n").into_bytes()).collect();
+        log.extend_from_slice(b"\x1b[2Jcleared\xff\n");
+        std::fs::write(serial_log(dir.path()), log).unwrap();
+        let tail = serial_tail(dir.path());
+        assert!(tail.ends_with("line 38 / line 39 / ?[2Jcleared\u{fffd}"), "{tail}");
+        assert!(!tail.contains("line 28 "), "only the last {TAIL_LINES} lines: {tail}");
+        assert!(!tail.chars().any(char::is_control), "{tail:?}");
+    }
 }
