@@ -271,7 +271,7 @@ impl Backend for MicrovmBackend {
     fn is_alive(&self, dir: &Path) -> bool {
         VmmProcess::connect(&files::control(dir))
             .and_then(|mut p| p.status())
-            .is_ok_and(|s| s.state == VmState::Running)
+            .is_ok_and(|s| matches!(s.state, VmState::Running | VmState::Paused))
     }
 }
 

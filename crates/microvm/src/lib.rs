@@ -4,8 +4,8 @@
 //! (PID 1) is reached over vsock: `CONNECT 1024` on the vsock device's Unix socket, then the
 //! agent protocol's handshake.
 //!
-//! Built: create, connect (so exec and files), destroy, liveness. Not built: pausing a Linux
-//! guest, and its snapshots (so snapshot, rollback, restore and fork); those answer
+//! Built: create, connect (so exec and files), pause and resume, destroy, liveness. Not
+//! built: Linux guest snapshots (so snapshot, rollback, restore and fork); those answer
 //! [`Error::Unavailable`](branchbox_model::Error::Unavailable) naming what is missing
 //! (`docs/microvm.md`, "The microvm backend").
 

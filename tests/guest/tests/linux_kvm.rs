@@ -69,6 +69,14 @@ fn the_microvm_backend_creates_runs_python_and_destroys() {
     assert_eq!(String::from_utf8_lossy(&host.stdout).trim(), plan.hostname);
     drop(agent);
 
+    backend.pause(&dir).expect("pause");
+    assert!(backend.is_alive(&dir), "a paused sandbox is alive");
+    backend.resume(&dir).expect("resume");
+    let mut agent = backend.connect(&dir).expect("connect after resume");
+    let again = ExecSpec::new(Command::Argv(vec!["python3".into(), "-c".into(), "print(6*7)".into()]));
+    assert_eq!(String::from_utf8_lossy(&agent.exec(again, None).expect("exec").stdout).trim(), "42");
+    drop(agent);
+
     let pid: i32 = std::fs::read_to_string(dir.join("vmm.pid")).unwrap().trim().parse().unwrap();
     backend.destroy(&plan.id, &dir).expect("destroy");
     assert!(!process_alive(pid), "destroy left the VMM {pid} running");

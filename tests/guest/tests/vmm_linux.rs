@@ -1,6 +1,7 @@
 //! A Linux guest in a `branchbox-vmm` process: `BootLinux` through the control protocol
-//! reaches the kernel (its serial log carries our command line), `Status` reports the guest's
-//! end and why, and what a Linux guest cannot do yet is refused by name. Also the listening
+//! reaches the kernel (its serial log carries our command line), `Pause` holds its vCPU out
+//! of the guest and `Resume` lets it back in, `Status` reports the guest's end and why, and
+//! what a Linux guest cannot do yet is refused by name. Also the listening
 //! mode the microvm backend uses: the process outlives its connections.
 //!
 //! On the PVM hosts we build on the kernel stops at its first unsupported instruction some
@@ -52,6 +53,23 @@ fn boot_request(kernel: &Path, disk: &Path, work: &Path) -> BootLinux {
     }
 }
 
+/// CPU time (user + system, in clock ticks) of the process's `vcpu0` threads: the Linux
+/// guest's, and the idle test-guest thread's, which never runs.
+fn guest_cpu_ticks(pid: u32) -> u64 {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim() != "vcpu0" {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        // Fields after the `(comm)`: state is the first, utime and stime the 12th and 13th.
+        let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+        total += fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    }
+    total
+}
+
 fn command_line(log: &str) -> Option<&str> {
     log.lines().find_map(|l| l.split_once("Command line: ").map(|(_, c)| c))
 }
@@ -70,6 +88,15 @@ fn boot_linux_reaches_the_kernel_and_status_reports_the_guest_end() {
     assert!(snap.to_string().contains("not built for Linux guests yet"), "{snap}");
     let again = p.boot_linux(boot_request(&kernel, &disk, work.path())).unwrap_err();
     assert_eq!(again.remote().map(|r| r.kind), Some(ErrorKind::State), "{again}");
+
+    // Paused, the guest's vCPU takes no CPU time at all (running, it is busy in KVM_RUN,
+    // emulated under PVM); resumed, it goes on to its end below.
+    p.pause().expect("pause the guest");
+    assert_eq!(p.status().unwrap().state, VmState::Paused);
+    let before = guest_cpu_ticks(p.pid());
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(guest_cpu_ticks(p.pid()), before, "a paused guest's vCPU ran");
+    p.resume().expect("resume the guest");
 
     let log_path = work.path().join("serial.log");
     let start = Instant::now();

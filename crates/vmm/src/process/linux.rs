@@ -7,6 +7,7 @@ use crate::hypervisor::Hypervisor;
 use crate::linux::{LinuxResult, LinuxVm, LinuxVmConfig, RunEnd, StopHandle, DEFAULT_SERIAL_LOG_CAP};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// The VMM's own part of a Linux guest's command line: the root disk is the first virtio
 /// block device, the console the serial port, PID 1 the agent, and there is no PCI bus.
@@ -14,6 +15,10 @@ const BASE_CMDLINE: &str = "root=/dev/vda rw console=ttyS0 init=/sbin/init pci=o
 
 /// The guest's vsock CID (one guest per process, so every guest has the same one).
 const GUEST_CID: u64 = 3;
+
+/// Longest a pause waits for the vCPUs to leave the guest (they leave at once unless one is
+/// inside a device access, which is short).
+const PAUSE_PATIENCE: Duration = Duration::from_secs(10);
 
 /// A booted Linux guest and the thread running it.
 pub(super) struct LinuxGuest {
@@ -75,6 +80,16 @@ impl LinuxGuest {
             self.end = Some(self.join());
         }
         self.end.clone()
+    }
+
+    /// Holds the guest's vCPUs out of it; its devices stay up.
+    pub(super) fn pause(&self) -> Result<(), String> {
+        self.stop.pause(PAUSE_PATIENCE)
+    }
+
+    /// Lets a paused guest run again.
+    pub(super) fn resume(&self) {
+        self.stop.resume();
     }
 
     /// Stops the guest (if it still runs) and waits for its threads, so the serial log is

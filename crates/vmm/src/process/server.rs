@@ -250,19 +250,18 @@ impl Server {
     }
 
     fn dispatch(&mut self, req: Request) -> std::result::Result<Response, Response> {
+        // A Linux guest ends on its own threads: every request sees its end.
+        if let Some(reason) = self.linux.as_mut().and_then(LinuxGuest::ended) {
+            self.state = VmState::GuestExited { reason };
+        }
         let vmm = |e: Error| fail(ErrorKind::Vmm, e.to_string());
         match req {
             Request::Hello { .. } => Err(fail(ErrorKind::Protocol, "Hello is handled before dispatch")),
-            Request::Status => {
-                if let Some(reason) = self.linux.as_mut().and_then(LinuxGuest::ended) {
-                    self.state = VmState::GuestExited { reason };
-                }
-                Ok(Response::Status(Status {
-                    pid: std::process::id(),
-                    config: self.config,
-                    state: self.state.clone(),
-                }))
-            }
+            Request::Status => Ok(Response::Status(Status {
+                pid: std::process::id(),
+                config: self.config,
+                state: self.state.clone(),
+            })),
             Request::BootLinux(boot) => {
                 self.need(&[VmState::Idle], "boot a Linux guest")?;
                 boot.check().map_err(|m| fail(ErrorKind::Argument, m))?;
@@ -307,14 +306,20 @@ impl Server {
                 Ok(Response::Done)
             }
             Request::Pause => {
-                self.not_for_linux("pausing")?;
                 self.need(&[VmState::Paused, VmState::Running], "pause")?;
+                if let Some(guest) = &self.linux {
+                    guest
+                        .pause()
+                        .map_err(|e| fail(ErrorKind::Guest, format!("cannot pause the guest: {e}")))?;
+                }
                 self.state = VmState::Paused;
                 Ok(Response::Done)
             }
             Request::Resume => {
-                self.not_for_linux("resuming")?;
                 self.need(&[VmState::Paused, VmState::Running], "resume")?;
+                if let Some(guest) = &self.linux {
+                    guest.resume();
+                }
                 self.state = VmState::Running;
                 Ok(Response::Done)
             }
