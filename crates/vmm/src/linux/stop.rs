@@ -25,10 +25,11 @@ impl Hold {
     }
 
     /// Called by a vCPU that took a pause request: parks while the guest is held. True when
-    /// the vCPU goes back into the guest, false when its run is to end.
+    /// the vCPU goes back into the guest, false when its run is to end. Only a stop ends it:
+    /// a request left over from a pause that gave up is not one.
     pub(super) fn park(&self) -> bool {
         let mut s = self.state();
-        if !s.held || s.stopping {
+        if s.stopping {
             return false;
         }
         s.parked += 1;
@@ -99,5 +100,48 @@ impl StopHandle {
     pub fn resume(&self) {
         self.hold.state().held = false;
         self.hold.0 .1.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_stop_ends_a_parked_or_kicked_vcpu() {
+        let hold = Hold::default();
+        let handle = StopHandle::new(Vec::new(), hold.clone());
+        // A kick left over from a pause that gave up sends the vCPU back into the guest.
+        assert!(hold.park());
+        // Held, the vCPU waits; the stop wakes it and ends its run.
+        hold.state().held = true;
+        let parked = std::thread::spawn({
+            let hold = hold.clone();
+            move || hold.park()
+        });
+        while hold.state().parked == 0 {
+            std::thread::yield_now();
+        }
+        handle.stop();
+        assert!(!parked.join().unwrap());
+        assert!(!hold.park(), "after a stop no vCPU goes back in");
+        assert!(handle.pause(Duration::from_secs(1)).is_err(), "a stopped run cannot be paused");
+    }
+
+    #[test]
+    fn a_resumed_vcpu_goes_back_into_the_guest() {
+        let hold = Hold::default();
+        let handle = StopHandle::new(Vec::new(), hold.clone());
+        hold.state().held = true;
+        let parked = std::thread::spawn({
+            let hold = hold.clone();
+            move || hold.park()
+        });
+        while hold.state().parked == 0 {
+            std::thread::yield_now();
+        }
+        handle.resume();
+        assert!(parked.join().unwrap());
+        assert_eq!(hold.state().parked, 0);
     }
 }

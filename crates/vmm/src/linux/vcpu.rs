@@ -74,8 +74,8 @@ pub(super) fn run(
     let _armed = pause.arm(run_ptr);
     seccomp::apply(confine)?;
     loop {
-        // A pause request parks the vCPU while the guest is held (a pause), and ends the
-        // run otherwise (a stop).
+        // A kick parks the vCPU while the guest is held (a pause) and ends the run when
+        // it is a stop.
         if pause.take_request() && !hold.park() {
             return Ok(RunEnd::Stopped);
         }
