@@ -12,7 +12,9 @@
 //!
 //! The process ends cleanly on [`Request::Shutdown`] or when the socket closes, so an engine
 //! that dies leaves no VM behind (and the pool's `PR_SET_PDEATHSIG` covers a guest busy in a
-//! long command). A guest that stops on its own is kept and reported by [`Request::Status`].
+//! long command). A listening process ([`serve_listener`]) belongs to its sandbox instead and
+//! ends only on `Shutdown`. A guest that stops on its own is kept and reported by
+//! [`Request::Status`]; a Linux guest (`super::linux`) runs on threads of its own.
 
 use super::linux::LinuxGuest;
 use super::protocol::{
@@ -178,11 +180,13 @@ impl Server {
                     false,
                 ),
             };
-            if write_message(&mut writer, &reply).is_err() {
-                return false;
-            }
+            let written = write_message(&mut writer, &reply).is_ok();
+            // A shutdown stands even when its reply cannot be delivered.
             if stop {
                 return true;
+            }
+            if !written {
+                return false;
             }
         }
     }
