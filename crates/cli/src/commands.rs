@@ -512,7 +512,7 @@ fn doctor(cfg: &Config, json: bool) -> Result<i32> {
     print(json, &v, || {
         let mut lines = vec![format!("kvm:           {:?} ({})", kvm.kind, kvm.detail)];
         lines.push(match &blocker {
-            None => "linux microvm: usable".into(),
+            None => "linux microvm: usable with --backend microvm (no snapshots or fork yet)".into(),
             Some(w) => format!("linux microvm: not usable: {w}"),
         });
         lines.push(match &runsc {

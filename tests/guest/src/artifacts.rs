@@ -86,6 +86,22 @@ pub fn root_disk() -> Result<PathBuf, String> {
     }
 }
 
+/// The agent the root disk was built with: `BRANCHBOX_AGENT`, or the workspace's build.
+pub fn agent() -> Result<PathBuf, String> {
+    match std::env::var_os("BRANCHBOX_AGENT") {
+        Some(a) => Ok(PathBuf::from(a)),
+        None => Ok(binaries()?.join("branchbox-agent")),
+    }
+}
+
+/// The image cache the root disk lies in (`<images>/disk/<hash>/rootfs.ext4`).
+pub fn images_dir(disk: &Path) -> Result<PathBuf, String> {
+    disk.ancestors()
+        .nth(3)
+        .map(Path::to_path_buf)
+        .ok_or_else(|| format!("{} is not <images>/disk/<hash>/rootfs.ext4", disk.display()))
+}
+
 /// The guest files QEMU boots; panics naming the command that builds them when they are not
 /// built. There is no silent skip: CI builds them before running these tests.
 pub fn guest_files() -> GuestFiles {

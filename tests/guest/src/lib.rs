@@ -1,7 +1,7 @@
 //! Support for the end-to-end tests that need the project's Linux guest: finding the kernel
 //! and root disk the project's commands built ([`artifacts`]), booting it under our VMM to its
-//! agent on hardware KVM ([`kvm`]), and under QEMU's software emulation with our devices
-//! served over vhost-user ([`qemu`]).
+//! agent on hardware KVM ([`kvm`]) and through the microvm backend ([`microvm`]), and under
+//! QEMU's software emulation with our devices served over vhost-user ([`qemu`]).
 //!
 //! These tests live in their own crate because they need a guest kernel that takes minutes to
 //! build the first time: `scripts/test.sh` builds it in the background while the rest of the
@@ -10,4 +10,5 @@
 
 pub mod artifacts;
 pub mod kvm;
+pub mod microvm;
 pub mod qemu;

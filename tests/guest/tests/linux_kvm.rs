@@ -1,11 +1,13 @@
 //! End to end on hardware KVM: boot the project's kernel and root disk with virtio-blk,
 //! vsock and rng on virtio-mmio, reach the agent (PID 1) over vsock and run Python through
-//! it. Where `/dev/kvm` is not hardware virtualization (the PVM hosts we build on), the test
+//! it, in process and through the microvm backend (a VMM process per sandbox). Where `/dev/kvm` is not hardware virtualization (the PVM hosts we build on), the test
 //! prints one skip line and passes: the guest cannot get past its first emulated
 //! instruction there (see `linux_boot.rs` for what those hosts do prove).
 
 use branchbox_guest_tests::artifacts::{root_disk, vmlinux};
 use branchbox_guest_tests::kvm::{boot_to_agent, hardware_kvm};
+use branchbox_guest_tests::microvm::{cached_guest, process_alive};
+use branchbox_model::Backend;
 use branchbox_protocol::{Command, ExecSpec};
 use branchbox_vmm::Hypervisor;
 use std::io::Write;
@@ -42,4 +44,42 @@ fn boots_to_the_agent_and_runs_python() {
     let serial = std::fs::read_to_string(log).unwrap_or_default();
     assert!(serial.contains("Linux version"), "the console reached our serial log");
     let _ = writeln!(std::io::stderr(), "run ended: {end}");
+}
+
+#[test]
+fn the_microvm_backend_creates_runs_python_and_destroys() {
+    if let Err(why) = hardware_kvm() {
+        let _ = writeln!(std::io::stderr(), "SKIP linux_kvm: hardware KVM missing: {why}");
+        return;
+    }
+    let guest = cached_guest().unwrap_or_else(|e| panic!("{e}"));
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("sandbox");
+    let plan = guest.plan(&dir, 512).unwrap();
+    let backend = guest.backend(Duration::from_secs(60));
+    backend.create(&plan).unwrap_or_else(|e| panic!("create: {e}"));
+    assert!(backend.is_alive(&dir));
+
+    let mut agent = backend.connect(&dir).expect("connect to the agent");
+    let spec = ExecSpec::new(Command::Argv(vec!["python3".into(), "-c".into(), "print(6*7)".into()]));
+    let out = agent.exec(spec, None).expect("exec python3 through the agent");
+    assert_eq!(out.status.code, Some(0), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "42");
+    let host = agent.exec(ExecSpec::new(Command::Argv(vec!["hostname".into()])), None).expect("hostname");
+    assert_eq!(String::from_utf8_lossy(&host.stdout).trim(), plan.hostname);
+    drop(agent);
+
+    backend.pause(&dir).expect("pause");
+    assert!(backend.is_alive(&dir), "a paused sandbox is alive");
+    backend.resume(&dir).expect("resume");
+    let mut agent = backend.connect(&dir).expect("connect after resume");
+    let again = ExecSpec::new(Command::Argv(vec!["python3".into(), "-c".into(), "print(6*7)".into()]));
+    assert_eq!(String::from_utf8_lossy(&agent.exec(again, None).expect("exec").stdout).trim(), "42");
+    drop(agent);
+
+    let pid: i32 = std::fs::read_to_string(dir.join("vmm.pid")).unwrap().trim().parse().unwrap();
+    backend.destroy(&plan.id, &dir).expect("destroy");
+    assert!(!process_alive(pid), "destroy left the VMM {pid} running");
+    assert!(!dir.exists());
+    assert!(!backend.is_alive(&dir));
 }

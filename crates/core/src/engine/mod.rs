@@ -5,6 +5,7 @@ use crate::config::Config;
 use crate::host;
 use branchbox_gvisor::GvisorBackend;
 use branchbox_image::{ensure_image, Image, Recipe};
+use branchbox_microvm::MicrovmBackend;
 use branchbox_model::{
     check_snapshot_ref, now_ms, AgentConn, Backend, BackendKind, Error, Limits, Name, Result, Sandbox,
     SandboxId, SandboxPlan, SandboxState, Snapshot, SnapshotId, SnapshotKind,
@@ -23,7 +24,8 @@ pub use recover::{LostSandbox, ReconcileReport};
 /// Which backend a new sandbox should use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BackendChoice {
-    /// microvm where Linux guests can run, gvisor elsewhere.
+    /// gvisor for now: microvm sandboxes cannot be snapshotted or forked yet (see
+    /// [`host::auto_backend`]).
     #[default]
     Auto,
     /// This one.
@@ -138,6 +140,8 @@ pub struct Engine {
     cfg: Config,
     store: Store,
     gvisor: GvisorBackend,
+    /// Located on first use (finding the kernel asks dpkg), or why it cannot be.
+    microvm: std::sync::OnceLock<std::result::Result<MicrovmBackend, String>>,
 }
 
 /// Creates `dir` and any missing parents with mode 0700 whatever the umask: the data directory
@@ -172,7 +176,7 @@ impl Engine {
         }
         let store = Store::open(&cfg.data_dir.join("meta.db"))?;
         let gvisor = GvisorBackend::new(cfg.runsc.clone(), cfg.data_dir.join("runsc"), cfg.shim.clone());
-        Ok(Engine { cfg, store, gvisor })
+        Ok(Engine { cfg, store, gvisor, microvm: std::sync::OnceLock::new() })
     }
 
     /// Held by `gc` while it runs: waits for operations in progress and holds off new ones.
@@ -198,11 +202,24 @@ impl Engine {
         match kind {
             BackendKind::Gvisor => Ok(&self.gvisor),
             BackendKind::Microvm => {
-                let why = host::linux_microvm_blocker(&host::detect_kvm()).unwrap_or_default();
-                Err(Error::Unavailable(format!(
-                    "the microvm backend cannot run Linux sandboxes on this host: {why}; use --backend gvisor \
-                     (`branchbox doctor` explains)"
-                )))
+                if let Some(why) = host::linux_microvm_blocker(&host::detect_kvm()) {
+                    return Err(Error::Unavailable(format!(
+                        "the microvm backend cannot run Linux sandboxes on this host: {why}; use --backend gvisor \
+                         (`branchbox doctor` explains)"
+                    )));
+                }
+                let located = self.microvm.get_or_init(|| {
+                    MicrovmBackend::locate(
+                        branchbox_microvm::default_vmm_program(),
+                        self.cfg.images_dir.clone(),
+                        self.cfg.agent.clone(),
+                    )
+                    .map_err(|e| e.to_string())
+                });
+                match located {
+                    Ok(b) => Ok(b),
+                    Err(why) => Err(Error::Unavailable(format!("the microvm backend cannot start: {why}"))),
+                }
             }
         }
     }

@@ -3,7 +3,7 @@
 
 use super::devices::{self, Transport, VsockTransport};
 use super::error::{kvm, LinuxError, LinuxResult};
-use super::stop::StopHandle;
+use super::stop::{Hold, StopHandle};
 use super::vcpu;
 use crate::hypervisor::Hypervisor;
 use crate::vstate::PauseHandle;
@@ -74,6 +74,7 @@ pub struct LinuxVm {
     pub(super) serial: Arc<Mutex<Serial>>,
     pub(super) boot: Option<BootInfo>,
     pub(super) pauses: Vec<PauseHandle>,
+    pub(super) hold: Hold,
     pub(super) vsock: Option<VsockTransport>,
     pub(super) vmgenid: VmGenId<Arc<GuestMemoryMmap>>,
 }
@@ -132,6 +133,7 @@ impl LinuxVm {
             serial,
             boot: None,
             pauses,
+            hold: Hold::default(),
             vsock: None,
             vmgenid,
         })
@@ -230,9 +232,9 @@ impl LinuxVm {
         Ok(transport)
     }
 
-    /// A handle that ends [`run`](LinuxVm::run) from any thread.
+    /// A handle that ends or pauses [`run`](LinuxVm::run) from any thread.
     pub fn stop_handle(&self) -> StopHandle {
-        StopHandle::new(self.pauses.clone())
+        StopHandle::new(self.pauses.clone(), self.hold.clone())
     }
 }
 

@@ -18,7 +18,7 @@ impl LinuxVm {
         }
         let stop = self.stop_handle();
         let first: Mutex<Option<LinuxResult<RunEnd>>> = Mutex::new(None);
-        let (mmio, pio, pauses) = (&self.mmio, &self.pio, &self.pauses);
+        let (mmio, pio, pauses, hold) = (&self.mmio, &self.pio, &self.pauses, &self.hold);
         let host_stop = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| LinuxError::Device {
             what: "the vsock host thread",
             detail: format!("eventfd: {e}"),
@@ -52,7 +52,7 @@ impl LinuxVm {
                 let id = id as u8;
                 let (pause, stop, first, host_stop) = (&pauses[usize::from(id)], &stop, &first, &host_stop);
                 let body = move || {
-                    let end = vcpu::run(id, fd, pause, mmio, pio, confine);
+                    let end = vcpu::run(id, fd, pause, hold, mmio, pio, confine);
                     record(first, end);
                     stop.stop();
                     // The host side has nothing to serve once a vCPU has left; a failed

@@ -2,6 +2,7 @@
 
 use super::end::RunEnd;
 use super::error::{kvm, LinuxError, LinuxResult};
+use super::stop::Hold;
 use crate::hypervisor::Hypervisor;
 use crate::seccomp::{self, ThreadKind};
 use crate::vstate::PauseHandle;
@@ -63,6 +64,7 @@ pub(super) fn run(
     id: u8,
     fd: &mut VcpuFd,
     pause: &PauseHandle,
+    hold: &Hold,
     mmio: &Bus,
     pio: &Bus,
     confine: ThreadKind,
@@ -72,7 +74,9 @@ pub(super) fn run(
     let _armed = pause.arm(run_ptr);
     seccomp::apply(confine)?;
     loop {
-        if pause.take_request() {
+        // A kick parks the vCPU while the guest is held (a pause) and ends the run when
+        // it is a stop.
+        if pause.take_request() && !hold.park() {
             return Ok(RunEnd::Stopped);
         }
         let action = match fd.run() {

@@ -2,7 +2,8 @@
 //! telling a dead process (and how it died) from a failed request.
 
 use super::protocol::{
-    decode, read_frame, write_message, FrameError, RemoteError, Request, Response, Status, PROTOCOL_VERSION,
+    decode, read_frame, write_message, BootLinux, FrameError, RemoteError, Request, Response, Status,
+    PROTOCOL_VERSION,
 };
 use crate::config::VmConfig;
 use crate::testguest::{Answer, Command};
@@ -166,9 +167,69 @@ pub fn spawn(program: &Path, config: VmConfig) -> ClientResult<Spawned> {
     Ok(Spawned { child, stream: ours })
 }
 
-/// A VMM process serving one VM. Dropping it kills the process.
+/// Starts `program` detached, serving one VM shaped `config` on a Unix socket it listens on
+/// at `socket`, its standard error to `log`: in its own process group and without a parent
+/// death signal, so it outlives the engine process (a CLI command) that started it, and ends
+/// only on [`Request::Shutdown`] or a kill. Returns once the socket accepts connections,
+/// within `patience`; a process that ends first is reported with how it ended and its log.
+pub fn spawn_listening(
+    program: &Path,
+    config: VmConfig,
+    socket: &Path,
+    log: &Path,
+    patience: std::time::Duration,
+) -> ClientResult<u32> {
+    let spawn_err = |source| ClientError::Spawn { program: program.into(), source };
+    let err_file = std::fs::File::create(log).map_err(spawn_err)?;
+    let _ = std::fs::remove_file(socket);
+    let mut cmd = std::process::Command::new(program);
+    cmd.arg("--listen")
+        .arg(socket)
+        .arg("--mem-bytes")
+        .arg(config.mem_size.to_string())
+        .arg("--vcpus")
+        .arg(config.vcpus.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(err_file)
+        .process_group(0);
+    if config.irqchip {
+        cmd.arg("--irqchip");
+    }
+    let mut child = cmd.spawn().map_err(spawn_err)?;
+    let pid = child.id();
+    let deadline = std::time::Instant::now() + patience;
+    loop {
+        if UnixStream::connect(socket).is_ok() {
+            // Reap it when it ends, so a long-lived engine collects no zombies; a CLI that
+            // exits first leaves that to init.
+            std::thread::spawn(move || child.wait());
+            return Ok(pid);
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            return Err(ClientError::Exited {
+                pid,
+                how: format!("{} before listening ({})", describe_exit(status), text.trim()),
+            });
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(ClientError::Exited {
+                pid,
+                how: format!("did not listen on {} within {patience:?} and was killed", socket.display()),
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// A VMM process serving one VM. Dropping one this engine started kills the process; one
+/// reached through its listening socket ([`VmmProcess::connect`]) is only disconnected from.
 pub struct VmmProcess {
-    child: Child,
+    /// The process, when this engine started it and owns it.
+    child: Option<Child>,
     stream: UnixStream,
     pid: u32,
     config: VmConfig,
@@ -201,9 +262,39 @@ impl VmmProcess {
         self.confined
     }
 
-    /// Whether the process is still running (reaps it if not).
+    /// Connects to a process listening at `socket` ([`spawn_listening`]) and completes the
+    /// handshake.
+    pub fn connect(socket: &Path) -> ClientResult<VmmProcess> {
+        let stream = UnixStream::connect(socket).map_err(|source| ClientError::Frame {
+            pid: 0,
+            source: FrameError::Io { op: "connect", source },
+        })?;
+        let mut p = VmmProcess {
+            child: None,
+            stream,
+            pid: 0,
+            config: VmConfig { mem_size: 0, vcpus: 0, irqchip: false },
+            confined: false,
+        };
+        p.send(&Request::Hello { version: PROTOCOL_VERSION })?;
+        match p.recv()? {
+            Response::Hello { version: PROTOCOL_VERSION, pid, config, confined } => {
+                p.pid = pid;
+                p.config = config;
+                p.confined = confined;
+                Ok(p)
+            }
+            other => Err(ClientError::Unexpected { pid: p.pid, expected: "Hello", got: cut(&other) }),
+        }
+    }
+
+    /// Whether the process is still running (reaps it if not); for a connected process,
+    /// whether its socket is still open.
     pub fn is_alive(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
+        match &mut self.child {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => self.status().is_ok(),
+        }
     }
 
     /// Sends a request without waiting for its reply (replies come in request order, so
@@ -243,9 +334,10 @@ impl VmmProcess {
 
     /// The socket closed: wait for the process and say how it ended.
     fn gone(&mut self) -> ClientError {
-        let how = match self.child.wait() {
-            Ok(status) => describe_exit(status),
-            Err(e) => format!("could not be waited for ({e})"),
+        let how = match self.child.as_mut().map(Child::wait) {
+            Some(Ok(status)) => describe_exit(status),
+            Some(Err(e)) => format!("could not be waited for ({e})"),
+            None => "closed its control socket".into(),
         };
         ClientError::Exited { pid: self.pid, how }
     }
@@ -281,6 +373,11 @@ impl VmmProcess {
     /// Restores snapshot `name` of `dir` into the idle shell.
     pub fn restore(&mut self, dir: &Path, name: &str, resume: bool) -> ClientResult<()> {
         self.done(&Request::Restore { dir: dir.into(), name: name.into(), resume })
+    }
+
+    /// Boots a Linux guest in the idle process; it runs right away.
+    pub fn boot_linux(&mut self, boot: BootLinux) -> ClientResult<()> {
+        self.done(&Request::BootLinux(boot))
     }
 
     /// Pauses the guest.
@@ -325,13 +422,16 @@ impl VmmProcess {
         self.recv_answer()
     }
 
-    /// Asks the process to end and waits for it; returns how it ended.
-    pub fn shutdown(mut self) -> ClientResult<ExitStatus> {
+    /// Asks the process to end and waits for it; returns how it ended (`None` for a
+    /// process this engine did not start, which it cannot wait for).
+    pub fn shutdown(mut self) -> ClientResult<Option<ExitStatus>> {
         self.done(&Request::Shutdown)?;
-        self.child.wait().map_err(|source| ClientError::Frame {
-            pid: self.pid,
-            source: FrameError::Io { op: "wait", source },
-        })
+        let pid = self.pid;
+        self.child
+            .as_mut()
+            .map(Child::wait)
+            .transpose()
+            .map_err(|source| ClientError::Frame { pid, source: FrameError::Io { op: "wait", source } })
     }
 }
 
@@ -340,8 +440,10 @@ impl Drop for VmmProcess {
         // Closing the socket alone would end an idle process, but not one whose guest is
         // busy in a long command: kill it, and reap it.
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
@@ -354,7 +456,7 @@ impl PendingHello {
     pub fn send(spawned: Spawned) -> ClientResult<PendingHello> {
         let pid = spawned.child.id();
         let mut p = VmmProcess {
-            child: spawned.child,
+            child: Some(spawned.child),
             stream: spawned.stream,
             pid,
             config: VmConfig { mem_size: 0, vcpus: 0, irqchip: false },

@@ -19,11 +19,73 @@ use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 use std::path::PathBuf;
 
-/// The protocol version this build speaks; both sides must speak the same one.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// The protocol version this build speaks; both sides must speak the same one (2 added
+/// [`Request::BootLinux`]).
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Largest frame payload either side accepts, in bytes.
 pub const MAX_FRAME: usize = 64 * 1024;
+
+/// Longest kernel command-line addition a [`BootLinux`] may carry, in bytes: the VMM's own
+/// part and the virtio-mmio entries must still fit the kernel's 2048-byte command line.
+pub const MAX_CMDLINE_EXTRA: usize = 1024;
+
+/// What to boot in a [`Request::BootLinux`]. Every path is absolute: the VMM's working
+/// directory is not the engine's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub struct BootLinux {
+    /// The uncompressed kernel (`vmlinux`, ELF).
+    pub kernel: PathBuf,
+    /// The read-only root disk (the guest's `/dev/vda`).
+    pub disk: PathBuf,
+    /// The sandbox's writable overlay over `disk` (created at the disk's size if missing).
+    pub overlay: PathBuf,
+    /// Added to the VMM's own command line (`root=/dev/vda console=ttyS0 ...`): at most
+    /// [`MAX_CMDLINE_EXTRA`] bytes of printable ASCII.
+    pub cmdline_extra: String,
+    /// Guest RAM in bytes.
+    pub mem_size: u64,
+    /// Number of vCPUs.
+    pub vcpus: u8,
+    /// Where the vsock device's host side listens (`CONNECT <port>`).
+    pub vsock_socket: PathBuf,
+    /// Where the guest's serial console goes (created, truncated, capped).
+    pub serial_log: PathBuf,
+}
+
+impl BootLinux {
+    /// Checks what the VMM can check before touching anything: absolute paths and the
+    /// command-line addition's size and characters. Returns what is wrong.
+    pub fn check(&self) -> Result<(), String> {
+        for (what, path) in [
+            ("kernel", &self.kernel),
+            ("disk", &self.disk),
+            ("overlay", &self.overlay),
+            ("vsock_socket", &self.vsock_socket),
+            ("serial_log", &self.serial_log),
+        ] {
+            if !path.is_absolute() {
+                return Err(format!(
+                    "{what} {} is a relative path; the VMM's working directory is not the engine's, give an absolute path",
+                    path.display()
+                ));
+            }
+        }
+        if self.cmdline_extra.len() > MAX_CMDLINE_EXTRA {
+            return Err(format!(
+                "the command-line addition is {} bytes, over the limit of {MAX_CMDLINE_EXTRA}",
+                self.cmdline_extra.len()
+            ));
+        }
+        if let Some(c) = self.cmdline_extra.chars().find(|c| !(c.is_ascii_graphic() || *c == ' ')) {
+            return Err(format!(
+                "the command-line addition holds {c:?}; only printable ASCII and spaces are allowed"
+            ));
+        }
+        Ok(())
+    }
+}
 
 /// What the engine asks a VMM process to do.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,6 +110,9 @@ pub enum Request {
         /// Run the guest right away instead of leaving it paused.
         resume: bool,
     },
+    /// Boots a Linux guest in the idle process (its shell is dropped for it); the guest
+    /// runs right away and [`Request::Status`] reports when it ends and why.
+    BootLinux(BootLinux),
     /// Stops the guest from running further commands.
     Pause,
     /// Lets a paused guest run again.
@@ -182,6 +247,11 @@ pub enum ErrorKind {
     Snapshot,
     /// The guest stopped; see [`VmState::GuestExited`].
     Guest,
+    /// A Linux guest could not be built or booted (kernel, disk, devices).
+    Boot,
+    /// The request is not built for the guest this process runs (snapshots of a Linux
+    /// guest, test-guest commands to a Linux guest).
+    Unsupported,
     /// The VMM failed (KVM, memory).
     Vmm,
 }
@@ -318,6 +388,30 @@ mod tests {
         assert!(decode::<Request>(br#"{"hello":{"version":1,"extra":2}}"#).is_err());
         assert!(decode::<Request>(br#""status" trailing"#).is_err());
         assert_eq!(decode::<Request>(br#""status""#).unwrap(), Request::Status);
+    }
+
+    #[test]
+    fn boot_linux_refuses_relative_paths_and_oversized_or_odd_command_lines() {
+        let boot = BootLinux {
+            kernel: "/k/vmlinux".into(),
+            disk: "/d/rootfs.ext4".into(),
+            overlay: "/s/overlay.img".into(),
+            cmdline_extra: "branchbox.hostname=a".into(),
+            mem_size: 256 << 20,
+            vcpus: 1,
+            vsock_socket: "/s/vsock.sock".into(),
+            serial_log: "/s/serial.log".into(),
+        };
+        assert_eq!(boot.check(), Ok(()));
+        let relative = BootLinux { overlay: "overlay.img".into(), ..boot.clone() };
+        assert!(relative.check().unwrap_err().contains("overlay overlay.img is a relative path"));
+        let long = BootLinux { cmdline_extra: "a".repeat(MAX_CMDLINE_EXTRA + 1), ..boot.clone() };
+        assert!(long.check().unwrap_err().contains("1025 bytes, over the limit of 1024"));
+        let newline = BootLinux { cmdline_extra: "a\ninit=/bin/sh".into(), ..boot.clone() };
+        assert!(newline.check().unwrap_err().contains("'\\n'"));
+        let req = Request::BootLinux(boot);
+        let frame = encode(&req).unwrap();
+        assert_eq!(decode::<Request>(&frame[4..]).unwrap(), req);
     }
 
     #[test]

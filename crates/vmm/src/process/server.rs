@@ -12,8 +12,11 @@
 //!
 //! The process ends cleanly on [`Request::Shutdown`] or when the socket closes, so an engine
 //! that dies leaves no VM behind (and the pool's `PR_SET_PDEATHSIG` covers a guest busy in a
-//! long command). A guest that stops on its own is kept and reported by [`Request::Status`].
+//! long command). A listening process ([`serve_listener`]) belongs to its sandbox instead and
+//! ends only on `Shutdown`. A guest that stops on its own is kept and reported by
+//! [`Request::Status`]; a Linux guest (`super::linux`) runs on threads of its own.
 
+use super::linux::LinuxGuest;
 use super::protocol::{
     decode, read_frame, write_message, ErrorKind, FrameError, RemoteError, Request, Response, Status,
     VmState, PROTOCOL_VERSION,
@@ -26,7 +29,7 @@ use crate::seccomp::{self, ThreadKind};
 use crate::snapshot::Snapshot;
 use crate::testguest::{self, Answer, Command};
 use crate::vm::Vm;
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -86,6 +89,8 @@ struct Server {
     greeted: bool,
     checkpoints: Vec<(PathBuf, String, Checkpoint)>,
     vcpu: VcpuThread,
+    /// The Linux guest, once one is booted (the shell is then dropped).
+    linux: Option<LinuxGuest>,
 }
 
 fn fail(kind: ErrorKind, message: impl Into<String>) -> Response {
@@ -95,48 +100,28 @@ fn fail(kind: ErrorKind, message: impl Into<String>) -> Response {
 /// Serves the VM over `stream` until a shutdown request or the socket closes. Builds the
 /// shell shaped `config` before reading the first request.
 pub fn serve(stream: UnixStream, hv: Arc<Hypervisor>, config: VmConfig) -> Result<()> {
-    let shell = Vm::shell(&hv, config)?;
-    let vcpu = VcpuThread::start()?;
-    let mut server = Server {
-        hv,
-        config,
-        vm: Some(shell),
-        state: VmState::Idle,
-        greeted: false,
-        checkpoints: Vec::new(),
-        vcpu,
-    };
-    let mut reader = &stream;
-    let mut writer = &stream;
-    loop {
-        let payload = match read_frame(&mut reader) {
-            Ok(Some(p)) => p,
-            // The engine closed the socket (or died): nothing will ask for this VM again.
-            Ok(None) => return Ok(()),
-            Err(e @ FrameError::TooLarge { .. }) | Err(e @ FrameError::Truncated { .. }) => {
-                // The stream cannot be resynchronised: say why, then close.
-                let _ = write_message(&mut writer, &fail(ErrorKind::Protocol, format!("{e}; closing")));
-                return Ok(());
-            }
-            Err(_) => return Ok(()),
-        };
-        let (reply, stop) = match decode::<Request>(&payload) {
-            Ok(req) => {
-                let stop = req == Request::Shutdown && server.greeted;
-                (server.handle(req), stop)
-            }
-            Err(e) => (
-                fail(
-                    ErrorKind::Protocol,
-                    format!("{e}; send one JSON request per frame, as branchbox_vmm::process::protocol encodes them"),
-                ),
-                false,
-            ),
-        };
-        if write_message(&mut writer, &reply).is_err() || stop {
-            return Ok(());
+    let mut server = Server::new(hv, config)?;
+    server.serve_connection(&stream);
+    server.finish();
+    Ok(())
+}
+
+/// Serves the VM on `listener`, one connection after another, until a shutdown request: a
+/// closed connection does not end the process. For a VMM that outlives the engine process
+/// that started it (the microvm backend's sandboxes, driven by one CLI command after
+/// another). Each connection starts with its own Hello.
+pub fn serve_listener(listener: UnixListener, hv: Arc<Hypervisor>, config: VmConfig) -> Result<()> {
+    let mut server = Server::new(hv, config)?;
+    for conn in listener.incoming() {
+        // A failed accept (a client that went away at once) leaves the listener usable.
+        let Ok(stream) = conn else { continue };
+        server.greeted = false;
+        if server.serve_connection(&stream) {
+            break;
         }
     }
+    server.finish();
+    Ok(())
 }
 
 fn absolute(path: &Path) -> std::result::Result<(), Response> {
@@ -151,6 +136,79 @@ fn absolute(path: &Path) -> std::result::Result<(), Response> {
 }
 
 impl Server {
+    fn new(hv: Arc<Hypervisor>, config: VmConfig) -> Result<Server> {
+        let shell = Vm::shell(&hv, config)?;
+        let vcpu = VcpuThread::start()?;
+        Ok(Server {
+            hv,
+            config,
+            vm: Some(shell),
+            state: VmState::Idle,
+            greeted: false,
+            checkpoints: Vec::new(),
+            vcpu,
+            linux: None,
+        })
+    }
+
+    /// Serves one connection until it closes or asks for a shutdown; true on a shutdown.
+    fn serve_connection(&mut self, stream: &UnixStream) -> bool {
+        let mut reader = stream;
+        let mut writer = stream;
+        loop {
+            let payload = match read_frame(&mut reader) {
+                Ok(Some(p)) => p,
+                // The engine closed the socket (or died).
+                Ok(None) => return false,
+                Err(e @ FrameError::TooLarge { .. }) | Err(e @ FrameError::Truncated { .. }) => {
+                    // The stream cannot be resynchronised: say why, then close.
+                    let _ = write_message(&mut writer, &fail(ErrorKind::Protocol, format!("{e}; closing")));
+                    return false;
+                }
+                Err(_) => return false,
+            };
+            let (reply, stop) = match decode::<Request>(&payload) {
+                Ok(req) => {
+                    let stop = req == Request::Shutdown && self.greeted;
+                    (self.handle(req), stop)
+                }
+                Err(e) => (
+                    fail(
+                        ErrorKind::Protocol,
+                        format!("{e}; send one JSON request per frame, as branchbox_vmm::process::protocol encodes them"),
+                    ),
+                    false,
+                ),
+            };
+            let written = write_message(&mut writer, &reply).is_ok();
+            // A shutdown stands even when its reply cannot be delivered.
+            if stop {
+                return true;
+            }
+            if !written {
+                return false;
+            }
+        }
+    }
+
+    /// Stops a Linux guest and waits for it, so its serial log is complete.
+    fn finish(&mut self) {
+        if let Some(guest) = &mut self.linux {
+            guest.stop();
+        }
+    }
+
+    /// Refuses what a Linux guest cannot do yet, naming it.
+    fn not_for_linux(&self, what: &str) -> std::result::Result<(), Response> {
+        if self.linux.is_some() {
+            return Err(fail(
+                ErrorKind::Unsupported,
+                format!("{what} is not built for Linux guests yet; this process runs one"),
+            ));
+        }
+        Ok(())
+    }
+
     fn handle(&mut self, req: Request) -> Response {
         if let Request::Hello { version } = req {
             if version != PROTOCOL_VERSION {
@@ -196,6 +254,10 @@ impl Server {
     }
 
     fn dispatch(&mut self, req: Request) -> std::result::Result<Response, Response> {
+        // A Linux guest ends on its own threads: every request sees its end.
+        if let Some(reason) = self.linux.as_mut().and_then(LinuxGuest::ended) {
+            self.state = VmState::GuestExited { reason };
+        }
         let vmm = |e: Error| fail(ErrorKind::Vmm, e.to_string());
         match req {
             Request::Hello { .. } => Err(fail(ErrorKind::Protocol, "Hello is handled before dispatch")),
@@ -204,6 +266,27 @@ impl Server {
                 config: self.config,
                 state: self.state.clone(),
             })),
+            Request::BootLinux(boot) => {
+                self.need(&[VmState::Idle], "boot a Linux guest")?;
+                boot.check().map_err(|m| fail(ErrorKind::Argument, m))?;
+                // The shell's RAM is not the guest's: free it first.
+                self.vm = None;
+                match LinuxGuest::boot(&self.hv, &boot) {
+                    Ok(guest) => {
+                        self.linux = Some(guest);
+                        self.state = VmState::Running;
+                        Ok(Response::Done)
+                    }
+                    Err(e) => {
+                        // Off the fast path: this is a failure; the process stays usable.
+                        self.vm = Vm::shell(&self.hv, self.config).ok();
+                        Err(fail(
+                            ErrorKind::Boot,
+                            format!("cannot boot the Linux guest: {e}; this process is idle again"),
+                        ))
+                    }
+                }
+            }
             Request::BootTestGuest => {
                 self.need(&[VmState::Idle], "boot the test guest")?;
                 let hv = Arc::clone(&self.hv);
@@ -228,21 +311,31 @@ impl Server {
             }
             Request::Pause => {
                 self.need(&[VmState::Paused, VmState::Running], "pause")?;
+                if let Some(guest) = &self.linux {
+                    guest
+                        .pause()
+                        .map_err(|e| fail(ErrorKind::Guest, format!("cannot pause the guest: {e}")))?;
+                }
                 self.state = VmState::Paused;
                 Ok(Response::Done)
             }
             Request::Resume => {
                 self.need(&[VmState::Paused, VmState::Running], "resume")?;
+                if let Some(guest) = &self.linux {
+                    guest.resume();
+                }
                 self.state = VmState::Running;
                 Ok(Response::Done)
             }
             Request::Snapshot { dir } => {
+                self.not_for_linux("a snapshot")?;
                 self.need(&[VmState::Paused], "snapshot")?;
                 absolute(&dir)?;
                 self.vm()?.snapshot(&dir).map_err(|e| fail(ErrorKind::Snapshot, e.to_string()))?;
                 Ok(Response::Done)
             }
             Request::Checkpoint { dir, name } => {
+                self.not_for_linux("a checkpoint")?;
                 self.need(&[VmState::Paused], "checkpoint")?;
                 absolute(&dir)?;
                 let cp = self
@@ -262,6 +355,7 @@ impl Server {
                 Ok(reply)
             }
             Request::Rollback { dir, name } => {
+                self.not_for_linux("a rollback")?;
                 self.need(&[VmState::Paused], "roll back")?;
                 absolute(&dir)?;
                 let snapshot = self.find_snapshot(&dir, &name)?;
@@ -269,6 +363,7 @@ impl Server {
                 Ok(Response::Done)
             }
             Request::Call { command } => {
+                self.not_for_linux("a test-guest command")?;
                 self.need(&[VmState::Running], "run a guest command")?;
                 let vm = self.vm.take().ok_or_else(|| fail(ErrorKind::Vmm, "this process lost its VM"))?;
                 let (vm, result) = self.vcpu.call(vm, command).map_err(vmm)?;

@@ -1,0 +1,17 @@
+//! The microvm backend: each sandbox is a Linux guest (the project's kernel and root disk,
+//! `docs/guest.md`) in its own `branchbox-vmm` process, which listens on a control socket in
+//! the sandbox's directory and outlives the engine command that started it. The guest's agent
+//! (PID 1) is reached over vsock: `CONNECT 1024` on the vsock device's Unix socket, then the
+//! agent protocol's handshake.
+//!
+//! Built: create, connect (so exec and files), pause and resume, destroy, liveness. Not
+//! built: Linux guest snapshots (so snapshot, rollback, restore and fork); those answer
+//! [`Error::Unavailable`](branchbox_model::Error::Unavailable) naming what is missing
+//! (`docs/microvm.md`, "The microvm backend").
+
+mod backend;
+mod files;
+
+pub use branchbox_vmm::process::default_program as default_vmm_program;
+
+pub use backend::{MicrovmBackend, MicrovmConfig, AGENT_TIMEOUT, SNAPSHOTS_MISSING};
