@@ -29,7 +29,7 @@ pub enum LinuxError {
     Thread { vcpu: u8, error: std::io::Error },
     /// The engine's shared pieces (the KVM handle) failed.
     #[error(transparent)]
-    Vmm(#[from] crate::Error),
+    Vmm(#[from] crate::error::Error),
 }
 
 /// Result of the Linux VM's operations.
