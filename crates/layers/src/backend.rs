@@ -17,7 +17,7 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
-use branchbox_virtio::blk::{BlockBackend, CLUSTER_SIZE, SECTOR_SIZE};
+use branchbox_virtio::blk::{cluster_pieces, BlockBackend, CLUSTER_SIZE, SECTOR_SIZE};
 
 use crate::chain::FrozenChain;
 use crate::format::{encode_entry, slot_offset};
@@ -154,22 +154,6 @@ impl LayeredBackend {
         Ok(())
     }
 
-    /// Reads or writes the byte range `[offset, offset + len)` cluster by cluster.
-    fn pieces(offset: u64, len: usize) -> impl Iterator<Item = (u64, u64, usize, usize)> {
-        let end = offset + len as u64;
-        let mut pos = offset;
-        std::iter::from_fn(move || {
-            if pos >= end {
-                return None;
-            }
-            let cluster = pos / CLUSTER_SIZE;
-            let stop = ((cluster + 1) * CLUSTER_SIZE).min(end);
-            let piece = (cluster, pos % CLUSTER_SIZE, (pos - offset) as usize, (stop - pos) as usize);
-            pos = stop;
-            Some(piece)
-        })
-    }
-
     fn check_range(&self, sector: u64, len: usize) -> io::Result<u64> {
         let offset = sector
             .checked_mul(SECTOR_SIZE)
@@ -204,7 +188,7 @@ impl BlockBackend for LayeredBackend {
 
     fn read(&mut self, sector: u64, buf: &mut [u8]) -> io::Result<()> {
         let offset = self.check_range(sector, buf.len())?;
-        for (cluster, within, at, len) in Self::pieces(offset, buf.len()) {
+        for (cluster, within, at, len) in cluster_pieces(offset, buf.len()) {
             let part = &mut buf[at..at + len];
             match self.slots.get(&cluster) {
                 Some(&slot) => self.top.file.read_exact_at(part, self.top.data_at(slot) + within)?,
@@ -216,7 +200,7 @@ impl BlockBackend for LayeredBackend {
 
     fn write(&mut self, sector: u64, data: &[u8]) -> io::Result<()> {
         let offset = self.check_range(sector, data.len())?;
-        for (cluster, within, at, len) in Self::pieces(offset, data.len()) {
+        for (cluster, within, at, len) in cluster_pieces(offset, data.len()) {
             let part = &data[at..at + len];
             if let Some(&slot) = self.slots.get(&cluster) {
                 self.top.file.write_all_at(part, self.top.data_at(slot) + within)?;

@@ -34,6 +34,25 @@ pub trait BlockBackend: Send {
 /// allocated extents when it is reopened.
 pub const CLUSTER_SIZE: u64 = 4096;
 
+/// The disk byte range `[offset, offset + len)` split at cluster boundaries: for each piece, its
+/// cluster, its offset within that cluster, its offset within the request and its length. Every
+/// cluster-granular backend (this overlay, the layered disks of branchbox-layers) walks
+/// requests with it.
+pub fn cluster_pieces(offset: u64, len: usize) -> impl Iterator<Item = (u64, u64, usize, usize)> {
+    let end = offset + len as u64;
+    let mut pos = offset;
+    std::iter::from_fn(move || {
+        if pos >= end {
+            return None;
+        }
+        let cluster = pos / CLUSTER_SIZE;
+        let stop = ((cluster + 1) * CLUSTER_SIZE).min(end);
+        let piece = (cluster, pos % CLUSTER_SIZE, (pos - offset) as usize, (stop - pos) as usize);
+        pos = stop;
+        Some(piece)
+    })
+}
+
 /// Why an overlay backend cannot be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
@@ -154,22 +173,6 @@ impl OverlayBackend {
     fn mark(&mut self, cluster: u64) {
         self.written[(cluster / 64) as usize] |= 1 << (cluster % 64);
     }
-
-    /// The file byte range `[offset, offset + len)` split at cluster boundaries.
-    fn pieces(offset: u64, len: usize) -> impl Iterator<Item = (u64, usize, usize)> {
-        let end = offset + len as u64;
-        let mut pos = offset;
-        std::iter::from_fn(move || {
-            if pos >= end {
-                return None;
-            }
-            let cluster = pos / CLUSTER_SIZE;
-            let stop = ((cluster + 1) * CLUSTER_SIZE).min(end);
-            let piece = (cluster, (pos - offset) as usize, (stop - pos) as usize);
-            pos = stop;
-            Some(piece)
-        })
-    }
 }
 
 /// `lseek` with `SEEK_DATA`/`SEEK_HOLE`; `None` when there is no more data (ENXIO).
@@ -194,7 +197,7 @@ impl BlockBackend for OverlayBackend {
 
     fn read(&mut self, sector: u64, buf: &mut [u8]) -> io::Result<()> {
         let offset = sector * SECTOR_SIZE;
-        for (cluster, at, len) in Self::pieces(offset, buf.len()) {
+        for (cluster, _, at, len) in cluster_pieces(offset, buf.len()) {
             let file = if self.is_written(cluster) { &self.overlay } else { &self.base };
             file.read_exact_at(&mut buf[at..at + len], offset + at as u64)?;
         }
@@ -203,7 +206,7 @@ impl BlockBackend for OverlayBackend {
 
     fn write(&mut self, sector: u64, data: &[u8]) -> io::Result<()> {
         let offset = sector * SECTOR_SIZE;
-        for (cluster, at, len) in Self::pieces(offset, data.len()) {
+        for (cluster, _, at, len) in cluster_pieces(offset, data.len()) {
             if !self.is_written(cluster) && len as u64 != CLUSTER_SIZE {
                 let mut copy = vec![0u8; CLUSTER_SIZE as usize];
                 self.base.read_exact_at(&mut copy, cluster * CLUSTER_SIZE)?;

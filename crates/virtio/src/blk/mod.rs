@@ -8,7 +8,7 @@
 
 mod backend;
 
-pub use backend::{BackendError, BlockBackend, OverlayBackend, CLUSTER_SIZE, SECTOR_SIZE};
+pub use backend::{cluster_pieces, BackendError, BlockBackend, OverlayBackend, CLUSTER_SIZE, SECTOR_SIZE};
 
 use branchbox_persist::{NoContext, RestoreError, Snapshottable};
 use serde::{Deserialize, Serialize};
