@@ -109,20 +109,8 @@ fn a_hundred_background_sleeps_fit_the_default_limits() {
 fn a_thousand_background_processes_stop_at_the_process_limit_with_eagain() {
     let bystander = Sandbox::new();
     let s = create(&["--pids", "128"]);
-    let script = r#"
-import errno, os, time
-n = 0
-try:
-    while n < 1000:
-        if os.fork() == 0:
-            time.sleep(600)
-            os._exit(0)
-        n += 1
-    print("all", n)
-except OSError as e:
-    print(errno.errorcode[e.errno], n)
-"#;
-    put_text(&s, "/root/forks.py", script);
+    let script = fork_loop(1000);
+    put_text(&s, "/root/forks.py", &script);
     let out = s.sh("python3 /root/forks.py");
     let (err, n) = out.trim().split_once(' ').expect("two words");
     assert_eq!(err, "EAGAIN", "{out}");

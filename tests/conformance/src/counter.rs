@@ -1,6 +1,7 @@
 //! A background process that holds a word in memory, so a test can tell whether a sandbox's
 //! memory continued (fork, restore) or went back (rollback) without depending on how fast the
-//! process runs. Shared with the gVisor-only tests of `crates/cli/tests`.
+//! process runs; and a fork loop that meets the process limit. Shared with the gVisor-only
+//! tests of `crates/cli/tests`.
 
 use std::process::Output;
 use std::time::{Duration, Instant};
@@ -90,4 +91,24 @@ pub fn set_mark(s: &impl Shell, word: &str) {
 /// The counter's pid.
 pub fn counter_pid(s: &impl Shell) -> String {
     s.sh("pgrep -x python3").trim().to_string()
+}
+
+/// A Python program that forks children (each sleeps) until `max` or the first error, and prints
+/// `all N` or the error's name and how many forks succeeded (`EAGAIN 31`).
+pub fn fork_loop(max: u32) -> String {
+    format!(
+        r#"
+import errno, os, time
+n = 0
+try:
+    while n < {max}:
+        if os.fork() == 0:
+            time.sleep(600)
+            os._exit(0)
+        n += 1
+    print("all", n)
+except OSError as e:
+    print(errno.errorcode[e.errno], n)
+"#
+    )
 }

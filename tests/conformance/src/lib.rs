@@ -4,7 +4,7 @@
 
 pub mod counter;
 
-pub use counter::{ask, ask_count, ask_mark, counter_pid, eventually, set_mark, Shell, COUNTER};
+pub use counter::{ask, ask_count, ask_mark, counter_pid, eventually, fork_loop, set_mark, Shell, COUNTER};
 
 use branchbox_core::host::{detect_kvm, KvmKind};
 use std::io::Write;

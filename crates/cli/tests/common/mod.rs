@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 // suite's (tests/conformance), which runs the generic behaviours against every backend. Each
 // test file uses some of them, as it does the rest of this module.
 #[allow(unused_imports)]
-pub use branchbox_conformance::{ask_count, counter_pid, eventually, Shell, COUNTER};
+pub use branchbox_conformance::{ask_count, counter_pid, eventually, fork_loop, Shell, COUNTER};
 
 fn shared_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();

@@ -1,7 +1,7 @@
 //! Limits: one quick test each for memory and processes (the gVisor-only tests in
 //! `crates/cli/tests/hostile.rs` push them harder).
 
-use branchbox_conformance::{Ctx, Shell};
+use branchbox_conformance::{fork_loop, Ctx, Shell};
 
 pub fn a_memory_hog_is_killed_and_the_sandbox_keeps_answering(c: &Ctx) {
     let s = c.create(&["--memory", "256"]);
@@ -23,20 +23,8 @@ pub fn a_memory_hog_is_killed_and_the_sandbox_keeps_answering(c: &Ctx) {
 
 pub fn forks_past_the_process_limit_fail_with_eagain(c: &Ctx) {
     let s = c.create(&["--pids", "32"]);
-    let script = r#"
-import errno, os, time
-n = 0
-try:
-    while n < 300:
-        if os.fork() == 0:
-            time.sleep(600)
-            os._exit(0)
-        n += 1
-    print("all", n)
-except OSError as e:
-    print(errno.errorcode[e.errno], n)
-"#;
-    s.put_text("/root/forks.py", script);
+    let script = fork_loop(300);
+    s.put_text("/root/forks.py", &script);
     let out = s.sh("python3 /root/forks.py");
     let (err, n) = out.trim().split_once(' ').unwrap_or_else(|| panic!("two words: {out}"));
     assert_eq!(err, "EAGAIN", "{out}");
