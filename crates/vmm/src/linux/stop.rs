@@ -107,13 +107,8 @@ impl StopHandle {
 mod tests {
     use super::*;
 
-    #[test]
-    fn only_a_stop_ends_a_parked_or_kicked_vcpu() {
-        let hold = Hold::default();
-        let handle = StopHandle::new(Vec::new(), hold.clone());
-        // A kick left over from a pause that gave up sends the vCPU back into the guest.
-        assert!(hold.park());
-        // Held, the vCPU waits; the stop wakes it and ends its run.
+    /// Holds the vCPUs and parks one on another thread; returns once it is parked.
+    fn park_held(hold: &Hold) -> std::thread::JoinHandle<bool> {
         hold.state().held = true;
         let parked = std::thread::spawn({
             let hold = hold.clone();
@@ -122,6 +117,17 @@ mod tests {
         while hold.state().parked == 0 {
             std::thread::yield_now();
         }
+        parked
+    }
+
+    #[test]
+    fn only_a_stop_ends_a_parked_or_kicked_vcpu() {
+        let hold = Hold::default();
+        let handle = StopHandle::new(Vec::new(), hold.clone());
+        // A kick left over from a pause that gave up sends the vCPU back into the guest.
+        assert!(hold.park());
+        // Held, the vCPU waits; the stop wakes it and ends its run.
+        let parked = park_held(&hold);
         handle.stop();
         assert!(!parked.join().unwrap());
         assert!(!hold.park(), "after a stop no vCPU goes back in");
@@ -132,14 +138,7 @@ mod tests {
     fn a_resumed_vcpu_goes_back_into_the_guest() {
         let hold = Hold::default();
         let handle = StopHandle::new(Vec::new(), hold.clone());
-        hold.state().held = true;
-        let parked = std::thread::spawn({
-            let hold = hold.clone();
-            move || hold.park()
-        });
-        while hold.state().parked == 0 {
-            std::thread::yield_now();
-        }
+        let parked = park_held(&hold);
         handle.resume();
         assert!(parked.join().unwrap());
         assert_eq!(hold.state().parked, 0);
