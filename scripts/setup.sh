@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what branchbox needs on a fresh Debian 12 machine (run as root): gVisor's runsc and
+# Installs what branchbox needs on a fresh Debian 12 machine (run as root): gVisor's runsc
+# (release 20240729 or later, from bookworm-backports; an older one is upgraded) and
 # debootstrap for the sandbox image; Debian's kernel source and the tools that build the Linux
 # guest's kernel and root disk (docs/guest.md); with --test also QEMU (the vhost-user test boots
 # the guest under software emulation) and the Python SDK and its test tools. Checks
@@ -7,8 +8,68 @@
 # cache exists.
 set -euo pipefail
 
+# --- gVisor's runsc ------------------------------------------------------------------------------
+# The gvisor backend needs runsc 20240729 or later (`checkpoint --leave-running`; see
+# docs/gvisor.md). Debian 12 ships 20221219; bookworm-backports has 20240729. With
+# BRANCHBOX_RUNSC set, only that runsc is checked (it is the one branchbox runs) and nothing is
+# installed. BRANCHBOX_SETUP_DRY_RUN=1 prints what this part would change instead of changing it.
+runsc_min=20240729
+runsc_bin="${BRANCHBOX_RUNSC:-runsc}"
+dry="${BRANCHBOX_SETUP_DRY_RUN:-}"
+# The release date of a runsc's `--version` line (`release-YYYYMMDD.N` or Debian's
+# `0.0~YYYYMMDD.N`), or nothing.
+runsc_release() {
+    "$runsc_bin" --version 2>/dev/null | head -1 |
+        sed -n 's/^runsc version \(release-\|[0-9.]*~\)\([0-9]\{8\}\)\(\.[0-9]*\)\{0,1\}$/\2/p'
+}
+runsc_new_enough() {
+    local r
+    r="$(runsc_release)"
+    [ -n "$r" ] && [ "$r" -ge "$runsc_min" ]
+}
+# Runs a command that changes the system, or prints it in a dry run.
+change() {
+    if [ -n "$dry" ]; then echo "setup: would run: $*"; else "$@"; fi
+}
+if ! runsc_new_enough; then
+    found="$("$runsc_bin" --version 2>/dev/null | head -1 || true)"
+    echo "setup: ${found:-no runsc} ($runsc_bin); branchbox needs runsc $runsc_min or later"
+    if [ -n "${BRANCHBOX_RUNSC:-}" ]; then
+        echo "setup: BRANCHBOX_RUNSC names $BRANCHBOX_RUNSC; point it at runsc $runsc_min or later, or unset it to install one from bookworm-backports" >&2
+        exit 1
+    fi
+    . /etc/os-release
+    if [ "${VERSION_CODENAME:-}" != bookworm ]; then
+        echo "setup: this is ${PRETTY_NAME:-not Debian 12}; install runsc $runsc_min or later from gVisor's own apt repository (gvisor.dev/docs/user_guide/install)" >&2
+        exit 1
+    fi
+    if [ -z "$dry" ] && [ "$(id -u)" -ne 0 ]; then
+        echo "setup: run as root to enable bookworm-backports and install runsc from it: apt-get install -t bookworm-backports runsc" >&2
+        exit 1
+    fi
+    # Enable the suite once, wherever it is named already (one-line or deb822 sources).
+    if ! grep -rqsE '^[^#]*bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+        echo "setup: enabling bookworm-backports in /etc/apt/sources.list.d/bookworm-backports.sources"
+        change install -m 0644 /dev/stdin /etc/apt/sources.list.d/bookworm-backports.sources <<'SOURCES'
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: bookworm-backports
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SOURCES
+    fi
+    echo "setup: installing runsc from bookworm-backports"
+    change apt-get update -q
+    change env DEBIAN_FRONTEND=noninteractive apt-get install -y -q -t bookworm-backports runsc
+    if [ -z "$dry" ] && ! runsc_new_enough; then
+        echo "setup: runsc is still $("$runsc_bin" --version 2>/dev/null | head -1); is another runsc earlier on PATH ($(command -v runsc))?" >&2
+        exit 1
+    fi
+fi
+[ -n "$dry" ] && exit 0
+# --- end of gVisor's runsc -----------------------------------------------------------------------
+
 need=()
-command -v runsc >/dev/null 2>&1 || need+=(runsc)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 # The guest kernel (`branchbox guest kernel`): Debian's 6.12 source and its build tools.
 [ -f /usr/src/linux-source-6.12.tar.xz ] || need+=(linux-source-6.12)
@@ -33,7 +94,7 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get update -q >/dev/null
     apt-get install -y -q "${need[@]}" >/dev/null
 fi
-echo "setup: $(runsc --version | head -1); debootstrap $(dpkg-query -W -f='${Version}' debootstrap 2>/dev/null || echo present)"
+echo "setup: $("$runsc_bin" --version | head -1); debootstrap $(dpkg-query -W -f='${Version}' debootstrap 2>/dev/null || echo present)"
 echo "setup: linux-source-6.12 $(dpkg-query -W -f='${Version}' linux-source-6.12 2>/dev/null || echo present); $(mkfs.ext4 -V 2>&1 | head -1)"
 
 # --- branchboxd and the Python SDK (with --test) -----------------------------------------------

@@ -43,10 +43,16 @@ fn log_tail(dir: &Path) -> String {
 impl GvisorBackend {
     /// A backend using `runsc` with state under `runsc_root`, and the shim executable `shim`.
     pub fn new(runsc: PathBuf, runsc_root: PathBuf, shim: PathBuf) -> Self {
-        GvisorBackend { runsc: Runsc { bin: runsc, root: runsc_root }, shim }
+        GvisorBackend { runsc: Runsc::new(runsc, runsc_root), shim }
     }
 
-    /// The runsc version line, or why runsc cannot be used.
+    /// How this backend invokes runsc.
+    pub(crate) fn runsc(&self) -> &Runsc {
+        &self.runsc
+    }
+
+    /// The runsc version line, or why runsc cannot be used (missing, or older than
+    /// [`crate::version::OLDEST`]).
     pub fn check(&self) -> Result<String> {
         if !self.shim.is_file() {
             return Err(Error::Unavailable(format!(
@@ -120,9 +126,8 @@ impl GvisorBackend {
         }
     }
 
-    /// Checkpoints the sandbox in `dir` into `dest`; with `early`, returns once the image is
-    /// complete while the shim is still restoring the source.
-    fn checkpoint(&self, dir: &Path, dest: &Path, early: bool) -> Result<u64> {
+    /// Checkpoints the sandbox in `dir` into `dest`; the sandbox runs on.
+    fn checkpoint(&self, dir: &Path, dest: &Path) -> Result<u64> {
         let image = dest.join("checkpoint");
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -130,10 +135,7 @@ impl GvisorBackend {
             .create(&image)
             .map_err(|e| Error::io(&image, e))?;
         let image = image.canonicalize().map_err(|e| Error::io(&image, e))?;
-        control::call(
-            &socket(dir),
-            &ShimRequest::ShimCheckpoint { image: image.display().to_string(), early },
-        )?;
+        control::call(&socket(dir), &ShimRequest::ShimCheckpoint { image: image.display().to_string() })?;
         restrict_tree(dest).map_err(|e| Error::io(dest, e))?;
         Ok(dir_size(dest))
     }
@@ -233,7 +235,7 @@ impl Backend for GvisorBackend {
     }
 
     fn snapshot(&self, dir: &Path, dest: &Path) -> Result<u64> {
-        self.checkpoint(dir, dest, false)
+        self.checkpoint(dir, dest)
     }
 
     fn rollback(&self, dir: &Path, src: &Path) -> Result<()> {
@@ -255,8 +257,7 @@ impl Backend for GvisorBackend {
     }
 
     fn fork(&self, dir: &Path, dest: &Path, children: &[SandboxPlan]) -> Result<(u64, Vec<ChildResult>)> {
-        // The source is restored while the children start: they only need the image.
-        let size = self.checkpoint(dir, dest, true)?;
+        let size = self.checkpoint(dir, dest)?;
         let mut results: Vec<Option<ChildResult>> = (0..children.len()).map(|_| None).collect();
         for (batch, slots) in
             children.chunks(RESTORE_PARALLELISM).zip(results.chunks_mut(RESTORE_PARALLELISM))

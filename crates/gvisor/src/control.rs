@@ -11,13 +11,10 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum ShimRequest {
-    /// Checkpoint the sandbox into `image` (an absolute directory) and keep it running.
+    /// Checkpoint the sandbox into `image` (an absolute directory); it keeps running.
     ShimCheckpoint {
         /// Directory for runsc's checkpoint image.
         image: String,
-        /// Answer as soon as the image is complete, before the sandbox runs again.
-        #[serde(default)]
-        early: bool,
     },
     /// Replace the running sandbox with the state in checkpoint `image` (same identity); the
     /// current state stays live until the target answers.

@@ -3,6 +3,7 @@
 use branchbox_model::{Error, Result};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, OnceLock};
 
 /// How to invoke runsc for this data directory.
 #[derive(Debug, Clone)]
@@ -11,12 +12,26 @@ pub struct Runsc {
     pub bin: PathBuf,
     /// runsc's state directory (`--root`).
     pub root: PathBuf,
+    /// The version line once [`Runsc::check`] accepted it: every sandbox start checks, and
+    /// `runsc --version` costs tens of milliseconds on a loaded host.
+    accepted: Arc<OnceLock<String>>,
 }
 
-/// Flags every invocation shares; checkpoint and restore must agree on them.
-const SANDBOX_FLAGS: [&str; 2] = ["--network=none", "--overlay2=root:memory"];
+/// Flags every invocation shares; checkpoint and restore must agree on them. ptrace, not
+/// the newer default systrap: on these hosts systrap starts guest processes at half ptrace's
+/// speed and restores no faster (docs/architecture.md, "runsc release, platform and images").
+const SANDBOX_FLAGS: [&str; 3] = ["--network=none", "--overlay2=root:memory", "--platform=ptrace"];
+
+/// Checkpoint flags: the source keeps running (20240729 and later, see `version`), and the
+/// image is not compressed, which restores faster (docs/architecture.md, "runsc release, platform and images").
+const CHECKPOINT_FLAGS: [&str; 2] = ["--leave-running", "--compression=none"];
 
 impl Runsc {
+    /// runsc `bin` with its state in `root`.
+    pub fn new(bin: PathBuf, root: PathBuf) -> Runsc {
+        Runsc { bin, root, accepted: Arc::default() }
+    }
+
     /// A command with the global flags set.
     pub fn command(&self) -> Command {
         let mut c = Command::new(&self.bin);
@@ -24,17 +39,24 @@ impl Runsc {
         c
     }
 
-    /// Checks that runsc can be started; the error says how to install it.
+    /// Checks that runsc can be started and is release [`crate::version::OLDEST`] or later;
+    /// returns its version line. The error says how to install one that is.
     pub fn check(&self) -> Result<String> {
-        let out = Command::new(&self.bin).arg("--version").output().map_err(|e| {
+        if let Some(line) = self.accepted.get() {
+            return Ok(line.clone());
+        }
+        let out = Command::new(&self.bin).arg("--version").stdin(Stdio::null()).output().map_err(|e| {
             Error::Unavailable(format!(
-                "runsc ({}) cannot be started: {e}; install gVisor (`apt-get install runsc` on Debian) \
-                 or set BRANCHBOX_RUNSC to its path",
-                self.bin.display()
+                "runsc ({}) cannot be started: {e}; {}, or set BRANCHBOX_RUNSC to its path",
+                self.bin.display(),
+                crate::version::FIX
             ))
         })?;
         let text = String::from_utf8_lossy(&out.stdout);
-        Ok(text.lines().next().unwrap_or("runsc").to_string())
+        crate::version::require(&text)
+            .map_err(|why| Error::Unavailable(format!("runsc ({}) {why}", self.bin.display())))?;
+        let line = text.lines().next().unwrap_or_default().trim().to_string();
+        Ok(self.accepted.get_or_init(|| line).clone())
     }
 
     fn run(&self, what: &str, mut cmd: Command) -> Result<Output> {
@@ -49,11 +71,29 @@ impl Runsc {
         Ok(out)
     }
 
-    /// `runsc checkpoint`: saves the container to `image` and stops it.
+    /// `runsc checkpoint --leave-running`: saves the container to `image`; it pauses while
+    /// its state is written and then runs on, never restarted.
     pub fn checkpoint(&self, cid: &str, image: &Path) -> Result<()> {
         let mut c = self.command();
-        c.arg("checkpoint").arg("--image-path").arg(image).arg(cid);
+        c.arg("checkpoint").args(CHECKPOINT_FLAGS).arg("--image-path").arg(image).arg(cid);
         self.run("checkpoint", c).map(drop)
+    }
+
+    /// `runsc restore --detach` of `image` as container `cid` with `bundle`: returns once the
+    /// restored container runs (the benchmark's floor; the shim restores attached). Its stdio
+    /// is null: the restored container keeps the restoring process's, and a pipe held by it
+    /// would never close.
+    pub fn restore_detached(&self, cid: &str, bundle: &Path, image: &Path) -> Result<()> {
+        let mut c = self.command();
+        c.arg("restore").arg("--detach").arg("--image-path").arg(image).arg("--bundle").arg(bundle).arg(cid);
+        let status =
+            c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).status().map_err(|e| {
+                Error::Unavailable(format!("runsc ({}) cannot be started: {e}", self.bin.display()))
+            })?;
+        if !status.success() {
+            return Err(Error::Backend(format!("runsc restore --detach of {cid} failed ({status})")));
+        }
+        Ok(())
     }
 
     /// `runsc pause`.

@@ -4,7 +4,7 @@
 //!
 //! Why a shim: the agent's pipes must outlive each CLI invocation, and runsc re-attaches a
 //! restored container to whatever stdio the restoring process holds, so the process that owns
-//! the pipes is the one that can swap them across a checkpoint/restore.
+//! the pipes is the one that can swap them when a rollback replaces the container.
 
 use crate::control::{ShimRequest, ShimResponse};
 use crate::runsc::Runsc;
@@ -319,16 +319,11 @@ impl Shim {
             let Some((map, orig)) = header_fields(&raw.header) else { break };
             let op = map.get("op").and_then(|v| v.as_str()).unwrap_or_default().to_string();
             if op.starts_with("shim_") {
-                let answered = std::cell::Cell::new(false);
-                let answer = |reply: ShimResponse| {
-                    if !answered.replace(true) {
-                        self.deliver(conn_id, encode(&encode_header(orig, &reply), &[]));
-                    }
+                let reply = match serde_json::from_slice::<ShimRequest>(&raw.header) {
+                    Ok(req) => self.control(req),
+                    Err(e) => ShimResponse::ShimError { message: format!("bad shim request: {e}") },
                 };
-                match serde_json::from_slice::<ShimRequest>(&raw.header) {
-                    Ok(req) => self.control(req, &answer),
-                    Err(e) => answer(ShimResponse::ShimError { message: format!("bad shim request: {e}") }),
-                }
+                self.deliver(conn_id, encode(&encode_header(orig, &reply), &[]));
                 continue;
             }
             let gid = {
@@ -371,71 +366,63 @@ impl Shim {
         }
     }
 
-    /// Performs a control request; `answer` is called once (a checkpoint with `early` answers
-    /// as soon as its image is complete and goes on restoring the sandbox).
-    fn control(self: &Arc<Self>, req: ShimRequest, answer: &dyn Fn(ShimResponse)) {
-        let r = match req {
-            ShimRequest::ShimCheckpoint { image, early } => {
-                crate::control::confine_image(&self.cfg.dir, &image)
-                    .and_then(|image| self.checkpoint(image, early.then_some(answer)))
-            }
-            ShimRequest::ShimRollback { image } => {
-                crate::control::confine_image(&self.cfg.dir, &image).and_then(|image| self.rollback(image))
-            }
-            ShimRequest::ShimPause => {
-                let cid = lock(&self.container).cid.clone();
-                self.cfg
-                    .runsc
-                    .pause(&cid)
-                    .map(|()| self.paused.store(true, Ordering::SeqCst))
-                    .map_err(|e| e.to_string())
-            }
-            ShimRequest::ShimResume => {
-                let cid = lock(&self.container).cid.clone();
-                self.cfg
-                    .runsc
-                    .resume(&cid)
-                    .map(|()| self.paused.store(false, Ordering::SeqCst))
-                    .map_err(|e| e.to_string())
-            }
-            ShimRequest::ShimStop => {
-                self.swapping.store(true, Ordering::SeqCst);
-                self.retire(&mut lock(&self.container));
-                let _ = std::fs::remove_file(self.cfg.dir.join("agent.sock"));
-                // Answer first, then exit: the caller waits for the answer.
-                std::thread::spawn(|| {
-                    std::thread::sleep(Duration::from_millis(50));
-                    crate::shimlog::flush();
-                    std::process::exit(0);
-                });
-                Ok(())
-            }
-        };
-        answer(match r {
+    /// Performs a control request.
+    fn control(self: &Arc<Self>, req: ShimRequest) -> ShimResponse {
+        let r =
+            match req {
+                ShimRequest::ShimCheckpoint { image } => crate::control::confine_image(&self.cfg.dir, &image)
+                    .and_then(|image| self.checkpoint(image)),
+                ShimRequest::ShimRollback { image } => crate::control::confine_image(&self.cfg.dir, &image)
+                    .and_then(|image| self.rollback(image)),
+                ShimRequest::ShimPause => {
+                    let cid = lock(&self.container).cid.clone();
+                    self.cfg
+                        .runsc
+                        .pause(&cid)
+                        .map(|()| self.paused.store(true, Ordering::SeqCst))
+                        .map_err(|e| e.to_string())
+                }
+                ShimRequest::ShimResume => {
+                    let cid = lock(&self.container).cid.clone();
+                    self.cfg
+                        .runsc
+                        .resume(&cid)
+                        .map(|()| self.paused.store(false, Ordering::SeqCst))
+                        .map_err(|e| e.to_string())
+                }
+                ShimRequest::ShimStop => {
+                    self.swapping.store(true, Ordering::SeqCst);
+                    self.retire(&mut lock(&self.container));
+                    let _ = std::fs::remove_file(self.cfg.dir.join("agent.sock"));
+                    // Answer first, then exit: the caller waits for the answer.
+                    std::thread::spawn(|| {
+                        std::thread::sleep(Duration::from_millis(50));
+                        crate::shimlog::flush();
+                        std::process::exit(0);
+                    });
+                    Ok(())
+                }
+            };
+        match r {
             Ok(()) => ShimResponse::ShimDone,
             Err(message) => ShimResponse::ShimError { message },
-        });
+        }
     }
 
-    /// Freezes the agent, checkpoints the container, restores it under the next generation
-    /// and thaws it: the sandbox keeps its identity and every in-flight request. With `early`,
-    /// the caller is answered once the image is complete, so it can start children from it
-    /// while the source is still being restored.
-    fn checkpoint(
-        self: &Arc<Self>,
-        image: PathBuf,
-        early: Option<&dyn Fn(ShimResponse)>,
-    ) -> Result<(), String> {
+    /// Freezes the agent's answers, checkpoints the container with `--leave-running` and thaws
+    /// it: the sandbox keeps its container, its processes and every in-flight request, and
+    /// only pauses while runsc writes the image. The freeze is what the image records: an agent
+    /// restored from it holds its answers until its creator thaws it with a new identity.
+    fn checkpoint(&self, image: PathBuf) -> Result<(), String> {
         if self.paused.load(Ordering::SeqCst) {
             return Err("the sandbox is paused; resume it before taking a snapshot".into());
         }
         let _closed = self.gate.write().unwrap_or_else(|e| e.into_inner());
         self.internal(&Request::Freeze, &[])?;
-        self.swapping.store(true, Ordering::SeqCst);
-        let result = self.checkpoint_frozen(&image, early);
-        self.swapping.store(false, Ordering::SeqCst);
-        result?;
-        self.internal(&Request::Thaw { after_fork: None }, &[]).map(drop)
+        let cid = lock(&self.container).cid.clone();
+        let saved = self.cfg.runsc.checkpoint(&cid, &image).map_err(|e| e.to_string());
+        let thawed = self.internal(&Request::Thaw { after_fork: None }, &[]).map(drop);
+        saved.and(thawed)
     }
 
     /// Starts the checkpoint in `image` beside the running container, thaws it, and only then
@@ -453,10 +440,12 @@ impl Shim {
             self.retire(&mut target);
             return Err(format!("the checkpoint did not come up ({e}); the sandbox is unchanged"));
         }
-        self.swapping.store(true, Ordering::SeqCst);
         let mut old = std::mem::replace(&mut *lock(&self.container), target);
-        self.retire(&mut old);
-        self.swapping.store(false, Ordering::SeqCst);
+        // Off the rollback's path: `runsc delete` of a container that was itself restored takes
+        // about a second (20240729), and nothing needs the old one gone first. Its reader
+        // ends without shutting the shim down: it is no longer the current generation.
+        let me = Arc::clone(self);
+        std::thread::spawn(move || me.retire(&mut old));
         self.abandon_client_requests("the sandbox was rolled back while this request ran");
         Ok(())
     }
@@ -488,36 +477,8 @@ impl Shim {
             self.deliver(conn, encode(&encode_header(orig, &msg), &[]));
         }
     }
-
-    fn checkpoint_frozen(
-        self: &Arc<Self>,
-        image: &std::path::Path,
-        early: Option<&dyn Fn(ShimResponse)>,
-    ) -> Result<(), String> {
-        let (cid, generation) = {
-            let c = lock(&self.container);
-            (c.cid.clone(), c.generation)
-        };
-        if let Err(e) = self.cfg.runsc.checkpoint(&cid, image) {
-            self.swapping.store(false, Ordering::SeqCst);
-            let _ = self.internal(&Request::Thaw { after_fork: None }, &[]);
-            return Err(e.to_string());
-        }
-        if let Some(child) = lock(&self.container).child.as_mut() {
-            let _ = child.wait();
-        }
-        if let Some(answer) = early {
-            answer(ShimResponse::ShimDone);
-        }
-        self.cfg.runsc.delete(&cid);
-        let next = generation + 1;
-        let (container, stdout) =
-            spawn_container(&self.cfg, next, Some(image)).map_err(|e| format!("runsc restore: {e}"))?;
-        *lock(&self.container) = container;
-        self.start_reader(stdout, next);
-        Ok(())
-    }
 }
+
 /// Runs the shim until the sandbox ends or is stopped.
 pub fn run(cfg: ShimConfig) -> Result<(), String> {
     crate::shimlog::capture_stderr(&cfg.dir).map_err(|e| format!("cannot set up the log: {e}"))?;

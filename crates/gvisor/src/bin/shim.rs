@@ -22,10 +22,7 @@ fn parse() -> Result<ShimConfig, String> {
     Ok(ShimConfig {
         dir: dir.ok_or("--dir is required")?,
         id: id.ok_or("--id is required")?,
-        runsc: Runsc {
-            bin: bin.ok_or("--runsc is required")?,
-            root: root.ok_or("--runsc-root is required")?,
-        },
+        runsc: Runsc::new(bin.ok_or("--runsc is required")?, root.ok_or("--runsc-root is required")?),
         start: restore.map_or(Start::Fresh, Start::Restore),
     })
 }
