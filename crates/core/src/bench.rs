@@ -3,7 +3,7 @@
 
 use crate::engine::{BackendChoice, Engine};
 use branchbox_model::bench::{Report, Stats};
-use branchbox_model::{BackendKind, Error, Result, SandboxId};
+use branchbox_model::{AgentConn, BackendKind, Error, Result, SandboxId};
 use branchbox_protocol::{Command, ExecSpec};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -15,6 +15,35 @@ pub fn memory_holder(mib: u64) -> ExecSpec {
          open('/tmp/holder-ready', 'w').write('ok')\nn = 0\nwhile True:\n    n += 1\n    time.sleep(0.05)\n"
     );
     ExecSpec::new(Command::Argv(vec!["python3".into(), "-c".into(), code]))
+}
+
+/// A Python process that ticks every 5 ms and keeps the longest wall-clock gap between two
+/// ticks: how long its sandbox stood still. When /tmp/ask-gap appears it writes that gap in
+/// microseconds to /tmp/gap and starts a new one. Wall clock: a restored gVisor sandbox's
+/// monotonic clock hides the time it was stopped.
+const PAUSE_PROBE: &str = "import os, time\nlast = time.time()\nworst = 0.0\nwhile True:\n    time.sleep(0.005)\n    \
+     now = time.time()\n    worst = max(worst, now - last)\n    last = now\n    \
+     if os.path.exists('/tmp/ask-gap'):\n        os.remove('/tmp/ask-gap')\n        \
+     open('/tmp/gap.tmp', 'w').write(str(int(worst * 1e6)))\n        os.rename('/tmp/gap.tmp', '/tmp/gap')\n        \
+     worst = 0.0\n";
+
+/// Asks the [`PAUSE_PROBE`] for the longest gap since the last ask.
+fn probe_gap(conn: &mut AgentConn) -> Result<Duration> {
+    let fail = |e: branchbox_protocol::ClientError| Error::Backend(format!("the pause probe: {e}"));
+    let _ = conn.remove("/tmp/gap", false);
+    conn.write_file("/tmp/ask-gap", &mut std::io::empty(), None, false, false).map_err(fail)?;
+    let asked = Instant::now();
+    loop {
+        if let Ok(text) = conn.read_file_bytes("/tmp/gap", 64) {
+            if let Some(us) = std::str::from_utf8(&text).ok().and_then(|t| t.trim().parse::<u64>().ok()) {
+                return Ok(Duration::from_micros(us));
+            }
+        }
+        if asked.elapsed() > Duration::from_secs(30) {
+            return Err(Error::Backend("the pause probe did not answer within 30 s".into()));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 pub(crate) fn host_facts(engine: &Engine) -> serde_json::Value {
@@ -96,12 +125,15 @@ pub fn exec(engine: &Engine, runs: usize) -> Result<Report> {
     })
 }
 
-/// Fork of 1 and `wide` children from a sandbox whose Python process holds `mib` MiB.
+/// Fork of 1 and `wide` children from a sandbox whose Python process holds `mib` MiB, the
+/// source's pause during each fork, and the raw-runsc floor of the wide fork.
 pub fn fork(engine: &Engine, mib: u64, wide: usize, runs: usize) -> Result<Report> {
     let source = engine.create(BackendChoice::Exactly(BackendKind::Gvisor), None, &mut |_| {})?;
     let mut guard = Cleanup { engine, ids: vec![source.id.clone()] };
     let mut conn = engine.connect(&source.id)?;
     conn.spawn(memory_holder(mib)).map_err(|e| Error::Backend(e.to_string()))?;
+    let probe = ExecSpec::new(Command::Argv(vec!["python3".into(), "-c".into(), PAUSE_PROBE.into()]));
+    conn.spawn(probe).map_err(|e| Error::Backend(e.to_string()))?;
     let ready = Instant::now();
     while conn.stat("/tmp/holder-ready").is_err() {
         if ready.elapsed() > Duration::from_secs(60) {
@@ -110,10 +142,18 @@ pub fn fork(engine: &Engine, mib: u64, wide: usize, runs: usize) -> Result<Repor
         std::thread::sleep(Duration::from_millis(20));
     }
     let mut figures = BTreeMap::new();
+    let mut idle = Vec::new();
+    for _ in 0..runs {
+        probe_gap(&mut conn)?;
+        std::thread::sleep(Duration::from_secs(1));
+        idle.push(probe_gap(&mut conn)?);
+    }
+    figures.insert("ref_probe_gap_idle_1s".to_string(), stats(&idle)?);
     let mut snapshot_bytes = 0;
     for n in [1, wide] {
-        let mut samples = Vec::new();
+        let (mut samples, mut pauses) = (Vec::new(), Vec::new());
         for _ in 0..runs {
+            probe_gap(&mut conn)?;
             let t = Instant::now();
             let outcome = engine.fork(&source.id, n)?;
             let mut ok = 0;
@@ -123,6 +163,7 @@ pub fn fork(engine: &Engine, mib: u64, wide: usize, runs: usize) -> Result<Repor
                 ok += 1;
             }
             samples.push(t.elapsed());
+            pauses.push(probe_gap(&mut conn)?);
             snapshot_bytes = outcome.snapshot.size_bytes;
             if ok != n {
                 return Err(Error::Backend(format!("only {ok} of {n} children started")));
@@ -133,6 +174,7 @@ pub fn fork(engine: &Engine, mib: u64, wide: usize, runs: usize) -> Result<Repor
             engine.delete_snapshot(outcome.snapshot.id.as_str(), false)?;
         }
         figures.insert(format!("fork_{n}"), stats(&samples)?);
+        figures.insert(format!("fork_{n}_source_pause"), stats(&pauses)?);
     }
     let mut snap_samples = Vec::new();
     for _ in 0..runs {
@@ -142,11 +184,27 @@ pub fn fork(engine: &Engine, mib: u64, wide: usize, runs: usize) -> Result<Repor
         engine.delete_snapshot(snap.id.as_str(), true)?;
     }
     figures.insert("ref_snapshot_in_place".to_string(), stats(&snap_samples)?);
+    let (mut floor, mut floor_checkpoint, mut floor_restore) = (Vec::new(), Vec::new(), Vec::new());
+    let dir = engine.sandbox_path(&source.id);
+    for _ in 0..runs {
+        let f = engine.gvisor().raw_fork_floor(&source.id, &dir, &dir.join("bench-floor"), wide)?;
+        floor.push(f.total());
+        floor_checkpoint.push(f.checkpoint);
+        floor_restore.extend(f.restores);
+    }
+    figures.insert(format!("floor_raw_runsc_{wide}"), stats(&floor)?);
+    figures.insert("floor_raw_runsc_checkpoint".to_string(), stats(&floor_checkpoint)?);
+    figures.insert("floor_raw_runsc_restore".to_string(), stats(&floor_restore)?);
     drop(guard);
     let (f1, fw) = (figures["fork_1"].p50, figures[&format!("fork_{wide}")].p50);
+    let raw = figures[&format!("floor_raw_runsc_{wide}")].p50;
+    let pause = figures[&format!("fork_{wide}_source_pause")].p50;
     let summary = format!(
         "gvisor fork with a {mib} MiB Python process: 1 child {f1:.0} ms, {wide} children {fw:.0} ms \
-         (snapshot in place {:.0} ms; image {:.1} MiB); p50 of {runs} runs",
+         ({:.2}x the raw runsc floor of {raw:.0} ms: checkpoint + {wide} restores in a row); source paused \
+         {pause:.0} ms (probe's idle gap {:.0} ms); snapshot in place {:.0} ms; image {:.1} MiB; p50 of {runs} runs",
+        fw / raw.max(1e-9),
+        figures["ref_probe_gap_idle_1s"].p50,
         figures["ref_snapshot_in_place"].p50,
         snapshot_bytes as f64 / 1048576.0
     );
@@ -155,12 +213,17 @@ pub fn fork(engine: &Engine, mib: u64, wide: usize, runs: usize) -> Result<Repor
         backend: "gvisor".into(),
         method:
             "clock starts at the fork call and stops when every child's agent has answered a ping over a \
-                 new connection; reference: an in-place snapshot of the same source (checkpoint + restore of \
-                 the source)"
+                 new connection; the source's pause is the longest wall-clock gap a probe in the source \
+                 (ticking every 5 ms) saw during the fork, next to its longest gap over an idle second; \
+                 floor: the same runsc work with nothing around it, `runsc checkpoint` of the source and one \
+                 `runsc restore --detach` per child in a row; reference: an in-place snapshot of the source"
                 .into(),
         inputs: serde_json::json!({"touched_mib": mib, "children": [1, wide], "runs": runs}),
         host: host_facts(engine),
-        ratios: BTreeMap::from([(format!("fork_{wide}/fork_1"), fw / f1.max(1e-9))]),
+        ratios: BTreeMap::from([
+            (format!("fork_{wide}/fork_1"), fw / f1.max(1e-9)),
+            (format!("fork_{wide}/floor_raw_runsc_{wide}"), fw / raw.max(1e-9)),
+        ]),
         figures,
         summary,
     })

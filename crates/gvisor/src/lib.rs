@@ -11,6 +11,7 @@
 pub mod backend;
 pub mod bundle;
 pub mod control;
+pub mod floor;
 pub mod hostcg;
 pub mod runsc;
 pub mod shim;
