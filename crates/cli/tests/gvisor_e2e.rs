@@ -138,3 +138,19 @@ fn a_fork_never_stops_the_source_which_keeps_counting_in_the_same_container() {
         assert!(kid_ticks >= first, "a child's ticker started over ({kid_ticks} < {first})");
     }
 }
+
+#[test]
+fn a_rollback_replaces_the_container_and_retires_the_old_one_after_answering() {
+    let s = Sandbox::new();
+    let v: serde_json::Value = serde_json::from_str(&ok(&["--json", "checkpoint", &s.0])).expect("json");
+    let checkpoint = v["id"].as_str().expect("checkpoint id").to_string();
+    s.sh("echo after > /root/after");
+    let before = containers_of(&s.0);
+    ok(&["rollback", &s.0, &checkpoint]);
+    s.sh("test ! -e /root/after");
+    // The old container is retired in the background: it must still go.
+    eventually("the old container to be retired", || {
+        let now = containers_of(&s.0);
+        now.len() == 1 && now != before
+    });
+}
