@@ -18,12 +18,13 @@ pub struct Runsc {
 }
 
 /// Flags every invocation shares; checkpoint and restore must agree on them. ptrace, not
-/// the newer default systrap: on these hosts systrap starts guest processes at half ptrace's
-/// speed and restores no faster (docs/architecture.md, "runsc release, platform and images").
+/// the newer default systrap: on these hosts systrap starts guest processes 1.3 to 2 times
+/// slower and restores no faster (docs/architecture.md, "runsc release, platform and images").
 const SANDBOX_FLAGS: [&str; 3] = ["--network=none", "--overlay2=root:memory", "--platform=ptrace"];
 
 /// Checkpoint flags: the source keeps running (20240729 and later, see `version`), and the
-/// image is not compressed, which restores faster (docs/architecture.md, "runsc release, platform and images").
+/// image is not compressed: the checkpoint (the source's pause) and each restore are faster
+/// (same section of docs/architecture.md).
 const CHECKPOINT_FLAGS: [&str; 2] = ["--leave-running", "--compression=none"];
 
 impl Runsc {
