@@ -322,10 +322,10 @@ impl Step {
         s.replace(|c: char| c.is_control(), " ")
     }
 
-    /// True when the step changes the sandbox (so its result is a new snapshot); env,
-    /// workdir and user only change how later commands run.
+    /// True when the step changes the sandbox (so its result is a new snapshot); env and user
+    /// only change how later commands run. A workdir is created when missing, so it counts.
     pub fn changes_sandbox(&self) -> bool {
-        matches!(self, Step::Run(_) | Step::Upload { .. } | Step::File { .. })
+        matches!(self, Step::Run(_) | Step::Upload { .. } | Step::File { .. } | Step::Workdir(_))
     }
 }
 
