@@ -169,7 +169,7 @@ pub async fn build(
 
 /// Lists templates.
 #[utoipa::path(get, path = "/v1/templates", tag = "templates",
-    responses((status = 200, body = Vec<TemplateInfo>)))]
+    responses((status = 200, body = Vec<TemplateInfo>), (status = "4XX", body = ErrorBody, description = "no or bad token")))]
 pub async fn list(State(st): State<AppState>) -> ApiResult<Json<Vec<TemplateInfo>>> {
     let all = st.blocking(|engine, _| Ok(engine.templates()?)).await?;
     Ok(Json(all.iter().map(TemplateInfo::new).collect()))

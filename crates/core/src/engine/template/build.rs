@@ -60,7 +60,8 @@ pub(super) struct BuildLock {
 impl BuildLock {
     pub(super) fn take(dir: &Path, name: &str) -> Result<BuildLock> {
         use std::os::fd::AsRawFd;
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        // Build logs hold command output, which may hold secrets: the directory is private.
+        crate::engine::private_dir(dir).map_err(|e| Error::io(dir, e))?;
         let path = dir.join(format!("{name}.lock"));
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -161,7 +162,17 @@ impl Engine {
             keys.push(chain::step_key(&parent, step, up.as_ref().map(|u| u.hash.as_str())));
         }
         let log_path = self.template_log_path(&name)?;
-        let mut log = Log { file: std::fs::File::create(&log_path).ok(), written: 0 };
+        let file = {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&log_path)
+                .ok()
+        };
+        let mut log = Log { file, written: 0 };
         let total = spec.steps.len();
 
         // The deepest cached key whose snapshot is still there.
