@@ -53,6 +53,10 @@ pub struct CreateArgs {
     /// Process limit.
     #[arg(long)]
     pub pids: Option<u32>,
+    /// Start from this template's last build (`branchbox template ls`); its env, workdir and
+    /// user apply to every command. Limits and backend come from the template.
+    #[arg(long, conflicts_with_all = ["memory", "cpus", "pids"])]
+    pub template: Option<String>,
 }
 
 /// How to run a command.
@@ -233,6 +237,11 @@ pub enum Cmd {
     Bench {
         #[command(subcommand)]
         command: BenchCmd,
+    },
+    /// Templates: a base and steps, each step's result cached as a snapshot (docs/templates.md).
+    Template {
+        #[command(subcommand)]
+        command: crate::template::TemplateCmd,
     },
     /// Linux guests in the microVM engine, booted directly (see docs/boot.md).
     Vm {

@@ -37,14 +37,19 @@ pub fn run(cli: Cli) -> Result<i32> {
         Cmd::Image { command: ImageCmd::Build } => image_build(&engine, json),
         Cmd::Run { create, exec } => run_once(&engine, &create, &exec, json),
         Cmd::Create { create } => {
-            let s = engine.create(choice(create.backend), limits(&engine, &create)?, &mut progress_fn())?;
+            let s = create_sandbox(&engine, &create)?;
             print(json, &s, || s.id.to_string());
             Ok(0)
         }
+        Cmd::Template { command } => crate::template::run(&engine, command, json),
         Cmd::Exec { id, exec } => run_command(&engine, &parse_id(&id)?, &exec, json),
         Cmd::Spawn { id, exec } => {
-            let mut conn = engine.connect(&parse_id(&id)?)?;
-            let pid = conn.spawn(spec(&exec)?)?;
+            let id = parse_id(&id)?;
+            let mut spec = spec(&exec)?;
+            if let Some(d) = engine.exec_defaults(&id)? {
+                d.apply(&mut spec);
+            }
+            let pid = engine.connect(&id)?.spawn(spec)?;
             print(json, &serde_json::json!({"pid": pid}), || pid.to_string());
             Ok(0)
         }
@@ -221,7 +226,7 @@ fn recover(engine: &Engine) {
 
 /// Runs `act` on every target, even after one fails: reports each failure on stderr (and in
 /// the JSON under "failed"), prints what was done under `done_key`, and exits 1 when any failed.
-fn each_target(
+pub(crate) fn each_target(
     json: bool,
     verb: &str,
     done_key: &str,
@@ -366,8 +371,19 @@ fn run_command(engine: &Engine, id: &SandboxId, a: &ExecArgs, json: bool) -> Res
     Ok(exit_code(&status))
 }
 
+/// A new sandbox from the default image, or from a template.
+fn create_sandbox(engine: &Engine, c: &CreateArgs) -> Result<branchbox_model::Sandbox> {
+    match &c.template {
+        Some(t) if c.backend != BackendArg::Auto => {
+            bail!("--backend does not apply with --template {t}: the template's sandboxes use the backend it was built on")
+        }
+        Some(t) => Ok(engine.create_from_template(t)?.sandbox),
+        None => Ok(engine.create(choice(c.backend), limits(engine, c)?, &mut progress_fn())?),
+    }
+}
+
 fn run_once(engine: &Engine, c: &CreateArgs, a: &ExecArgs, json: bool) -> Result<i32> {
-    let s = engine.create(choice(c.backend), limits(engine, c)?, &mut progress_fn())?;
+    let s = create_sandbox(engine, c)?;
     let result = run_command(engine, &s.id, a, json);
     engine.kill(&s.id).context("destroying the sandbox")?;
     result

@@ -6,6 +6,7 @@ mod download;
 mod guest;
 mod output;
 mod remote;
+mod template;
 mod vm;
 
 use args::Cli;

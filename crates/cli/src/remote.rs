@@ -240,7 +240,11 @@ const CLI_TIMEOUT_S: u64 = 24 * 3600;
 
 fn create_body(c: &CreateArgs) -> Value {
     let backend = format!("{:?}", c.backend).to_lowercase();
-    json!({ "backend": backend, "memory_mib": c.memory, "cpus": c.cpus, "pids": c.pids, "timeout": CLI_TIMEOUT_S })
+    let mut body = json!({ "backend": backend, "memory_mib": c.memory, "cpus": c.cpus, "pids": c.pids, "timeout": CLI_TIMEOUT_S });
+    if let Some(t) = &c.template {
+        body["template"] = json!(t);
+    }
+    body
 }
 
 fn exec_remote(svc: &Service, id: &str, a: &ExecArgs, json_out: bool) -> Result<i32> {

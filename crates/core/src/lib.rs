@@ -18,4 +18,7 @@ pub mod host;
 pub mod lineage;
 
 pub use config::Config;
-pub use engine::{BackendChoice, Engine, ForkOutcome, SandboxView, SnapshotOptions, Started};
+pub use engine::{
+    BackendChoice, BuildEvent, Built, Engine, ForkOutcome, SandboxView, SnapshotOptions, Started, StepRecord,
+    Template, TemplateStatus,
+};

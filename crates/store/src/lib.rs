@@ -8,6 +8,10 @@
 //! Why a sandbox was lost lives in a table of its own (`lost`), so older builds that do not
 //! know it still read the database.
 //!
+//! Templates (`templates`: one JSON record per name), their step cache (`template_steps`: chain
+//! key to snapshot) and the exec defaults of template sandboxes and their snapshots
+//! (`exec_defaults`) are tables of their own too (see `templates.rs`).
+//!
 //! Not for: file contents or runtime state of sandboxes.
 
 use branchbox_model::{
@@ -17,6 +21,8 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::time::Duration;
+
+mod templates;
 
 /// Schema version written to `PRAGMA user_version`.
 const SCHEMA_VERSION: i64 = 1;
@@ -56,6 +62,20 @@ CREATE TABLE IF NOT EXISTS lost(
     id TEXT PRIMARY KEY,
     reason TEXT NOT NULL,
     at_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS templates(
+    name TEXT PRIMARY KEY,
+    record TEXT NOT NULL,
+    updated_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS template_steps(
+    key TEXT PRIMARY KEY,
+    snapshot TEXT NOT NULL,
+    created_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS exec_defaults(
+    owner TEXT PRIMARY KEY,
+    defaults TEXT NOT NULL
 );
 ";
 
@@ -207,6 +227,7 @@ impl Store {
     /// Forgets a sandbox.
     pub fn delete_sandbox(&self, id: &SandboxId) -> Result<()> {
         self.conn.execute("DELETE FROM lost WHERE id = ?1", [id.as_str()]).map_err(db)?;
+        self.conn.execute("DELETE FROM exec_defaults WHERE owner = ?1", [id.as_str()]).map_err(db)?;
         self.conn.execute("DELETE FROM sandboxes WHERE id = ?1", [id.as_str()]).map(drop).map_err(db)
     }
 
@@ -305,6 +326,7 @@ impl Store {
     /// Forgets a snapshot and the refs pointing at it.
     pub fn delete_snapshot(&self, id: &SnapshotId) -> Result<()> {
         self.conn.execute("DELETE FROM refs WHERE snapshot = ?1", [id.as_str()]).map_err(db)?;
+        self.conn.execute("DELETE FROM exec_defaults WHERE owner = ?1", [id.as_str()]).map_err(db)?;
         self.conn.execute("DELETE FROM snapshots WHERE id = ?1", [id.as_str()]).map(drop).map_err(db)
     }
 

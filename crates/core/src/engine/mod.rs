@@ -18,8 +18,10 @@ use std::path::{Path, PathBuf};
 mod flag;
 mod recover;
 mod storage;
+mod template;
 
 pub use recover::{LostSandbox, ReconcileReport};
+pub use template::{BuildEvent, Built, StepRecord, Template, TemplateStatus};
 
 /// Which backend a new sandbox should use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -423,6 +425,7 @@ impl Engine {
         let snap = self.snapshot_record(snap_id, &s, opts, size);
         self.store.insert_snapshot(&snap)?;
         self.store.set_parent(id, &snap.id)?;
+        self.inherit_defaults(id.as_str(), snap.id.as_str())?;
         Ok(snap)
     }
 
@@ -465,6 +468,10 @@ impl Engine {
         stdin: Option<&mut dyn std::io::Read>,
         on_output: &mut dyn FnMut(OutStream, &[u8]),
     ) -> Result<(ExitStatus, Option<Snapshot>)> {
+        let mut spec = spec;
+        if let Some(d) = self.exec_defaults(id)? {
+            d.apply(&mut spec);
+        }
         let mut conn = self.connect(id)?;
         let status = conn.exec_streaming(spec, stdin, on_output).map_err(agent_error)?;
         drop(conn);
@@ -524,6 +531,7 @@ impl Engine {
         };
         let sandbox = self.child_record(plan.id, &snap);
         self.store.insert_sandbox(&sandbox)?;
+        self.inherit_defaults(snap.id.as_str(), sandbox.id.as_str())?;
         Ok(Started { sandbox, hook })
     }
 
@@ -576,6 +584,7 @@ impl Engine {
         let snapshot = Snapshot { size_bytes: size, ..pending };
         self.store.insert_snapshot(&snapshot)?;
         self.store.set_parent(id, &snapshot.id)?;
+        self.inherit_defaults(id.as_str(), snapshot.id.as_str())?;
         let children = plans
             .into_iter()
             .zip(results)
@@ -583,6 +592,7 @@ impl Engine {
                 Ok(hook) => {
                     let sandbox = self.child_record(plan.id, &snapshot);
                     self.store.insert_sandbox(&sandbox)?;
+                    self.inherit_defaults(snapshot.id.as_str(), sandbox.id.as_str())?;
                     Ok(Started { sandbox, hook })
                 }
                 Err(e) => {

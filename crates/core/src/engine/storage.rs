@@ -18,6 +18,7 @@ impl Engine {
     }
 
     fn delete_tree(&self, snap: &Snapshot, cascade: bool, deleted: &mut Vec<SnapshotId>) -> Result<()> {
+        self.check_not_step(&snap.id)?;
         let live: Vec<Snapshot> =
             self.store.child_snapshots(&snap.id)?.into_iter().filter(|c| c.deleted_ms.is_none()).collect();
         if !live.is_empty() && !cascade {

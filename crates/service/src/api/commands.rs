@@ -79,7 +79,7 @@ pub async fn run(
     let id = sandbox_id(&id)?;
     let out = st
         .blocking(move |engine, st| {
-            let spec = spec(st, &id, &req)?;
+            let spec = super::templates::with_defaults(engine, &id, spec(st, &id, &req)?)?;
             let mut conn = st.agent(engine, &id, run_time(&spec))?;
             let out = conn.exec(spec, req.stdin.as_deref().map(str::as_bytes))?;
             drop(conn);
@@ -138,7 +138,7 @@ pub async fn run_stream(
     let sandbox = id.clone();
     let (mut conn, spec) = st
         .blocking(move |engine, st| {
-            let spec = spec(st, &id, &req)?;
+            let spec = super::templates::with_defaults(engine, &id, spec(st, &id, &req)?)?;
             Ok((st.agent(engine, &id, run_time(&spec))?, (spec, req.stdin)))
         })
         .await?;
@@ -199,7 +199,7 @@ pub async fn start_process(
     }
     let pid = st
         .blocking(move |engine, st| {
-            let mut spec = spec(st, &id, &req)?;
+            let mut spec = super::templates::with_defaults(engine, &id, spec(st, &id, &req)?)?;
             // A background process lives until killed; the command timeout applies only when asked.
             if req.timeout.is_none() {
                 spec.timeout_ms = None;

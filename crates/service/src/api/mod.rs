@@ -11,6 +11,7 @@ pub mod gc;
 pub mod sandboxes;
 pub mod snapshots;
 pub mod system;
+pub mod templates;
 pub mod types;
 
 use crate::auth::Caller;
@@ -94,13 +95,17 @@ pub fn router(st: AppState) -> (Router, OpenApiDoc) {
         .routes(routes!(files::stat))
         .routes(routes!(files::rename))
         .routes(routes!(files::mkdir))
+        .routes(routes!(templates::list))
+        .routes(routes!(templates::get, templates::delete))
+        .routes(routes!(templates::log))
         .layer(from_fn_with_state(st.clone(), time_limit));
     let streams = OpenApiRouter::new()
         .routes(routes!(commands::run))
         .routes(routes!(commands::run_stream))
         .routes(routes!(commands::start_process))
         .routes(routes!(commands::wait))
-        .routes(routes!(files::read, files::write, files::remove));
+        .routes(routes!(files::read, files::write, files::remove))
+        .routes(routes!(templates::build));
     let authed = control
         .merge(streams)
         .layer(from_fn_with_state(st.clone(), audit))

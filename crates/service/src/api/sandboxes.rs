@@ -61,14 +61,15 @@ pub async fn create(
     Extension(caller): Extension<Caller>,
     ApiJson(req): ApiJson<CreateSandbox>,
 ) -> Noted<SandboxInfo> {
-    if let Some(t) = req.template.as_deref().filter(|t| *t != "default") {
-        return Err(ApiError::not_found(format!(
-            "template {:?} does not exist; leave it out (or use \"default\"), or start from a snapshot with snapshot_id",
-            t.chars().take(64).collect::<String>()
-        )));
-    }
+    let template = req.template.clone().filter(|t| t != "default");
     let snapshot = req.snapshot_id.as_deref().map(snapshot_ref).transpose()?;
     let lim = limits(&st, &req);
+    if template.is_some() && (snapshot.is_some() || lim.is_some()) {
+        return Err(ApiError::invalid(
+            "a sandbox of a template starts from the template's snapshot with its limits; leave out snapshot_id, \
+             memory_mib, cpus and pids",
+        ));
+    }
     if snapshot.is_some() && lim.is_some() {
         return Err(ApiError::invalid(
             "a sandbox restored from a snapshot keeps the snapshot's limits; leave out memory_mib, cpus and pids",
@@ -96,9 +97,10 @@ pub async fn create(
     let out = st
         .blocking(move |engine, st| {
             let _held = st.reserve(engine, 1)?;
-            let sandbox = match &snapshot {
-                Some(s) => engine.restore(s)?.sandbox,
-                None => engine.create(choice, lim, &mut |_| {})?,
+            let sandbox = match (&template, &snapshot) {
+                (Some(t), _) => engine.create_from_template(t)?.sandbox,
+                (None, Some(s)) => engine.restore(s)?.sandbox,
+                (None, None) => engine.create(choice, lim, &mut |_| {})?,
             };
             let meta = SandboxMeta { expires_ms: Some(now_ms() + meta.timeout_ms), ..meta };
             st.db().put(&sandbox.id, &meta).map_err(db_err)?;

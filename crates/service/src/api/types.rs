@@ -178,7 +178,7 @@ pub enum BackendName {
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSandbox {
-    /// Template name; only `default` (or `null`) exists today.
+    /// Template name (`GET /v1/templates`); `default` or `null` is the default image.
     pub template: Option<String>,
     /// Start from this snapshot (id or name) instead of the template.
     pub snapshot_id: Option<String>,

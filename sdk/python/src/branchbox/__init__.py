@@ -23,6 +23,7 @@ from .exceptions import (
 )
 from .models import CommandResult, EntryInfo, GcReport, Lineage, ProcessInfo, SandboxInfo, SnapshotInfo, WriteInfo
 from .sandbox import CommandHandle, Sandbox
+from .templates import TemplateInfo, Templates
 
 __all__ = [
     "AsyncCommandHandle",
@@ -47,6 +48,8 @@ __all__ = [
     "ServerError",
     "ServiceUnavailableError",
     "SnapshotInfo",
+    "TemplateInfo",
+    "Templates",
     "TimeoutException",
     "WriteInfo",
     "MAX_NAME_BYTES",
