@@ -150,7 +150,8 @@ impl MicrovmBackend {
         vmm.boot_linux(BootLinux {
             kernel: absolute(&self.cfg.kernel)?,
             disk,
-            overlay: files::overlay(dir),
+            disk_store: files::disk_store(dir),
+            disk_chain: files::DISK_CHAIN.into(),
             cmdline_extra: format!("branchbox.hostname={}", plan.hostname),
             mem_size,
             vcpus,
