@@ -144,7 +144,8 @@ fn main() -> Result<(), String> {
             serial_log: work.join("restored.log"),
             serial_log_cap: DEFAULT_SERIAL_LOG_CAP,
             vsock_socket: None,
-            disk_chain: format!("restored{run}"),
+            disk_store: work.join("restored-disk"),
+            disk_chain: "restored".into(),
         };
         let t = Instant::now();
         let vm = LinuxVm::restore(&hv, &snap, &opts).map_err(|e| e.to_string())?;

@@ -16,6 +16,7 @@ use branchbox_guest_tests::artifacts::{root_disk, vmlinux};
 use branchbox_guest_tests::kvm::hardware_kvm;
 use branchbox_layers::Store;
 use branchbox_vmm::linux::state::{self, LINUX_FORMAT_VERSION, LINUX_MEMORY_FILE, LINUX_STATE_FILE};
+use branchbox_vmm::linux::SNAPSHOT_DISK_STORE;
 use branchbox_vmm::process::protocol::{BootLinux, ErrorKind, RestoreLinux, VmState};
 use branchbox_vmm::process::{default_program, VmmProcess};
 use branchbox_vmm::VmConfig;
@@ -56,7 +57,8 @@ fn restore_request(snap: &Path, work: &Path, name: &str, resume: bool) -> Restor
         dir: snap.to_path_buf(),
         serial_log: work.join(format!("{name}.log")),
         vsock_socket: work.join(format!("{name}.sock")),
-        disk_chain: name.into(),
+        disk_store: work.join(format!("{name}-disk")),
+        disk_chain: "root".into(),
         resume,
     }
 }
@@ -174,14 +176,20 @@ fn a_mid_boot_snapshot_restored_in_another_process_continues_to_the_same_end() {
         eprintln!("both ended: {b}");
     }
 
-    // The disk: the snapshot recorded a frozen chain; the restore got its own top over it.
+    // The disk: the snapshot owns its frozen chain (its own store, layers hard-linked), the
+    // restore recorded it in its own store with its own top over it, and the source goes on
+    // on its chain, whose deltas now end with the frozen top.
     let state = state::read(&snap.join(LINUX_STATE_FILE)).expect("read the state file");
     let disk_ref = state.disk.expect("the snapshot names its disk");
-    assert_eq!(disk_ref.store, work.path().join("disk"));
-    let store = Store::open(&disk_ref.store).unwrap();
-    store.open_frozen(&disk_ref.frozen).expect("the frozen chain opens");
-    assert!(store.has_chain("restored").unwrap(), "the restore's own chain");
-    assert!(store.has_chain("source").unwrap(), "the source goes on on its chain");
+    assert_eq!(disk_ref.store, snap.join(SNAPSHOT_DISK_STORE));
+    let frozen =
+        Store::open(&disk_ref.store).unwrap().open_frozen(&disk_ref.frozen).expect("the frozen chain opens");
+    let mine = Store::open(&work.path().join("restored-disk")).unwrap();
+    assert_eq!(mine.open_frozen(&disk_ref.frozen).unwrap().layer_ids(), frozen.layer_ids());
+    assert!(mine.has_chain("root").unwrap(), "the restore's own chain");
+    let source_store = Store::open(&work.path().join("disk")).unwrap();
+    assert!(source_store.has_chain("source").unwrap(), "the source goes on on its chain");
+    assert!(!source_store.has_chain(&disk_ref.frozen).unwrap(), "the source's store keeps no second record");
 
     assert!(restored.shutdown().expect("shut down").is_some_and(|s| s.success()));
     assert!(source.shutdown().expect("shut down").is_some_and(|s| s.success()));
@@ -193,6 +201,7 @@ fn copy_snapshot(from: &Path, to: &Path) {
     for name in [LINUX_STATE_FILE, LINUX_MEMORY_FILE] {
         std::fs::copy(from.join(name), to.join(name)).unwrap();
     }
+    // The state file names the original's disk store; the damaged copies never reach it.
 }
 
 #[test]
@@ -244,11 +253,11 @@ fn damaged_snapshots_are_refused_by_name_and_leave_the_process_idle() {
     f.set_len(MEM / 2).unwrap();
     attempt(&short_memory, "short-memory", "truncated");
 
-    // The chain name is taken: the store refuses a second restore under it.
+    // The disk store is taken: a second restore into it is refused.
     p.restore_linux(restore_request(&snap, work.path(), "twice", false)).expect("a good restore");
     p.shutdown().unwrap();
     let mut again = VmmProcess::start(&default_program(), config()).expect("start a VMM process");
     let e = again.restore_linux(restore_request(&snap, work.path(), "twice", false)).unwrap_err();
-    assert!(e.to_string().contains("twice"), "{e}");
+    assert!(e.to_string().contains("exists already"), "{e}");
     assert_eq!(again.status().unwrap().state, VmState::Idle);
 }

@@ -1,11 +1,12 @@
 //! Snapshots of a paused Linux guest, and restores of them into a new VM.
 //!
-//! A snapshot directory holds `linux.state` ([`super::state`]) and `memory.bin`
-//! ([`super::memfile`]); the root disk, a layer chain, is frozen at the same pause instant
-//! and recorded in its store as a frozen chain the state file names. A restore maps the
-//! memory file privately, re-adds the devices in their saved slot order, forks a new top over
-//! the frozen disk, and loads vCPU, VM and device state; its run then continues where the
-//! snapshot's guest stopped.
+//! A snapshot directory holds `linux.state` ([`super::state`]), `memory.bin`
+//! ([`super::memfile`]) and `disk/`, a layer store: the root disk, a layer chain, is frozen
+//! at the same pause instant and the frozen chain recorded there (its layers hard-linked,
+//! [`super::import`]), so the snapshot owns what it needs. A restore maps the memory file
+//! privately, re-adds the devices in their saved slot order, records the frozen disk in the
+//! new VM's own store and forks a new top over it there, and loads vCPU, VM and device
+//! state; its run then continues where the snapshot's guest stopped.
 //!
 //! Nothing is in flight while the guest is paused: virtio-blk and rng serve their queues on
 //! the vCPU threads (parked), and the vsock host thread is held out by the vsock transport's
@@ -14,6 +15,7 @@
 use super::builder::{LayeredDisk, LinuxVm, LinuxVmConfig, SharedVmGenId};
 use super::devices::{lock, VirtioHandle};
 use super::error::{LinuxError, LinuxResult};
+use super::import::import_frozen;
 use super::memfile;
 use super::state::{self, LinuxState, MemoryFile, VirtioState, LINUX_MEMORY_FILE, LINUX_STATE_FILE};
 use super::stop::StopHandle;
@@ -30,7 +32,7 @@ use std::sync::{Arc, Mutex};
 use vm_memory::GuestMemoryMmap;
 
 /// What a restore needs besides the snapshot: where this VM's serial log and vsock socket
-/// go, and the name of its new disk chain.
+/// go, and its disk's store and chain.
 #[derive(Debug, Clone)]
 pub struct LinuxRestore {
     /// The restored guest's serial log (created, truncated): its output from the snapshot on.
@@ -39,9 +41,15 @@ pub struct LinuxRestore {
     pub serial_log_cap: u64,
     /// Where the vsock device's host side listens, for a guest with one.
     pub vsock_socket: Option<PathBuf>,
-    /// The new chain (a new top over the snapshot's frozen disk) in the snapshot's store.
+    /// This VM's layer store (created if missing): the snapshot's frozen disk is recorded
+    /// there and the new top written there.
+    pub disk_store: PathBuf,
+    /// This VM's chain in `disk_store`: a new top over the snapshot's frozen disk.
     pub disk_chain: String,
 }
+
+/// The snapshot directory's layer store, holding its frozen disk.
+pub const SNAPSHOT_DISK_STORE: &str = "disk";
 
 /// What a save wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,7 +119,8 @@ impl LinuxVm {
                         .disk
                         .as_ref()
                         .ok_or_else(|| LinuxError::Config("a block device without its disk".into()))?;
-                    let store = existing_store(&disk.store).map_err(|e| LinuxError::Vmm(e.at_restore()))?;
+                    let from = existing_store(&disk.store).map_err(|e| LinuxError::Vmm(e.at_restore()))?;
+                    let store = import_frozen(&from, &disk.frozen, &opts.disk_store)?;
                     let layers = |e| {
                         LinuxError::Vmm(
                             crate::disk::DiskError::Layers { store: disk.store.clone(), source: e }
@@ -203,7 +212,7 @@ impl Snapshotter {
             });
         }
         let disk = match &self.disk {
-            Some(d) => Some(d.freeze()?),
+            Some(d) => Some(d.freeze(&dir.join(SNAPSHOT_DISK_STORE))?),
             None => None,
         };
         let memory_bytes = memfile::write(&self.mem, dir, LINUX_MEMORY_FILE)?;
@@ -230,9 +239,10 @@ impl Snapshotter {
 }
 
 impl LayeredDisk {
-    /// Freezes the top at this instant and records the frozen chain under a fresh name. The
-    /// vCPUs are parked, so no request is in flight (see the module's comment).
-    fn freeze(&self) -> LinuxResult<DiskRef> {
+    /// Freezes the top at this instant and records the frozen chain under a fresh name in the
+    /// store at `into` (the snapshot's). The vCPUs are parked, so no request is in flight (see
+    /// the module's comment).
+    fn freeze(&self, into: &Path) -> LinuxResult<DiskRef> {
         let layers = |source| {
             LinuxError::Vmm(Error::Checkpoint(format!(
                 "the disk could not be frozen with memory: {}",
@@ -242,6 +252,11 @@ impl LayeredDisk {
         let frozen = lock(&self.backend).freeze().map_err(layers)?;
         let name = chain_name("linux")?;
         self.store.save_frozen(&name, &frozen).map_err(layers)?;
-        Ok(DiskRef { store: self.store.root().to_owned(), frozen: name })
+        let imported = import_frozen(&self.store, &name, into);
+        // The VM's own chain names those layers as the deltas under its new top; its store
+        // keeps no second record of the snapshot.
+        let _ = self.store.remove_chain(&name);
+        let into = imported?;
+        Ok(DiskRef { store: into.root().to_owned(), frozen: name })
     }
 }

@@ -82,6 +82,7 @@ impl LinuxGuest {
             serial_log: req.serial_log.clone(),
             serial_log_cap: DEFAULT_SERIAL_LOG_CAP,
             vsock_socket: Some(req.vsock_socket.clone()),
+            disk_store: req.disk_store.clone(),
             disk_chain: req.disk_chain.clone(),
         };
         let vm = LinuxVm::restore(hv, &req.dir, &opts).map_err(|e| e.to_string())?;

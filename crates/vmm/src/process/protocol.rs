@@ -115,8 +115,10 @@ pub struct RestoreLinux {
     pub serial_log: PathBuf,
     /// Where this guest's vsock device listens.
     pub vsock_socket: PathBuf,
-    /// This guest's new disk chain: a new top over the snapshot's frozen disk, in the store
-    /// the snapshot names.
+    /// This guest's layer store (created if missing): the snapshot's frozen disk is recorded
+    /// there (its layers hard-linked) and the new top written there.
+    pub disk_store: PathBuf,
+    /// This guest's new disk chain in `disk_store`: a new top over the snapshot's frozen disk.
     pub disk_chain: String,
     /// Run the guest right away instead of leaving it paused.
     pub resume: bool,
@@ -125,9 +127,12 @@ pub struct RestoreLinux {
 impl RestoreLinux {
     /// Checks the paths are absolute and the chain name is one a store accepts.
     pub fn check(&self) -> Result<(), String> {
-        for (what, path) in
-            [("dir", &self.dir), ("serial_log", &self.serial_log), ("vsock_socket", &self.vsock_socket)]
-        {
+        for (what, path) in [
+            ("dir", &self.dir),
+            ("serial_log", &self.serial_log),
+            ("vsock_socket", &self.vsock_socket),
+            ("disk_store", &self.disk_store),
+        ] {
             if !path.is_absolute() {
                 return Err(format!(
                     "{what} {} is a relative path; the VMM's working directory is not the engine's, give an absolute path",
