@@ -479,6 +479,25 @@ mod tests {
     }
 
     #[test]
+    fn restore_linux_refuses_relative_paths_and_chain_names_a_store_refuses() {
+        let req = RestoreLinux {
+            dir: "/snap".into(),
+            serial_log: "/s/serial.log".into(),
+            vsock_socket: "/s/vsock.sock".into(),
+            disk_store: "/s/disk".into(),
+            disk_chain: "root".into(),
+            resume: true,
+        };
+        assert_eq!(req.check(), Ok(()));
+        let relative = RestoreLinux { disk_store: "disk".into(), ..req.clone() };
+        assert!(relative.check().unwrap_err().contains("disk_store disk is a relative path"));
+        let chain = RestoreLinux { disk_chain: "a/b".into(), ..req.clone() };
+        assert!(chain.check().unwrap_err().contains("disk chain name \"a/b\""));
+        let frame = encode(&Request::RestoreLinux(req.clone())).unwrap();
+        assert_eq!(decode::<Request>(&frame[4..]).unwrap(), Request::RestoreLinux(req));
+    }
+
+    #[test]
     fn fuzz_entry_survives_arbitrary_bytes() {
         fuzz_frames(&[0xff; 16]);
         fuzz_frames(b"\x08\0\0\0\"status\"\x02\0\0\0{}");
