@@ -16,15 +16,16 @@ use std::time::{Duration, Instant};
 /// agent takes well under a second; this only bounds a guest that hangs).
 pub const AGENT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Longest a VMM process may take to listen on its control socket.
-const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest a VMM process may take to end after a shutdown request.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long one vsock connection attempt may wait for the device's answer.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// What the snapshot family of operations answers until Linux guest snapshots exist.
-pub const SNAPSHOTS_MISSING: &str = "Linux guest snapshots are not built yet: the microvm backend cannot \
-     snapshot, roll back, restore or fork a sandbox; use --backend gvisor for sandboxes you fork";
+/// What a rollback answers until a Linux guest can be rolled back in place.
+pub const ROLLBACK_MISSING: &str = "rolling a Linux guest back in place is not built yet: the microvm \
+     backend can snapshot, restore and fork a sandbox but not roll one back; restore the snapshot into a new \
+     sandbox instead, or use --backend gvisor";
 
 /// Where the microvm backend finds its programs and guest.
 #[derive(Debug, Clone)]
@@ -47,7 +48,7 @@ pub struct MicrovmBackend {
     cfg: MicrovmConfig,
 }
 
-fn vmm_err(e: ClientError) -> Error {
+pub(crate) fn vmm_err(e: ClientError) -> Error {
     match e.remote().map(|r| r.kind) {
         Some(ErrorKind::Unsupported) => Error::Unavailable(e.to_string()),
         _ => Error::Backend(e.to_string()),
@@ -150,7 +151,8 @@ impl MicrovmBackend {
         vmm.boot_linux(BootLinux {
             kernel: absolute(&self.cfg.kernel)?,
             disk,
-            overlay: files::overlay(dir),
+            disk_store: files::disk_store(dir),
+            disk_chain: files::DISK_CHAIN.into(),
             cmdline_extra: format!("branchbox.hostname={}", plan.hostname),
             mem_size,
             vcpus,
@@ -186,15 +188,7 @@ impl Backend for MicrovmBackend {
     }
 
     fn create(&self, plan: &SandboxPlan) -> Result<()> {
-        check_hostname(&plan.hostname)?;
-        // Owner-only: its sockets drive the VM and reach the agent.
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&plan.dir)
-            .map_err(|e| Error::io(&plan.dir, e))?;
-        let dir = absolute(&plan.dir)?;
-        check_socket_paths(&dir)?;
+        let dir = self.sandbox_dir(plan)?;
         let started = self.boot(plan, &dir).and_then(|()| self.connect(&dir).map(drop));
         if started.is_err() {
             // Leave no VMM behind; the directory keeps the logs the error quotes until the
@@ -243,20 +237,20 @@ impl Backend for MicrovmBackend {
         VmmProcess::connect(&files::control(dir)).and_then(|mut p| p.resume()).map_err(vmm_err)
     }
 
-    fn snapshot(&self, _dir: &Path, _dest: &Path) -> Result<u64> {
-        Err(Error::Unavailable(SNAPSHOTS_MISSING.into()))
+    fn snapshot(&self, dir: &Path, dest: &Path) -> Result<u64> {
+        self.snapshot_guest(dir, dest)
     }
 
     fn rollback(&self, _dir: &Path, _src: &Path) -> Result<()> {
-        Err(Error::Unavailable(SNAPSHOTS_MISSING.into()))
+        Err(Error::Unavailable(ROLLBACK_MISSING.into()))
     }
 
-    fn restore(&self, _src: &Path, _plan: &SandboxPlan) -> Result<HookReport> {
-        Err(Error::Unavailable(SNAPSHOTS_MISSING.into()))
+    fn restore(&self, src: &Path, plan: &SandboxPlan) -> Result<HookReport> {
+        self.restore_guest(src, plan)
     }
 
-    fn fork(&self, _dir: &Path, _dest: &Path, _children: &[SandboxPlan]) -> Result<(u64, Vec<ChildResult>)> {
-        Err(Error::Unavailable(SNAPSHOTS_MISSING.into()))
+    fn fork(&self, dir: &Path, dest: &Path, children: &[SandboxPlan]) -> Result<(u64, Vec<ChildResult>)> {
+        self.fork_guest(dir, dest, children)
     }
 
     fn destroy(&self, _id: &SandboxId, dir: &Path) -> Result<()> {
@@ -276,8 +270,27 @@ impl Backend for MicrovmBackend {
 }
 
 impl MicrovmBackend {
+    /// The backend's configuration.
+    pub(crate) fn config(&self) -> &MicrovmConfig {
+        &self.cfg
+    }
+
+    /// Checks the plan's host name and makes its directory (owner-only: its sockets drive
+    /// the VM and reach the agent); returns the directory's absolute path.
+    pub(crate) fn sandbox_dir(&self, plan: &SandboxPlan) -> Result<PathBuf> {
+        check_hostname(&plan.hostname)?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&plan.dir)
+            .map_err(|e| Error::io(&plan.dir, e))?;
+        let dir = absolute(&plan.dir)?;
+        check_socket_paths(&dir)?;
+        Ok(dir)
+    }
+
     /// Asks the sandbox's VMM to shut down, then kills it if it is still there.
-    fn stop_vmm(&self, dir: &Path) {
+    pub(crate) fn stop_vmm(&self, dir: &Path) {
         if let Ok(p) = VmmProcess::connect(&files::control(dir)) {
             let _ = p.shutdown();
         }

@@ -1,5 +1,5 @@
 //! A microvm sandbox's runtime files, all in its directory: the VMM's control socket, pid
-//! and log, the vsock device's socket, the guest's serial log and the disk overlay.
+//! and log, the vsock device's socket, the guest's serial log and the disk's layer store.
 
 use branchbox_model::{Error, Result};
 use std::path::{Path, PathBuf};
@@ -36,10 +36,14 @@ pub(crate) fn pid_file(dir: &Path) -> PathBuf {
     dir.join("vmm.pid")
 }
 
-/// The guest's writable layer over the root disk.
-pub(crate) fn overlay(dir: &Path) -> PathBuf {
-    dir.join("overlay.img")
+/// The layer store of the guest's disk: its chain's top layer over the root disk, and the
+/// frozen chains its snapshots record.
+pub(crate) fn disk_store(dir: &Path) -> PathBuf {
+    dir.join("disk")
 }
+
+/// The sandbox's disk chain in its store.
+pub(crate) const DISK_CHAIN: &str = "root";
 
 /// Refuses a sandbox directory whose sockets would not fit a socket address.
 pub(crate) fn check_socket_paths(dir: &Path) -> Result<()> {

@@ -4,14 +4,15 @@
 //! (PID 1) is reached over vsock: `CONNECT 1024` on the vsock device's Unix socket, then the
 //! agent protocol's handshake.
 //!
-//! Built: create, connect (so exec and files), pause and resume, destroy, liveness. Not
-//! built: Linux guest snapshots (so snapshot, rollback, restore and fork); those answer
-//! [`Error::Unavailable`](branchbox_model::Error::Unavailable) naming what is missing
-//! (`docs/microvm.md`, "The microvm backend").
+//! Built: create, connect (so exec and files), pause and resume, snapshot, restore and fork
+//! (with the agent's after-fork hook), destroy, liveness. Not built: rollback in place, which
+//! answers [`Error::Unavailable`](branchbox_model::Error::Unavailable) naming what is
+//! missing (`docs/microvm.md`, "The microvm backend").
 
 mod backend;
 mod files;
+mod snapshots;
 
 pub use branchbox_vmm::process::default_program as default_vmm_program;
 
-pub use backend::{MicrovmBackend, MicrovmConfig, AGENT_TIMEOUT, SNAPSHOTS_MISSING};
+pub use backend::{MicrovmBackend, MicrovmConfig, AGENT_TIMEOUT, ROLLBACK_MISSING};

@@ -135,7 +135,7 @@ pub(crate) struct Disk {
 
 /// The backend as the device holds it: the VMM keeps a second handle to freeze and roll it
 /// back. The device locks it only while it serves a request.
-struct Shared(Arc<Mutex<LayeredBackend>>);
+pub(crate) struct Shared(pub(crate) Arc<Mutex<LayeredBackend>>);
 
 impl BlockBackend for Shared {
     fn sectors(&self) -> u64 {

@@ -86,7 +86,7 @@ pub enum Error {
     },
     /// The state file was written by another snapshot format version.
     #[error(
-        "snapshot {path} has format version {found}, this build writes version {supported} and reads it and version 3; \
+        "snapshot {path} has format version {found}, this build writes version {supported} and reads {reads}; \
          restore it with the branchbox release that wrote it, or take a new snapshot"
     )]
     SnapshotVersion {
@@ -94,8 +94,10 @@ pub enum Error {
         path: PathBuf,
         /// Version in the file.
         found: u32,
-        /// Version this build reads and writes.
+        /// Version this build writes.
         supported: u32,
+        /// The versions this build reads, in words.
+        reads: String,
     },
     /// The memory layer named by a snapshot is not next to its state file.
     #[error(

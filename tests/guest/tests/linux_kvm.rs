@@ -77,6 +77,47 @@ fn the_microvm_backend_creates_runs_python_and_destroys() {
     assert_eq!(String::from_utf8_lossy(&agent.exec(again, None).expect("exec").stdout).trim(), "42");
     drop(agent);
 
+    // Fork: each child is restored from one snapshot, runs the after-fork hook, has its own
+    // host name and random bytes, and sees only its own disk writes.
+    let mut agent = backend.connect(&dir).expect("connect before the fork");
+    let sh = |script: &str| ExecSpec::new(Command::Argv(vec!["sh".into(), "-c".into(), script.into()]));
+    agent.exec(sh("echo parent > /root/marker && sync"), None).expect("write the parent's marker");
+    drop(agent);
+    let children: Vec<_> =
+        (0..3).map(|i| guest.plan(&work.path().join(format!("child{i}")), 512).unwrap()).collect();
+    let (bytes, results) = backend.fork(&dir, &work.path().join("snap"), &children).expect("fork");
+    assert!(bytes > 0);
+    let mut seen = std::collections::HashSet::new();
+    for (child, result) in children.iter().zip(results) {
+        result.unwrap_or_else(|e| panic!("child {}: {e}", child.hostname));
+        let mut agent = backend.connect(&child.dir).expect("connect to a child");
+        let host = agent.exec(ExecSpec::new(Command::Argv(vec!["hostname".into()])), None).expect("hostname");
+        assert_eq!(String::from_utf8_lossy(&host.stdout).trim(), child.hostname);
+        let script = format!(
+            "cat /root/marker; echo {} > /root/mine; head -c 16 /dev/urandom | od -An -tx1",
+            child.hostname
+        );
+        let out = agent.exec(sh(&script), None).expect("exec in a child");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(text.starts_with("parent"), "the child sees the parent's write: {text}");
+        assert!(
+            seen.insert(text.lines().skip(1).collect::<String>()),
+            "two children drew the same random bytes"
+        );
+        drop(agent);
+    }
+    for child in &children {
+        let mut agent = backend.connect(&child.dir).expect("connect to a child");
+        let out = agent.exec(sh("cat /root/mine"), None).expect("read the child's file");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            child.hostname,
+            "a child saw another's write"
+        );
+        drop(agent);
+        backend.destroy(&child.id, &child.dir).expect("destroy a child");
+    }
+
     let pid: i32 = std::fs::read_to_string(dir.join("vmm.pid")).unwrap().trim().parse().unwrap();
     backend.destroy(&plan.id, &dir).expect("destroy");
     assert!(!process_alive(pid), "destroy left the VMM {pid} running");

@@ -1,14 +1,20 @@
 //! The microvm backend's failure paths, with the cached guest: a missing kernel or root disk
 //! is named with what builds it, and a guest that ends before its agent answers fails
 //! `create` with the guest's end reason and its serial log, leaving no VMM process behind.
+//! Snapshot and restore through the backend: a mid-boot guest's snapshot restores into a new
+//! sandbox whose guest continues the boot (under PVM up to the kernel's end, which the restore
+//! reports instead of the agent's after-fork hook).
 //! On the PVM hosts we build on that last case is what really happens (the kernel stops at
 //! its first unsupported instruction), so it runs here; on hardware KVM the guest reaches its
 //! agent instead, which `linux_kvm.rs` covers.
 
 use branchbox_guest_tests::kvm::hardware_kvm;
 use branchbox_guest_tests::microvm::{cached_guest, process_alive, CachedGuest};
-use branchbox_microvm::MicrovmBackend;
+use branchbox_microvm::{MicrovmBackend, ROLLBACK_MISSING};
 use branchbox_model::{Backend, Error};
+use branchbox_vmm::process::protocol::{BootLinux, VmState};
+use branchbox_vmm::process::{default_program, spawn_listening, VmmProcess};
+use branchbox_vmm::VmConfig;
 use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
@@ -88,22 +94,91 @@ fn a_missing_root_disk_is_named_with_the_command_that_builds_it() {
 }
 
 #[test]
-fn snapshot_rollback_restore_and_fork_say_what_is_missing() {
+fn rollback_says_what_is_missing_and_bad_snapshots_are_named() {
     let g = guest();
     let work = tempfile::tempdir().unwrap();
     let backend: MicrovmBackend = g.backend(PATIENCE);
     let plan = g.plan(&work.path().join("child"), MEMORY_MIB).unwrap();
     let d = work.path();
-    let errors = [
-        backend.snapshot(d, d).map(drop).unwrap_err(),
-        backend.rollback(d, d).unwrap_err(),
-        backend.restore(d, &plan).map(drop).unwrap_err(),
-        backend.fork(d, d, std::slice::from_ref(&plan)).map(drop).unwrap_err(),
-    ];
-    for e in errors {
-        assert!(
-            matches!(&e, Error::Unavailable(m) if m.contains("Linux guest snapshots are not built yet")),
-            "{e:?}"
-        );
+    let e = backend.rollback(d, d).unwrap_err();
+    assert!(matches!(&e, Error::Unavailable(m) if m == ROLLBACK_MISSING), "{e:?}");
+    let e = backend.restore(d, &plan).map(drop).unwrap_err();
+    assert!(matches!(&e, Error::InvalidInput(m) if m.contains("is not a microvm snapshot")), "{e:?}");
+    assert!(vmm_pid(&plan.dir).is_none(), "no VMM is started for a directory that is no snapshot");
+    let e = backend.snapshot(&d.join("no-sandbox"), &d.join("dest")).unwrap_err();
+    assert!(matches!(e, Error::Backend(_)), "{e:?}");
+    assert!(backend.fork(&d.join("no-sandbox"), &d.join("dest"), &[plan]).is_err());
+}
+
+/// Boots the guest in a listening VMM in `dir` as `create` would (without waiting for an
+/// agent, which never answers under PVM), and waits for its command line on the console.
+fn boot_mid_way(g: &CachedGuest, dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let config = VmConfig { mem_size: MEMORY_MIB << 20, vcpus: 1, irqchip: false };
+    let pid =
+        spawn_listening(&default_program(), config, &dir.join("vmm.sock"), &dir.join("vmm.log"), PATIENCE)
+            .expect("start a listening VMM");
+    std::fs::write(dir.join("vmm.pid"), pid.to_string()).unwrap();
+    let mut vmm = VmmProcess::connect(&dir.join("vmm.sock")).unwrap();
+    let disk = branchbox_guest_tests::artifacts::root_disk().expect("the cached root disk");
+    vmm.boot_linux(BootLinux {
+        kernel: g.kernel.clone(),
+        disk,
+        disk_store: dir.join("disk"),
+        disk_chain: "root".into(),
+        cmdline_extra: "earlyprintk=serial,ttyS0,115200".into(),
+        mem_size: MEMORY_MIB << 20,
+        vcpus: 1,
+        vsock_socket: dir.join("vsock.sock"),
+        serial_log: dir.join("serial.log"),
+    })
+    .expect("boot");
+    let start = std::time::Instant::now();
+    while !std::fs::read_to_string(dir.join("serial.log")).unwrap_or_default().contains("Command line:") {
+        assert!(start.elapsed() < PATIENCE, "the guest printed no command line");
+        std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+#[test]
+fn a_snapshot_restores_through_the_backend_up_to_the_agent() {
+    let g = guest();
+    let work = tempfile::tempdir().unwrap();
+    let backend: MicrovmBackend = g.backend(PATIENCE);
+    let source = work.path().join("source");
+    boot_mid_way(&g, &source);
+    let dest = work.path().join("snap");
+    std::fs::create_dir(&dest).unwrap();
+    let bytes = backend.snapshot(&source, &dest).expect("snapshot through the backend");
+    assert!(bytes > 0, "the snapshot holds the guest's memory");
+    let status = VmmProcess::connect(&source.join("vmm.sock")).unwrap().status().unwrap();
+    assert!(
+        matches!(status.state, VmState::Running | VmState::GuestExited { .. }),
+        "the source runs on after its snapshot: {status:?}"
+    );
+
+    let child = work.path().join("child");
+    let plan = g.plan(&child, MEMORY_MIB).unwrap();
+    let restored = backend.restore(&dest, &plan);
+    if hardware_kvm().is_ok() {
+        // On hardware KVM the restored kernel boots on to its agent, which runs the hook.
+        let report = restored.expect("restore to the agent");
+        let _ = writeln!(std::io::stderr(), "after-fork hook: {report:?}");
+        backend.destroy(&plan.id, &child).unwrap();
+    } else {
+        // Under PVM the restored guest continues the boot and ends at the kernel's first
+        // unsupported instruction: the restore path is taken up to waiting for the agent.
+        let e = restored.unwrap_err();
+        let text = e.to_string();
+        let _ = writeln!(std::io::stderr(), "restore failed as it must here: {text}");
+        assert!(text.contains("the guest ended: vCPU 0: KVM internal error 1 (emulation failure)"), "{text}");
+        let log = std::fs::read_to_string(child.join("serial.log")).unwrap();
+        assert!(!log.contains("Linux version"), "the restored guest booted again:\n{log}");
+        let pid = vmm_pid(&child).expect("the child's VMM pid file");
+        assert!(!process_alive(pid), "a failed restore left the VMM {pid} running");
+        let store = branchbox_layers::Store::open(&child.join("disk")).unwrap();
+        assert!(store.has_chain("root").unwrap(), "the child's own disk chain");
+    }
+    backend.destroy(&plan.id, &source).unwrap();
+    assert!(!source.exists());
 }

@@ -1,7 +1,7 @@
 //! A Linux guest in a `branchbox-vmm` process: `BootLinux` through the control protocol
 //! reaches the kernel (its serial log carries our command line), `Pause` holds its vCPU out
 //! of the guest and `Resume` lets it back in, `Status` reports the guest's end and why, and
-//! what a Linux guest cannot do yet is refused by name. Also the listening
+//! a snapshot of a running guest is refused by name. Also the listening
 //! mode the microvm backend uses: the process outlives its connections.
 //!
 //! On the PVM hosts we build on the kernel stops at its first unsupported instruction some
@@ -42,7 +42,8 @@ fn boot_request(kernel: &Path, disk: &Path, work: &Path) -> BootLinux {
     BootLinux {
         kernel: kernel.to_path_buf(),
         disk: disk.to_path_buf(),
-        overlay: work.join("overlay.img"),
+        disk_store: work.join("disk"),
+        disk_chain: "root".into(),
         cmdline_extra: format!("earlyprintk=serial,ttyS0,115200 {HOSTNAME_ARG}"),
         mem_size: MEM,
         vcpus: 1,
@@ -80,10 +81,10 @@ fn boot_linux_reaches_the_kernel_and_status_reports_the_guest_end() {
     let mut p = VmmProcess::start(&default_program(), config()).expect("start a VMM process");
     p.boot_linux(boot_request(&kernel, &disk, work.path())).expect("boot the Linux guest");
 
-    // What a Linux guest cannot do yet is refused by name, not mistaken for the test guest.
+    // A running guest cannot be snapshotted: the request names the state to be in.
     let snap = p.request(&Request::Snapshot { dir: work.path().into() }).unwrap_err();
-    assert_eq!(snap.remote().map(|r| r.kind), Some(ErrorKind::Unsupported), "{snap}");
-    assert!(snap.to_string().contains("not built for Linux guests yet"), "{snap}");
+    assert_eq!(snap.remote().map(|r| r.kind), Some(ErrorKind::State), "{snap}");
+    assert!(snap.to_string().contains("pause the guest first"), "{snap}");
     let again = p.boot_linux(boot_request(&kernel, &disk, work.path())).unwrap_err();
     assert_eq!(again.remote().map(|r| r.kind), Some(ErrorKind::State), "{again}");
 

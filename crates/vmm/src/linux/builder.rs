@@ -1,7 +1,7 @@
 //! Building a Linux VM: KVM VM, guest RAM and its slots, irqchip and PIT, vCPUs, the port
 //! bus (COM1, i8042), the MMIO bus (virtio-mmio slots), then the boot structures.
 
-use super::devices::{self, Transport, VsockTransport};
+use super::devices::{self, Transport, VirtioHandle};
 use super::error::{kvm, LinuxError, LinuxResult};
 use super::stop::{Hold, StopHandle};
 use super::vcpu;
@@ -14,6 +14,8 @@ use branchbox_arch::{BootInfo, KernelCmdline};
 use branchbox_devices::i8042::I8042;
 use branchbox_devices::serial::{CappedLog, Serial};
 use branchbox_devices::{Bus, BusDevice};
+use branchbox_layers::{LayeredBackend, Store};
+use branchbox_virtio::blk::Block;
 use branchbox_virtio::mmio::MmioTransport;
 use branchbox_virtio::rng::Rng;
 use branchbox_virtio::vmgenid::VmGenId;
@@ -23,6 +25,17 @@ use kvm_ioctls::{VcpuFd, VmFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, MemoryRegionAddress};
+
+/// The guest's VMGenID device, shared with the snapshot code.
+pub(super) type SharedVmGenId = Arc<Mutex<VmGenId<Arc<GuestMemoryMmap>>>>;
+
+/// The root disk as a layer chain: the store, and the backend the device writes through
+/// (the VMM keeps this second handle to freeze it at a snapshot).
+#[derive(Clone)]
+pub(super) struct LayeredDisk {
+    pub(super) store: Store,
+    pub(super) backend: Arc<Mutex<LayeredBackend>>,
+}
 use vmm_sys_util::eventfd::EventFd;
 
 /// Address of the three pages Intel's VMX needs for real-mode emulation: just below the
@@ -63,8 +76,8 @@ pub struct VirtioSlot {
 /// A Linux guest's VM, built and not yet run.
 pub struct LinuxVm {
     // Field order is drop order: vCPUs and the VM go before the RAM their slots point into.
-    pub(super) vcpus: Vec<VcpuFd>,
-    pub(super) vm: VmFd,
+    pub(super) vcpus: Vec<Arc<Mutex<VcpuFd>>>,
+    pub(super) vm: Arc<VmFd>,
     pub(super) mem: Arc<GuestMemoryMmap>,
     pub(super) hv: Arc<Hypervisor>,
     pub(super) config: LinuxVmConfig,
@@ -75,8 +88,14 @@ pub struct LinuxVm {
     pub(super) boot: Option<BootInfo>,
     pub(super) pauses: Vec<PauseHandle>,
     pub(super) hold: Hold,
-    pub(super) vsock: Option<VsockTransport>,
-    pub(super) vmgenid: VmGenId<Arc<GuestMemoryMmap>>,
+    pub(super) i8042: Arc<Mutex<I8042>>,
+    /// The virtio devices, in slot order (the order a restore must add them in).
+    pub(super) virtio: Vec<VirtioHandle>,
+    /// The root disk, when it is a layer chain (only such a disk can be snapshotted).
+    pub(super) disk: Option<LayeredDisk>,
+    pub(super) vmgenid: SharedVmGenId,
+    /// Set by a restore: the guest's state is loaded and it runs without a boot.
+    pub(super) restored: bool,
 }
 
 impl LinuxVm {
@@ -84,22 +103,36 @@ impl LinuxVm {
     /// makes slot registration ~20x slower on PVM hosts, see HOST.md), then the vCPUs, COM1
     /// and the i8042. Nothing is written into guest memory until [`boot`](LinuxVm::boot).
     pub fn new(hv: &Arc<Hypervisor>, config: LinuxVmConfig) -> LinuxResult<LinuxVm> {
+        let regions = layout::ram_regions(config.mem_size)?;
+        let mem = GuestMemoryMmap::<()>::from_ranges(&regions)
+            .map_err(|e| LinuxError::Memory { bytes: config.mem_size, detail: e.to_string() })?;
+        LinuxVm::with_memory(hv, config, mem)
+    }
+
+    /// [`new`](LinuxVm::new) over guest RAM the caller mapped (a restore maps a snapshot's
+    /// memory file privately); `mem` must have the layout's regions for `config.mem_size`.
+    pub(super) fn with_memory(
+        hv: &Arc<Hypervisor>,
+        config: LinuxVmConfig,
+        mem: GuestMemoryMmap,
+    ) -> LinuxResult<LinuxVm> {
         if config.vcpus == 0 || config.vcpus > layout::MAX_VCPUS {
             return Err(branchbox_arch::Error::Vcpus { given: config.vcpus, max: layout::MAX_VCPUS }.into());
         }
         let cmdline = KernelCmdline::new(&config.cmdline)?;
-        let regions = layout::ram_regions(config.mem_size)?;
         let vm = hv.kvm().create_vm().map_err(kvm("KVM_CREATE_VM"))?;
-        let mem = GuestMemoryMmap::<()>::from_ranges(&regions)
-            .map(Arc::new)
-            .map_err(|e| LinuxError::Memory { bytes: config.mem_size, detail: e.to_string() })?;
+        let mem = Arc::new(mem);
         register_ram(&vm, &mem)?;
         vm.set_tss_address(KVM_TSS_ADDR).map_err(kvm("KVM_SET_TSS_ADDR"))?;
         vm.create_irq_chip().map_err(kvm("KVM_CREATE_IRQCHIP"))?;
         let pit = kvm_pit_config { flags: KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
         vm.create_pit2(pit).map_err(kvm("KVM_CREATE_PIT2"))?;
         let vcpus = (0..config.vcpus)
-            .map(|id| vm.create_vcpu(u64::from(id)).map_err(kvm("KVM_CREATE_VCPU")))
+            .map(|id| {
+                vm.create_vcpu(u64::from(id))
+                    .map(|fd| Arc::new(Mutex::new(fd)))
+                    .map_err(kvm("KVM_CREATE_VCPU"))
+            })
             .collect::<LinuxResult<Vec<_>>>()?;
 
         let log = CappedLog::create(&config.serial_log, config.serial_log_cap).map_err(|error| {
@@ -111,19 +144,20 @@ impl LinuxVm {
         let serial = Arc::new(Mutex::new(Serial::new(serial_irq, log)));
         let mut pio = Bus::default();
         insert(&mut pio, "COM1", u64::from(SERIAL_PORT), u64::from(SERIAL_PORT_LEN), serial.clone())?;
-        let i8042: Arc<Mutex<dyn BusDevice>> = Arc::new(Mutex::new(I8042::default()));
-        insert(&mut pio, "the i8042", u64::from(I8042_PORT), u64::from(I8042_PORT_LEN), i8042)?;
+        let i8042 = Arc::new(Mutex::new(I8042::default()));
+        insert(&mut pio, "the i8042", u64::from(I8042_PORT), u64::from(I8042_PORT_LEN), i8042.clone())?;
 
         let vmgenid_irq = EventFd::new(libc::EFD_NONBLOCK)
             .map_err(|e| LinuxError::Device { what: "VMGenID", detail: format!("eventfd: {e}") })?;
         vm.register_irqfd(&vmgenid_irq, VMGENID_IRQ).map_err(kvm("KVM_IRQFD (VMGenID)"))?;
         let vmgenid = VmGenId::new(Arc::clone(&mem), GuestAddress(VMGENID_ADDR), Box::new(vmgenid_irq))
             .map_err(|e| LinuxError::Device { what: "VMGenID", detail: e.to_string() })?;
+        let vmgenid = Arc::new(Mutex::new(vmgenid));
 
         let pauses = (0..config.vcpus).map(|_| PauseHandle::default()).collect();
         Ok(LinuxVm {
             vcpus,
-            vm,
+            vm: Arc::new(vm),
             mem,
             hv: Arc::clone(hv),
             config,
@@ -134,8 +168,11 @@ impl LinuxVm {
             boot: None,
             pauses,
             hold: Hold::default(),
-            vsock: None,
+            i8042,
+            virtio: Vec::new(),
+            disk: None,
             vmgenid,
+            restored: false,
         })
     }
 
@@ -147,7 +184,7 @@ impl LinuxVm {
 
     /// The guest's current VMGenID generation id (in the page the DSDT's `ADDR` names).
     pub fn generation_id(&self) -> [u8; 16] {
-        self.vmgenid.generation_id()
+        devices::lock(&self.vmgenid).generation_id()
     }
 
     /// Reserves the next virtio-mmio slot: adds its `virtio_mmio.device=` entry to the
@@ -188,7 +225,7 @@ impl LinuxVm {
         )?;
         for (id, fd) in self.vcpus.iter().enumerate() {
             let entry = (id == 0).then_some(info.entry.0);
-            vcpu::configure(fd, &self.hv, id as u8, c.vcpus, entry)?;
+            vcpu::configure(&devices::lock(fd), &self.hv, id as u8, c.vcpus, entry)?;
         }
         Ok(self.boot.insert(info))
     }
@@ -197,23 +234,51 @@ impl LinuxVm {
     /// (created at the base's size if missing). The first one is the guest's `/dev/vda`.
     pub fn add_block(&mut self, base: &Path, overlay: &Path, id: &str) -> LinuxResult<()> {
         let device = devices::block(base, overlay, id)?;
-        self.add_virtio(device).map(|_| ())
+        let t = self.add_virtio(device)?;
+        self.virtio.push(VirtioHandle::Block(t));
+        Ok(())
+    }
+
+    /// Adds a virtio block device over chain `backend` of the layer `store`: a disk that
+    /// snapshots freeze and restores fork. The first block device is the guest's `/dev/vda`;
+    /// a guest has at most one layered disk.
+    pub fn add_layered_block(&mut self, store: Store, backend: LayeredBackend, id: &str) -> LinuxResult<()> {
+        if self.disk.is_some() {
+            return Err(LinuxError::Config("a guest has one layered disk".into()));
+        }
+        let backend = Arc::new(Mutex::new(backend));
+        let device = Block::new(Box::new(crate::disk::Shared(Arc::clone(&backend))), id);
+        let t = self.add_virtio(device)?;
+        self.virtio.push(VirtioHandle::Block(t));
+        self.disk = Some(LayeredDisk { store, backend });
+        Ok(())
     }
 
     /// Adds a virtio entropy device.
     pub fn add_rng(&mut self) -> LinuxResult<()> {
-        self.add_virtio(Rng::new()).map(|_| ())
+        let t = self.add_virtio(Rng::new())?;
+        self.virtio.push(VirtioHandle::Rng(t));
+        Ok(())
     }
 
     /// Adds a vsock device for guest CID `cid` whose host side listens on the Unix socket
     /// `socket`: a host client connects, writes `CONNECT <port>\n`, reads `OK <port>\n`.
     pub fn add_vsock(&mut self, cid: u64, socket: &Path) -> LinuxResult<()> {
-        if self.vsock.is_some() {
+        if self.vsock().is_some() {
             return Err(LinuxError::Config("a guest has one vsock device".into()));
         }
         let device = devices::vsock(cid, socket)?;
-        self.vsock = Some(self.add_virtio(device)?);
+        let t = self.add_virtio(device)?;
+        self.virtio.push(VirtioHandle::Vsock(t));
         Ok(())
+    }
+
+    /// The vsock device, if the guest has one.
+    pub(super) fn vsock(&self) -> Option<&devices::VsockTransport> {
+        self.virtio.iter().find_map(|d| match d {
+            VirtioHandle::Vsock(t) => Some(t),
+            _ => None,
+        })
     }
 
     fn add_virtio<D>(&mut self, device: D) -> LinuxResult<Arc<Mutex<Transport<D>>>>

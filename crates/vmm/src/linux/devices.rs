@@ -6,6 +6,7 @@ use super::error::{LinuxError, LinuxResult};
 use crate::seccomp::{self, ThreadKind};
 use branchbox_virtio::blk::{Block, OverlayBackend};
 use branchbox_virtio::mmio::MmioTransport;
+use branchbox_virtio::rng::Rng;
 use branchbox_virtio::vsock::Vsock;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -19,6 +20,20 @@ pub type Transport<D> = MmioTransport<D, Arc<GuestMemoryMmap>>;
 
 /// The guest's vsock device, served from the host side by [`serve_vsock_host`].
 pub(super) type VsockTransport = Arc<Mutex<Transport<Vsock>>>;
+
+/// A virtio device the VM keeps a typed handle to, so that a snapshot can save it.
+#[derive(Clone)]
+pub(super) enum VirtioHandle {
+    Block(Arc<Mutex<Transport<Block>>>),
+    Vsock(VsockTransport),
+    Rng(Arc<Mutex<Transport<Rng>>>),
+}
+
+/// Locks a device (or vCPU); a panic on another thread while it held the lock leaves the
+/// state as it was, which a VMM that keeps running must still reach.
+pub(super) fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// A block device over the read-only `base` and the writable `overlay` (created at the
 /// base's size if missing).

@@ -9,7 +9,11 @@ mod builder;
 mod devices;
 mod end;
 mod error;
+mod import;
+mod memfile;
 mod run;
+mod snapshot;
+pub mod state;
 mod stop;
 mod vcpu;
 
@@ -17,6 +21,7 @@ pub use builder::{LinuxVm, LinuxVmConfig, VirtioSlot};
 pub use devices::{connect_guest_port, Transport};
 pub use end::RunEnd;
 pub use error::{LinuxError, LinuxResult};
+pub use snapshot::{LinuxRestore, Saved, Snapshotter, SNAPSHOT_DISK_STORE};
 pub use stop::StopHandle;
 
 /// Default cap of the serial log: enough for a verbose boot and a long session's console.

@@ -12,9 +12,9 @@ use vmm_sys_util::eventfd::EventFd;
 impl LinuxVm {
     /// Runs the booted guest until it ends or is stopped; the first vCPU to end decides the
     /// reason and the others are stopped. The serial log is complete when this returns.
-    pub fn run(mut self) -> LinuxResult<RunEnd> {
-        if self.boot.is_none() {
-            return Err(LinuxError::Config("boot the VM before running it".into()));
+    pub fn run(self) -> LinuxResult<RunEnd> {
+        if self.boot.is_none() && !self.restored {
+            return Err(LinuxError::Config("boot or restore the VM before running it".into()));
         }
         let stop = self.stop_handle();
         let first: Mutex<Option<LinuxResult<RunEnd>>> = Mutex::new(None);
@@ -23,7 +23,7 @@ impl LinuxVm {
             what: "the vsock host thread",
             detail: format!("eventfd: {e}"),
         })?;
-        let vsock = self.vsock.take();
+        let vsock = self.vsock().cloned();
         // vCPU threads confine themselves to the vCPU system calls; with virtio devices
         // attached, their queues are served on the vCPU thread at each notification, so those
         // threads also get the device thread's file and Unix-socket calls.
@@ -48,7 +48,7 @@ impl LinuxVm {
                     LinuxError::Device { what: "the vsock host thread", detail: e.to_string() }
                 })?;
             }
-            for (id, fd) in self.vcpus.iter_mut().enumerate() {
+            for (id, fd) in self.vcpus.iter().enumerate() {
                 let id = id as u8;
                 let (pause, stop, first, host_stop) = (&pauses[usize::from(id)], &stop, &first, &host_stop);
                 let body = move || {

@@ -96,6 +96,22 @@ impl StopHandle {
         Ok(())
     }
 
+    /// Whether every vCPU is parked out of the guest and the run is not ending: what a
+    /// snapshot needs.
+    pub fn is_paused(&self) -> bool {
+        let s = self.hold.state();
+        s.held && !s.stopping && s.parked == self.pauses.len()
+    }
+
+    /// Holds the guest from its first instruction: called before the run starts, every
+    /// vCPU parks before entering the guest ([`pause`](Self::pause) then waits for that).
+    pub fn hold_at_start(&self) {
+        self.hold.state().held = true;
+        for p in &self.pauses {
+            p.request_pause();
+        }
+    }
+
     /// Lets a paused guest's vCPUs back in.
     pub fn resume(&self) {
         self.hold.state().held = false;

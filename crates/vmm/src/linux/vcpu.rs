@@ -1,5 +1,6 @@
 //! One vCPU of a Linux guest: its boot setup and its run loop.
 
+use super::devices::lock;
 use super::end::RunEnd;
 use super::error::{kvm, LinuxError, LinuxResult};
 use super::stop::Hold;
@@ -10,6 +11,7 @@ use branchbox_arch::cpu;
 use branchbox_devices::{Action, Bus};
 use kvm_bindings::{Msrs, KVM_SYSTEM_EVENT_RESET, KVM_SYSTEM_EVENT_SHUTDOWN};
 use kvm_ioctls::{VcpuExit, VcpuFd};
+use std::sync::Mutex;
 
 /// `KVM_INTERNAL_ERROR_EMULATION`: the instruction emulator gave up.
 const INTERNAL_ERROR_EMULATION: u32 = 1;
@@ -62,13 +64,16 @@ pub(super) fn configure(
 /// The thread is limited to the system calls of `confine` once it is set up.
 pub(super) fn run(
     id: u8,
-    fd: &mut VcpuFd,
+    slot: &Mutex<VcpuFd>,
     pause: &PauseHandle,
     hold: &Hold,
     mmio: &Bus,
     pio: &Bus,
     confine: ThreadKind,
 ) -> LinuxResult<RunEnd> {
+    // The vCPU is this thread's while it runs; a parked vCPU lets go of it, so the VMM can
+    // save or load its state while the guest is paused.
+    let mut fd = lock(slot);
     let run_ptr: *mut kvm_bindings::kvm_run = fd.get_kvm_run();
     // Arming installs the kick signal's handler, a call the vCPU filter does not allow.
     let _armed = pause.arm(run_ptr);
@@ -76,8 +81,13 @@ pub(super) fn run(
     loop {
         // A kick parks the vCPU while the guest is held (a pause) and ends the run when
         // it is a stop.
-        if pause.take_request() && !hold.park() {
-            return Ok(RunEnd::Stopped);
+        if pause.take_request() {
+            drop(fd);
+            let back = hold.park();
+            fd = lock(slot);
+            if !back {
+                return Ok(RunEnd::Stopped);
+            }
         }
         let action = match fd.run() {
             Ok(VcpuExit::IoOut(port, data)) => pio.write(u64::from(port), data),
@@ -93,7 +103,7 @@ pub(super) fn run(
             Ok(VcpuExit::SystemEvent(kind, _)) if kind == KVM_SYSTEM_EVENT_SHUTDOWN => {
                 return Ok(RunEnd::PowerOff { vcpu: id })
             }
-            Ok(VcpuExit::InternalError) => return Ok(internal_error(id, fd)),
+            Ok(VcpuExit::InternalError) => return Ok(internal_error(id, &mut fd)),
             Ok(VcpuExit::FailEntry(reason, _)) => return Ok(RunEnd::EntryFailure { vcpu: id, reason }),
             Ok(other) => return Ok(RunEnd::UnexpectedExit { vcpu: id, exit: format!("{other:?}") }),
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {

@@ -2,8 +2,8 @@
 //! telling a dead process (and how it died) from a failed request.
 
 use super::protocol::{
-    decode, read_frame, write_message, BootLinux, FrameError, RemoteError, Request, Response, Status,
-    PROTOCOL_VERSION,
+    decode, read_frame, write_message, BootLinux, FrameError, RemoteError, Request, Response, RestoreLinux,
+    Status, PROTOCOL_VERSION,
 };
 use crate::config::VmConfig;
 use crate::testguest::{Answer, Command};
@@ -378,6 +378,11 @@ impl VmmProcess {
     /// Boots a Linux guest in the idle process; it runs right away.
     pub fn boot_linux(&mut self, boot: BootLinux) -> ClientResult<()> {
         self.done(&Request::BootLinux(boot))
+    }
+
+    /// Restores a Linux guest's snapshot in the idle process.
+    pub fn restore_linux(&mut self, req: RestoreLinux) -> ClientResult<()> {
+        self.done(&Request::RestoreLinux(req))
     }
 
     /// Pauses the guest.

@@ -2,9 +2,13 @@
 //! with the sandbox's disk, vsock and serial log, run on its own threads while the control
 //! thread keeps answering, and reported by `Status` once it ends.
 
-use super::protocol::BootLinux;
+use super::protocol::{BootLinux, RestoreLinux};
 use crate::hypervisor::Hypervisor;
-use crate::linux::{LinuxResult, LinuxVm, LinuxVmConfig, RunEnd, StopHandle, DEFAULT_SERIAL_LOG_CAP};
+use crate::linux::{
+    LinuxError, LinuxRestore, LinuxResult, LinuxVm, LinuxVmConfig, RunEnd, Saved, Snapshotter, StopHandle,
+    DEFAULT_SERIAL_LOG_CAP,
+};
+use branchbox_layers::Store;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -23,6 +27,7 @@ const PAUSE_PATIENCE: Duration = Duration::from_secs(10);
 /// A booted Linux guest and the thread running it.
 pub(super) struct LinuxGuest {
     stop: StopHandle,
+    snapshotter: Snapshotter,
     run: Option<JoinHandle<LinuxResult<RunEnd>>>,
     end: Option<String>,
 }
@@ -59,19 +64,51 @@ impl LinuxGuest {
         };
         let build = || -> LinuxResult<LinuxVm> {
             let mut vm = LinuxVm::new(hv, config)?;
-            vm.add_block(&boot.disk, &boot.overlay, "rootfs")?;
+            let (store, chain) = open_disk(boot)?;
+            vm.add_layered_block(store, chain, "rootfs")?;
             vm.add_vsock(GUEST_CID, &boot.vsock_socket)?;
             vm.add_rng()?;
             vm.boot()?;
             Ok(vm)
         };
         let vm = build().map_err(|e| e.to_string())?;
+        LinuxGuest::start(vm, true)
+    }
+
+    /// Builds the VM a Linux guest's snapshot describes and runs it from where the snapshot
+    /// stopped (held paused unless `resume`).
+    pub(super) fn restore(hv: &Arc<Hypervisor>, req: &RestoreLinux) -> Result<LinuxGuest, String> {
+        let opts = LinuxRestore {
+            serial_log: req.serial_log.clone(),
+            serial_log_cap: DEFAULT_SERIAL_LOG_CAP,
+            vsock_socket: Some(req.vsock_socket.clone()),
+            disk_store: req.disk_store.clone(),
+            disk_chain: req.disk_chain.clone(),
+        };
+        let vm = LinuxVm::restore(hv, &req.dir, &opts).map_err(|e| e.to_string())?;
+        LinuxGuest::start(vm, req.resume)
+    }
+
+    fn start(vm: LinuxVm, resume: bool) -> Result<LinuxGuest, String> {
         let stop = vm.stop_handle();
+        let snapshotter = vm.snapshotter();
+        if !resume {
+            stop.hold_at_start();
+        }
         let run = std::thread::Builder::new()
             .name("linux-run".into())
             .spawn(move || vm.run())
             .map_err(|e| format!("cannot start the guest's run thread: {e}"))?;
-        Ok(LinuxGuest { stop, run: Some(run), end: None })
+        let guest = LinuxGuest { stop, snapshotter, run: Some(run), end: None };
+        if !resume {
+            guest.pause()?;
+        }
+        Ok(guest)
+    }
+
+    /// Snapshots the paused guest into `dir` (it stays paused).
+    pub(super) fn snapshot(&self, dir: &std::path::Path) -> Result<Saved, String> {
+        self.snapshotter.save(dir).map_err(|e| e.to_string())
     }
 
     /// Why the guest ended, once it has; `None` while it runs.
@@ -109,4 +146,21 @@ impl LinuxGuest {
             None => "the guest's run was already collected".into(),
         }
     }
+}
+
+/// Opens the sandbox's disk chain, creating the store and the chain over the base disk the
+/// first time.
+fn open_disk(boot: &BootLinux) -> LinuxResult<(Store, branchbox_layers::LayeredBackend)> {
+    let layers = |source| LinuxError::Device {
+        what: "the root disk",
+        detail: crate::disk::DiskError::Layers { store: boot.disk_store.clone(), source }.to_string(),
+    };
+    let store = Store::open(&boot.disk_store).map_err(layers)?;
+    let chain = if store.has_chain(&boot.disk_chain).map_err(layers)? {
+        store.open_chain(&boot.disk_chain)
+    } else {
+        store.create_chain(&boot.disk_chain, &boot.disk)
+    }
+    .map_err(layers)?;
+    Ok((store, chain))
 }

@@ -20,8 +20,9 @@ use std::io::{Read, Write};
 use std::path::PathBuf;
 
 /// The protocol version this build speaks; both sides must speak the same one (2 added
-/// [`Request::BootLinux`]).
-pub const PROTOCOL_VERSION: u32 = 2;
+/// [`Request::BootLinux`]; 3 gave it a layered disk instead of an overlay file, and added
+/// [`Request::RestoreLinux`] and snapshots of Linux guests).
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Largest frame payload either side accepts, in bytes.
 pub const MAX_FRAME: usize = 64 * 1024;
@@ -39,8 +40,11 @@ pub struct BootLinux {
     pub kernel: PathBuf,
     /// The read-only root disk (the guest's `/dev/vda`).
     pub disk: PathBuf,
-    /// The sandbox's writable overlay over `disk` (created at the disk's size if missing).
-    pub overlay: PathBuf,
+    /// The layer store the sandbox's disk lives in (created if missing): the guest writes
+    /// the top of chain `disk_chain` over the base `disk`, and snapshots freeze it.
+    pub disk_store: PathBuf,
+    /// The sandbox's chain in `disk_store` (created over `disk` if missing).
+    pub disk_chain: String,
     /// Added to the VMM's own command line (`root=/dev/vda console=ttyS0 ...`): at most
     /// [`MAX_CMDLINE_EXTRA`] bytes of printable ASCII.
     pub cmdline_extra: String,
@@ -61,7 +65,7 @@ impl BootLinux {
         for (what, path) in [
             ("kernel", &self.kernel),
             ("disk", &self.disk),
-            ("overlay", &self.overlay),
+            ("disk_store", &self.disk_store),
             ("vsock_socket", &self.vsock_socket),
             ("serial_log", &self.serial_log),
         ] {
@@ -72,6 +76,7 @@ impl BootLinux {
                 ));
             }
         }
+        check_chain_name(&self.disk_chain)?;
         if self.cmdline_extra.len() > MAX_CMDLINE_EXTRA {
             return Err(format!(
                 "the command-line addition is {} bytes, over the limit of {MAX_CMDLINE_EXTRA}",
@@ -84,6 +89,58 @@ impl BootLinux {
             ));
         }
         Ok(())
+    }
+}
+
+/// Chain names are what a layer store accepts (1-64 of letters, digits, `-`, `_`); checked
+/// here so the answer names the field.
+fn check_chain_name(name: &str) -> Result<(), String> {
+    let ok = (1..=64).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("disk chain name {name:?} is not 1-64 letters, digits, '-' or '_'"))
+    }
+}
+
+/// What to restore in a [`Request::RestoreLinux`]: a Linux guest's snapshot directory and
+/// this VM's own files. Every path is absolute.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub struct RestoreLinux {
+    /// The snapshot directory (`linux.state`, `memory.bin`).
+    pub dir: PathBuf,
+    /// This guest's serial log (created, truncated): its output from the snapshot on.
+    pub serial_log: PathBuf,
+    /// Where this guest's vsock device listens.
+    pub vsock_socket: PathBuf,
+    /// This guest's layer store (created if missing): the snapshot's frozen disk is recorded
+    /// there (its layers hard-linked) and the new top written there.
+    pub disk_store: PathBuf,
+    /// This guest's new disk chain in `disk_store`: a new top over the snapshot's frozen disk.
+    pub disk_chain: String,
+    /// Run the guest right away instead of leaving it paused.
+    pub resume: bool,
+}
+
+impl RestoreLinux {
+    /// Checks the paths are absolute and the chain name is one a store accepts.
+    pub fn check(&self) -> Result<(), String> {
+        for (what, path) in [
+            ("dir", &self.dir),
+            ("serial_log", &self.serial_log),
+            ("vsock_socket", &self.vsock_socket),
+            ("disk_store", &self.disk_store),
+        ] {
+            if !path.is_absolute() {
+                return Err(format!(
+                    "{what} {} is a relative path; the VMM's working directory is not the engine's, give an absolute path",
+                    path.display()
+                ));
+            }
+        }
+        check_chain_name(&self.disk_chain)
     }
 }
 
@@ -113,11 +170,15 @@ pub enum Request {
     /// Boots a Linux guest in the idle process (its shell is dropped for it); the guest
     /// runs right away and [`Request::Status`] reports when it ends and why.
     BootLinux(BootLinux),
+    /// Restores a Linux guest's snapshot into the idle process (its shell is dropped for
+    /// it); the guest continues where the snapshot's stopped.
+    RestoreLinux(RestoreLinux),
     /// Stops the guest from running further commands.
     Pause,
     /// Lets a paused guest run again.
     Resume,
-    /// Takes a full, durable snapshot of the paused guest into `dir` (as `vm`).
+    /// Takes a full, durable snapshot of the paused guest into `dir` (as `vm` for the test
+    /// guest; `linux.state` and `memory.bin` for a Linux guest, whose disk is frozen too).
     Snapshot {
         /// Absolute path of an existing directory.
         dir: PathBuf,
@@ -395,7 +456,8 @@ mod tests {
         let boot = BootLinux {
             kernel: "/k/vmlinux".into(),
             disk: "/d/rootfs.ext4".into(),
-            overlay: "/s/overlay.img".into(),
+            disk_store: "/s/disk".into(),
+            disk_chain: "root".into(),
             cmdline_extra: "branchbox.hostname=a".into(),
             mem_size: 256 << 20,
             vcpus: 1,
@@ -403,8 +465,10 @@ mod tests {
             serial_log: "/s/serial.log".into(),
         };
         assert_eq!(boot.check(), Ok(()));
-        let relative = BootLinux { overlay: "overlay.img".into(), ..boot.clone() };
-        assert!(relative.check().unwrap_err().contains("overlay overlay.img is a relative path"));
+        let relative = BootLinux { disk_store: "disk".into(), ..boot.clone() };
+        assert!(relative.check().unwrap_err().contains("disk_store disk is a relative path"));
+        let chain = BootLinux { disk_chain: "../x".into(), ..boot.clone() };
+        assert!(chain.check().unwrap_err().contains("disk chain name \"../x\""));
         let long = BootLinux { cmdline_extra: "a".repeat(MAX_CMDLINE_EXTRA + 1), ..boot.clone() };
         assert!(long.check().unwrap_err().contains("1025 bytes, over the limit of 1024"));
         let newline = BootLinux { cmdline_extra: "a\ninit=/bin/sh".into(), ..boot.clone() };
@@ -412,6 +476,25 @@ mod tests {
         let req = Request::BootLinux(boot);
         let frame = encode(&req).unwrap();
         assert_eq!(decode::<Request>(&frame[4..]).unwrap(), req);
+    }
+
+    #[test]
+    fn restore_linux_refuses_relative_paths_and_chain_names_a_store_refuses() {
+        let req = RestoreLinux {
+            dir: "/snap".into(),
+            serial_log: "/s/serial.log".into(),
+            vsock_socket: "/s/vsock.sock".into(),
+            disk_store: "/s/disk".into(),
+            disk_chain: "root".into(),
+            resume: true,
+        };
+        assert_eq!(req.check(), Ok(()));
+        let relative = RestoreLinux { disk_store: "disk".into(), ..req.clone() };
+        assert!(relative.check().unwrap_err().contains("disk_store disk is a relative path"));
+        let chain = RestoreLinux { disk_chain: "a/b".into(), ..req.clone() };
+        assert!(chain.check().unwrap_err().contains("disk chain name \"a/b\""));
+        let frame = encode(&Request::RestoreLinux(req.clone())).unwrap();
+        assert_eq!(decode::<Request>(&frame[4..]).unwrap(), Request::RestoreLinux(req));
     }
 
     #[test]

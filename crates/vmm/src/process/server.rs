@@ -302,6 +302,26 @@ impl Server {
                 self.state = VmState::Paused;
                 Ok(Response::Done)
             }
+            Request::RestoreLinux(req) => {
+                self.need(&[VmState::Idle], "restore a Linux guest")?;
+                req.check().map_err(|m| fail(ErrorKind::Argument, m))?;
+                // The shell's RAM is not the guest's: free it first.
+                self.vm = None;
+                match LinuxGuest::restore(&self.hv, &req) {
+                    Ok(guest) => {
+                        self.linux = Some(guest);
+                        self.state = if req.resume { VmState::Running } else { VmState::Paused };
+                        Ok(Response::Done)
+                    }
+                    Err(e) => {
+                        self.vm = Vm::shell(&self.hv, self.config).ok();
+                        Err(fail(
+                            ErrorKind::Snapshot,
+                            format!("cannot restore the Linux guest: {e}; this process is idle again"),
+                        ))
+                    }
+                }
+            }
             Request::Restore { dir, name, resume } => {
                 self.need(&[VmState::Idle], "restore")?;
                 absolute(&dir)?;
@@ -328,9 +348,12 @@ impl Server {
                 Ok(Response::Done)
             }
             Request::Snapshot { dir } => {
-                self.not_for_linux("a snapshot")?;
                 self.need(&[VmState::Paused], "snapshot")?;
                 absolute(&dir)?;
+                if let Some(guest) = &self.linux {
+                    guest.snapshot(&dir).map_err(|e| fail(ErrorKind::Snapshot, e))?;
+                    return Ok(Response::Done);
+                }
                 self.vm()?.snapshot(&dir).map_err(|e| fail(ErrorKind::Snapshot, e.to_string()))?;
                 Ok(Response::Done)
             }

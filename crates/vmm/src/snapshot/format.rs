@@ -42,7 +42,7 @@ pub const MAX_VCPUS: usize = 64;
 /// Largest guest RAM a snapshot may describe (the test guest's doorbell sits above it).
 pub const MAX_RAM: u64 = 3 << 30;
 
-fn codec() -> impl Options {
+pub(crate) fn codec() -> impl Options {
     bincode::DefaultOptions::new()
         .with_fixint_encoding()
         .with_little_endian()
@@ -54,15 +54,21 @@ fn codec() -> impl Options {
 pub fn encode(state: &MachineState) -> Result<Vec<u8>> {
     let payload =
         codec().serialize(state).map_err(|e| Error::Config(format!("cannot encode VM state: {e}")))?;
+    Ok(frame(&MAGIC, FORMAT_VERSION, &payload))
+}
+
+/// The header (magic, version, length, checksum) and then `payload`: the layout every state
+/// file of this crate shares (the Linux guest's has its own magic).
+pub(crate) fn frame(magic: &[u8; 8], version: u32, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
-    out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(magic);
+    out.extend_from_slice(&version.to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes());
     out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    out.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes());
-    out.extend_from_slice(&payload);
-    Ok(out)
+    out.extend_from_slice(payload);
+    out
 }
 
 fn le_u32(b: &[u8], at: usize) -> u32 {
@@ -84,8 +90,30 @@ fn le_u64(b: &[u8], at: usize) -> u64 {
 /// Decodes and checks the bytes of a state file; `path` only names it in errors.
 pub fn decode(path: &Path, bytes: &[u8]) -> Result<MachineState> {
     let corrupt = |reason: String| Error::SnapshotCorrupt { path: path.to_path_buf(), reason };
+    let (version, payload) = unframe(path, bytes, &MAGIC, &[FORMAT_VERSION, FORMAT_VERSION_V3], MAX_PAYLOAD)?;
+    let undecodable = |e: bincode::Error| corrupt(format!("payload does not decode: {e}"));
+    let state: MachineState = if version == FORMAT_VERSION_V3 {
+        codec().deserialize::<StateV3>(payload).map_err(undecodable)?.into()
+    } else {
+        codec().deserialize(payload).map_err(undecodable)?
+    };
+    validate(&state).map_err(corrupt)?;
+    Ok(state)
+}
+
+/// Checks a state file's header against `magic`, the `versions` this build reads (the
+/// newest first) and the payload limit `max`, then the checksum; returns the version and the
+/// payload. `path` only names the file in errors.
+pub(crate) fn unframe<'a>(
+    path: &Path,
+    bytes: &'a [u8],
+    magic: &[u8; 8],
+    versions: &[u32],
+    max: u64,
+) -> Result<(u32, &'a [u8])> {
+    let corrupt = |reason: String| Error::SnapshotCorrupt { path: path.to_path_buf(), reason };
     if bytes.len() < HEADER_LEN {
-        if bytes.len() >= MAGIC.len() && bytes[..MAGIC.len()] != MAGIC {
+        if bytes.len() >= magic.len() && bytes[..magic.len()] != magic[..] {
             return Err(corrupt("it does not start with the snapshot magic".into()));
         }
         return Err(Error::SnapshotTruncated {
@@ -94,23 +122,27 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<MachineState> {
             expected: HEADER_LEN as u64,
         });
     }
-    if bytes[..MAGIC.len()] != MAGIC {
+    if bytes[..magic.len()] != magic[..] {
         return Err(corrupt("it does not start with the snapshot magic".into()));
     }
     let version = le_u32(bytes, 8);
-    if version != FORMAT_VERSION && version != FORMAT_VERSION_V3 {
+    if !versions.contains(&version) {
         return Err(Error::SnapshotVersion {
             path: path.to_path_buf(),
             found: version,
-            supported: FORMAT_VERSION,
+            supported: versions.first().copied().unwrap_or(0),
+            reads: match versions {
+                [only] => format!("only that one ({only})"),
+                _ => format!("versions {versions:?}"),
+            },
         });
     }
     if le_u32(bytes, 12) != 0 || le_u32(bytes, 28) != 0 {
         return Err(corrupt("unknown header flags".into()));
     }
     let len = le_u64(bytes, 16);
-    if len > MAX_PAYLOAD {
-        return Err(corrupt(format!("payload length {len} exceeds the limit of {MAX_PAYLOAD}")));
+    if len > max {
+        return Err(corrupt(format!("payload length {len} exceeds the limit of {max}")));
     }
     let expected = HEADER_LEN as u64 + len;
     let found = bytes.len() as u64;
@@ -126,14 +158,7 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<MachineState> {
     if crc != actual {
         return Err(corrupt(format!("payload checksum is {actual:#010x}, header says {crc:#010x}")));
     }
-    let undecodable = |e: bincode::Error| corrupt(format!("payload does not decode: {e}"));
-    let state: MachineState = if version == FORMAT_VERSION_V3 {
-        codec().deserialize::<StateV3>(payload).map_err(undecodable)?.into()
-    } else {
-        codec().deserialize(payload).map_err(undecodable)?
-    };
-    validate(&state).map_err(corrupt)?;
-    Ok(state)
+    Ok((version, payload))
 }
 
 /// A version 3 payload: everything up to the doorbells' states, the field order of

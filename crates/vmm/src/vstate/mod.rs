@@ -5,5 +5,5 @@ mod vcpu;
 mod vm;
 
 pub use kick::PauseHandle;
-pub use vcpu::{RunOutcome, Vcpu, VcpuState};
-pub use vm::{IrqchipState, VmCore, VmState};
+pub use vcpu::{restore_vcpu, save_vcpu, RunOutcome, Vcpu, VcpuState};
+pub use vm::{restore_vm, save_vm, IrqchipState, VmCore, VmState};

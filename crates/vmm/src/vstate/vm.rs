@@ -59,11 +59,55 @@ impl VmCore {
     pub fn has_irqchip(&self) -> bool {
         self.irqchip
     }
+}
 
-    fn get_chip(&self, chip_id: u32) -> Result<kvm_irqchip> {
+/// Saves the VM-wide state of `fd` (`irqchip`: it has the in-kernel irqchip and PIT).
+pub fn save_vm(fd: &VmFd, irqchip: bool) -> Result<VmState> {
+    let get_chip = |chip_id: u32| -> Result<kvm_irqchip> {
         let mut chip = kvm_irqchip { chip_id, ..Default::default() };
-        self.fd.get_irqchip(&mut chip).map_err(kvm("KVM_GET_IRQCHIP"))?;
+        fd.get_irqchip(&mut chip).map_err(kvm("KVM_GET_IRQCHIP"))?;
         Ok(chip)
+    };
+    let clock = fd.get_clock().map_err(kvm("KVM_GET_CLOCK"))?;
+    let irqchip = if irqchip {
+        Some(IrqchipState {
+            pic_master: get_chip(KVM_IRQCHIP_PIC_MASTER)?,
+            pic_slave: get_chip(KVM_IRQCHIP_PIC_SLAVE)?,
+            ioapic: get_chip(KVM_IRQCHIP_IOAPIC)?,
+            pit: fd.get_pit2().map_err(kvm("KVM_GET_PIT2"))?,
+        })
+    } else {
+        None
+    };
+    Ok(VmState { clock, irqchip })
+}
+
+/// Loads `state` into the VM `fd`, checking it names each chip where it belongs.
+pub fn restore_vm(fd: &VmFd, irqchip: bool, state: &VmState) -> Result<()> {
+    // Only the clock value travels: flags such as KVM_CLOCK_TSC_STABLE describe the source
+    // host and KVM_SET_CLOCK rejects or misreads them here.
+    let clock = kvm_clock_data { clock: state.clock.clock, ..Default::default() };
+    fd.set_clock(&clock).map_err(kvm("KVM_SET_CLOCK"))?;
+    match (&state.irqchip, irqchip) {
+        (Some(chips), true) => {
+            for (chip, id) in [
+                (&chips.pic_master, KVM_IRQCHIP_PIC_MASTER),
+                (&chips.pic_slave, KVM_IRQCHIP_PIC_SLAVE),
+                (&chips.ioapic, KVM_IRQCHIP_IOAPIC),
+            ] {
+                if chip.chip_id != id {
+                    return Err(Error::Config(format!(
+                        "irqchip state for chip {} stored where chip {id} belongs",
+                        chip.chip_id
+                    )));
+                }
+                fd.set_irqchip(chip).map_err(kvm("KVM_SET_IRQCHIP"))?;
+            }
+            fd.set_pit2(&chips.pit).map_err(kvm("KVM_SET_PIT2"))?;
+            Ok(())
+        }
+        (None, false) => Ok(()),
+        _ => Err(Error::Config("snapshot and VM disagree on the in-kernel irqchip".into())),
     }
 }
 
@@ -74,45 +118,10 @@ impl Snapshottable for VmCore {
     type Error = Error;
 
     fn save(&mut self, _ctx: &mut NoContext) -> Result<VmState> {
-        let clock = self.fd.get_clock().map_err(kvm("KVM_GET_CLOCK"))?;
-        let irqchip = if self.irqchip {
-            Some(IrqchipState {
-                pic_master: self.get_chip(KVM_IRQCHIP_PIC_MASTER)?,
-                pic_slave: self.get_chip(KVM_IRQCHIP_PIC_SLAVE)?,
-                ioapic: self.get_chip(KVM_IRQCHIP_IOAPIC)?,
-                pit: self.fd.get_pit2().map_err(kvm("KVM_GET_PIT2"))?,
-            })
-        } else {
-            None
-        };
-        Ok(VmState { clock, irqchip })
+        save_vm(&self.fd, self.irqchip)
     }
 
     fn restore(&mut self, state: &VmState, _ctx: &NoContext) -> Result<()> {
-        // Only the clock value travels: flags such as KVM_CLOCK_TSC_STABLE describe the
-        // source host and KVM_SET_CLOCK rejects or misreads them here.
-        let clock = kvm_clock_data { clock: state.clock.clock, ..Default::default() };
-        self.fd.set_clock(&clock).map_err(kvm("KVM_SET_CLOCK"))?;
-        match (&state.irqchip, self.irqchip) {
-            (Some(chips), true) => {
-                for (chip, id) in [
-                    (&chips.pic_master, KVM_IRQCHIP_PIC_MASTER),
-                    (&chips.pic_slave, KVM_IRQCHIP_PIC_SLAVE),
-                    (&chips.ioapic, KVM_IRQCHIP_IOAPIC),
-                ] {
-                    if chip.chip_id != id {
-                        return Err(Error::Config(format!(
-                            "irqchip state for chip {} stored where chip {id} belongs",
-                            chip.chip_id
-                        )));
-                    }
-                    self.fd.set_irqchip(chip).map_err(kvm("KVM_SET_IRQCHIP"))?;
-                }
-                self.fd.set_pit2(&chips.pit).map_err(kvm("KVM_SET_PIT2"))?;
-                Ok(())
-            }
-            (None, false) => Ok(()),
-            _ => Err(Error::Config("snapshot and VM disagree on the in-kernel irqchip".into())),
-        }
+        restore_vm(&self.fd, self.irqchip, state)
     }
 }
