@@ -6,7 +6,7 @@ use crate::api::sandboxes::db_err;
 use crate::auth::Caller;
 use crate::db::{OnTimeout, SandboxMeta};
 use crate::error::{ApiError, ApiResult, ErrorBody};
-use crate::pool::claim::{ClaimSpec, Claimed};
+use crate::pool::claim::{ClaimSpec, Claimed, FileData};
 use crate::pool::{self, PoolDef};
 use crate::state::AppState;
 use axum::extract::{Path, State};
@@ -255,7 +255,7 @@ pub async fn delete(
     Ok((StatusCode::NO_CONTENT, Extension(n)))
 }
 
-fn files(req: Option<Vec<ClaimFile>>) -> ApiResult<Vec<(String, Vec<u8>, Option<u32>)>> {
+fn files(req: Option<Vec<ClaimFile>>) -> ApiResult<Vec<FileData>> {
     let req = req.unwrap_or_default();
     if req.len() > MAX_CLAIM_FILES {
         return Err(ApiError::invalid(format!(
@@ -277,7 +277,7 @@ fn files(req: Option<Vec<ClaimFile>>) -> ApiResult<Vec<(String, Vec<u8>, Option<
             if f.mode.is_some_and(|m| m > 0o7777) {
                 return Err(ApiError::invalid(format!("the mode of {path} must be at most 0o7777 (4095)")));
             }
-            Ok((path, data, f.mode))
+            Ok(FileData { path, data, mode: f.mode })
         })
         .collect()
 }
@@ -303,7 +303,7 @@ pub async fn claim(
     // The wait must end before the request's own time limit, so the client gets `pool_empty`.
     let max_wait = st.cfg.request_timeout.as_secs().saturating_sub(30).max(1);
     let wait = match req.wait {
-        Some(w) if w == 0.0 => Duration::ZERO,
+        Some(0.0) => Duration::ZERO,
         Some(w) => seconds("wait", w, max_wait)?,
         None => Duration::from_secs_f64(DEFAULT_WAIT_S.min(max_wait as f64)),
     };

@@ -42,12 +42,23 @@ pub struct ClaimSpec {
     pub pool: String,
     /// The service record the sandbox gets (its expiry is set when it is handed out).
     pub meta: SandboxMeta,
-    /// Files written before it is handed out: path, content, mode.
-    pub files: Vec<(String, Vec<u8>, Option<u32>)>,
+    /// Files written before it is handed out.
+    pub files: Vec<FileData>,
     /// How long to wait for a ready sandbox when the pool is empty.
     pub wait: Duration,
     /// Start one from the pool's snapshot when none is ready (instead of waiting).
     pub allow_cold: bool,
+}
+
+/// A file a claim writes.
+#[derive(Debug, Clone)]
+pub struct FileData {
+    /// Absolute path in the sandbox.
+    pub path: String,
+    /// Content.
+    pub data: Vec<u8>,
+    /// Permission bits.
+    pub mode: Option<u32>,
 }
 
 /// A claimed sandbox.
@@ -129,7 +140,7 @@ fn hand_out(engine: &Engine, st: &AppState, id: &SandboxId, spec: &ClaimSpec) ->
         .and_then(|()| refresh_identity(engine, st, id));
     let applied = woken.map_err(Failure::Sandbox).and_then(|hook| {
         let mut conn = st.agent(engine, id, Duration::ZERO).map_err(Failure::Sandbox)?;
-        for (path, data, mode) in &spec.files {
+        for FileData { path, data, mode } in &spec.files {
             conn.write_file(path, &mut data.as_slice(), *mode, false, true).map_err(|e| {
                 let e = ApiError::from(e);
                 let message = format!("writing {path} into the claimed sandbox failed: {}", e.message);

@@ -272,7 +272,9 @@ pub fn render_metrics(st: &AppState) -> ApiResult<String> {
         rows.push((label, def.size, members.len(), memory, st.pools.stats(&def.name)));
     }
     type Row = (String, u32, usize, u64, PoolStats);
-    let families: [(&str, &str, &str, &dyn Fn(&Row) -> Vec<(&'static str, u64)>); 6] = [
+    // Each family's values for one pool: extra labels and the value.
+    type Values = dyn Fn(&Row) -> Vec<(&'static str, u64)>;
+    let families: [(&str, &str, &str, &Values); 6] = [
         ("branchbox_pool_size", "gauge", "Ready sandboxes a pool keeps.", &|r| vec![("", u64::from(r.1))]),
         ("branchbox_pool_ready", "gauge", "Ready sandboxes a pool holds now.", &|r| vec![("", r.2 as u64)]),
         (
