@@ -201,7 +201,8 @@ pub async fn create(
 }
 
 /// Every pool.
-#[utoipa::path(get, path = "/v1/pools", tag = "pools", responses((status = 200, body = Vec<PoolInfo>)))]
+#[utoipa::path(get, path = "/v1/pools", tag = "pools",
+    responses((status = 200, body = Vec<PoolInfo>), (status = "4XX", body = ErrorBody, description = "unauthorized")))]
 pub async fn list(State(st): State<AppState>) -> ApiResult<Json<Vec<PoolInfo>>> {
     let out = st
         .blocking(|_, st| {
