@@ -7,7 +7,7 @@
 //! and a sandbox is started from the pool's snapshot only when the caller allows it, which the
 //! result says (`source: cold`).
 
-use super::{source, PoolDef};
+use super::{start, PoolDef};
 use crate::api::sandboxes::db_err;
 use crate::api::types::SandboxInfo;
 use crate::db::SandboxMeta;
@@ -200,10 +200,9 @@ fn from_pool(engine: &Engine, st: &AppState, spec: &ClaimSpec) -> ApiResult<Opti
 /// Starts a sandbox from the pool's snapshot at claim time.
 fn cold(engine: &Engine, st: &AppState, spec: &ClaimSpec) -> ApiResult<Claimed> {
     let def = pool_def(st, &spec.pool)?;
-    let snapshot = source(&def)?;
     let id = {
         let _held = st.reserve(engine, 1)?;
-        engine.restore(&snapshot)?.sandbox.id
+        start(engine, &def)?
     };
     let c = hand_out(engine, st, &id, spec).map_err(|f| match f {
         Failure::Sandbox(e) | Failure::Claim(e) => e,

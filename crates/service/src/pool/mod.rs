@@ -72,10 +72,11 @@ impl Pools {
     }
 }
 
-/// The snapshot a pool's sandboxes are restored from.
-pub fn source(def: &PoolDef) -> ApiResult<String> {
+/// Starts one sandbox of a pool: restored from its snapshot, or (once the service builds
+/// templates) from its template's last build, which `Engine::create_from_template` restores.
+pub fn start(engine: &Engine, def: &PoolDef) -> ApiResult<SandboxId> {
     match (&def.snapshot, &def.template) {
-        (Some(s), _) => Ok(s.clone()),
+        (Some(s), _) => Ok(engine.restore(s)?.sandbox.id),
         (None, Some(t)) => Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable",
@@ -117,9 +118,10 @@ pub fn destroy_members(engine: &Engine, st: &AppState, members: &[Member]) {
 
 /// Restores one sandbox for a pool and records it as ready.
 fn fill_one(engine: &Engine, st: &AppState, def: &PoolDef) -> ApiResult<()> {
-    let snapshot = source(def)?;
-    let _held = st.reserve(engine, 1)?;
-    let id = engine.restore(&snapshot)?.sandbox.id;
+    let id = {
+        let _held = st.reserve(engine, 1)?;
+        start(engine, def)?
+    };
     let paused = if def.paused { st.exclusive(&id, || Ok(engine.pause(&id)?)) } else { Ok(()) };
     let kept = paused.and_then(|()| {
         // Under the database lock, so a pool deleted meanwhile never gets a member back.
