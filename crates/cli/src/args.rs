@@ -233,6 +233,11 @@ pub enum Cmd {
         #[arg(required = true)]
         ids: Vec<String>,
     },
+    /// Warm pools of ready sandboxes, kept by branchboxd (see docs/pools.md).
+    Pool {
+        #[command(subcommand)]
+        command: crate::pool::PoolCmd,
+    },
     /// Benchmarks (see docs/benchmarks.md).
     Bench {
         #[command(subcommand)]

@@ -207,6 +207,10 @@ pub fn run(cli: Cli) -> Result<i32> {
             Ok(vec![id.to_string()])
         }),
         Cmd::Bench { command } => bench_cmd(&engine, command, json),
+        Cmd::Pool { .. } => bail!(
+            "pools are kept by the branchbox service and none answers for this data directory; start branchboxd \
+             (or set BRANCHBOX_URL and BRANCHBOX_TOKEN to reach one)"
+        ),
     }
 }
 

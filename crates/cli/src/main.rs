@@ -5,6 +5,8 @@ mod commands;
 mod download;
 mod guest;
 mod output;
+mod pool;
+mod pool_bench;
 mod remote;
 mod template;
 mod vm;

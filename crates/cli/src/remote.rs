@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::time::Duration;
 
-struct Service {
+pub(crate) struct Service {
     url: String,
     token: Option<String>,
     agent: ureq::Agent,
@@ -24,7 +24,7 @@ fn first_line(p: &std::path::Path) -> Option<String> {
 
 /// The service to use and whether it was named explicitly, if any; an error when something
 /// answers at the service's address but cannot prove it is the service.
-fn locate(cli: &Cli) -> Result<Option<(Service, bool)>> {
+pub(crate) fn locate(cli: &Cli) -> Result<Option<(Service, bool)>> {
     if std::env::var("BRANCHBOX_NO_SERVICE").is_ok_and(|v| v == "1") {
         return Ok(None);
     }
@@ -125,7 +125,7 @@ impl Service {
         }
     }
 
-    fn json(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value> {
+    pub(crate) fn json(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value> {
         let r = self.call(method, path, body)?;
         if r.status() == 204 {
             return Ok(Value::Null);
@@ -138,6 +138,10 @@ impl Service {
 /// the engine should run it.
 pub fn run(cli: &Cli) -> Result<Option<i32>> {
     let Some((svc, explicit)) = locate(cli)? else { return Ok(None) };
+    // Pools exist only in the service: there is no engine path to fall back to.
+    if let Cmd::Pool { command } = &cli.command {
+        return crate::pool::run(&svc, command, cli.json).map(Some);
+    }
     if cli.json && !explicit {
         return Ok(None);
     }
@@ -222,7 +226,7 @@ pub fn run(cli: &Cli) -> Result<Option<i32>> {
     Ok(Some(0))
 }
 
-fn enc(s: &str) -> String {
+pub(crate) fn enc(s: &str) -> String {
     s.bytes()
         .map(|b| {
             if b.is_ascii_alphanumeric() || b"-_.".contains(&b) {

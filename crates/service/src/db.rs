@@ -144,6 +144,11 @@ impl ServiceDb {
         Ok(ServiceDb { conn })
     }
 
+    /// The connection, for modules that keep tables of their own in this database (pools).
+    pub(crate) fn conn(&self) -> &Connection {
+        &self.conn
+    }
+
     /// Records (or replaces) a sandbox's service state.
     pub fn put(&self, id: &SandboxId, m: &SandboxMeta) -> DbResult<()> {
         self.conn.execute(

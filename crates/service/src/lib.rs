@@ -13,6 +13,7 @@ pub mod db;
 pub mod error;
 pub mod guard;
 pub mod metrics;
+pub mod pool;
 pub mod serve;
 pub mod state;
 pub mod ttl;

@@ -101,6 +101,8 @@ fn main() -> anyhow::Result<()> {
 async fn serve(st: AppState, listener: std::net::TcpListener) -> anyhow::Result<()> {
     let (alive, lost, dropped) = st.blocking(ttl::reconcile).await?;
     tracing::info!("found {alive} sandboxes alive, {lost} lost; dropped {dropped} stale records");
+    let (adopted, discarded) = st.blocking(branchbox_service::pool::adopt).await?;
+    tracing::info!("pools: re-adopted {adopted} ready sandboxes, destroyed {discarded} that were gone");
     let listener = tokio::net::TcpListener::from_std(listener)?;
     let url = format!("http://{}", listener.local_addr()?);
     let url_file = st.cfg.service_dir().join("url");
@@ -109,6 +111,7 @@ async fn serve(st: AppState, listener: std::net::TcpListener) -> anyhow::Result<
     std::fs::rename(&tmp, &url_file)?;
     tracing::info!("branchboxd serving {} at {url}", st.cfg.engine.data_dir.display());
     tokio::spawn(ttl::run(st.clone()));
+    tokio::spawn(branchbox_service::pool::run(st.clone()));
     let (router, _) = api::router(st.clone());
     let limits =
         ServeLimits { header_timeout: st.cfg.header_timeout, max_connections: st.cfg.max_connections };

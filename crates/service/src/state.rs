@@ -29,6 +29,8 @@ pub struct Inner {
     pub tokens: Option<Tokens>,
     /// Metrics.
     pub metrics: Metrics,
+    /// Warm pools at run time (their definitions are in the database).
+    pub pools: crate::pool::Pools,
     engines: Mutex<Vec<Engine>>,
     db: Mutex<ServiceDb>,
     /// Sandboxes admitted but not yet recorded by the engine.
@@ -71,11 +73,13 @@ impl AppState {
         std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
             .create(&dir)?;
         let db = ServiceDb::open(&dir.join("service.db"))?;
+        db.pool_schema()?;
         let engine = Engine::open(cfg.engine.clone())?;
         Ok(AppState(Arc::new(Inner {
             cfg,
             tokens,
             metrics: Metrics::default(),
+            pools: crate::pool::Pools::default(),
             engines: Mutex::new(vec![engine]),
             db: Mutex::new(db),
             pending: Mutex::new(0),

@@ -50,7 +50,7 @@ def test_openapi_document_validates(doc):
 
 
 def concrete(path: str) -> str:
-    return path.replace("{id}", NIL).replace("{snapshot}", "snap-0000000000000000").replace("{pid}", "1")
+    return path.replace("{id}", NIL).replace("{snapshot}", "snap-0000000000000000").replace("{pid}", "1").replace("{pool}", "no-such-pool")
 
 
 def operations(doc):

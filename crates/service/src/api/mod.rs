@@ -8,6 +8,7 @@ pub mod commands;
 pub mod extract;
 pub mod files;
 pub mod gc;
+pub mod pools;
 pub mod sandboxes;
 pub mod snapshots;
 pub mod system;
@@ -89,6 +90,9 @@ pub fn router(st: AppState) -> (Router, OpenApiDoc) {
         .routes(routes!(system::audit))
         .routes(routes!(system::metrics))
         .routes(routes!(gc::report, gc::run))
+        .routes(routes!(pools::create, pools::list))
+        .routes(routes!(pools::get, pools::delete))
+        .routes(routes!(pools::claim))
         .routes(routes!(commands::list_processes))
         .routes(routes!(commands::signal))
         .routes(routes!(files::list))
@@ -289,8 +293,11 @@ mod route_tests {
     async fn every_documented_operation_is_routed_and_needs_a_token() {
         let (_d, router, doc) = app();
         for (path, method, _) in ops(&doc) {
-            let uri =
-                path.replace("{id}", "sbx-0000000000000000").replace("{snapshot}", "x").replace("{pid}", "1");
+            let uri = path
+                .replace("{id}", "sbx-0000000000000000")
+                .replace("{snapshot}", "x")
+                .replace("{pid}", "1")
+                .replace("{pool}", "p");
             let req = axum::http::Request::builder()
                 .method(method)
                 .uri(&uri)

@@ -135,8 +135,10 @@ pub async fn list(
         .blocking(move |engine, st| {
             let views = engine.list()?;
             let db = st.db();
+            // Ready sandboxes of warm pools are the service's until claimed.
+            let pooled = db.member_ids().map_err(db_err)?;
             let mut out = Vec::new();
-            for v in &views {
+            for v in views.iter().filter(|v| !pooled.contains(v.sandbox.id.as_str())) {
                 let info = SandboxInfo::from_view(v, db.get(&v.sandbox.id).map_err(db_err)?);
                 let meta_ok = want.iter().all(|(k, val)| info.metadata.get(k) == Some(val));
                 if meta_ok && q.state.is_none_or(|s| s == info.state) {

@@ -58,17 +58,17 @@ pub async fn challenge(
 #[utoipa::path(get, path = "/metrics", tag = "service",
     responses((status = 200, content_type = "text/plain", body = String), (status = "4XX", body = ErrorBody, description = "unauthorized")))]
 pub async fn metrics(State(st): State<AppState>) -> ApiResult<impl IntoResponse> {
-    let counts = st
-        .blocking(|engine, _| {
+    let (counts, pools) = st
+        .blocking(|engine, st| {
             let mut by: BTreeMap<&'static str, usize> =
                 [("running", 0), ("paused", 0), ("lost", 0)].into_iter().collect();
             for v in engine.list()? {
                 *by.entry(v.sandbox.state.as_str()).or_default() += 1;
             }
-            Ok(by)
+            Ok((by, crate::pool::render_metrics(st)?))
         })
         .await?;
-    let text = st.metrics.render(&counts, st.cfg.max_sandboxes);
+    let text = st.metrics.render(&counts, st.cfg.max_sandboxes) + &pools;
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text))
 }
 

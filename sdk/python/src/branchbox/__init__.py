@@ -24,11 +24,15 @@ from .exceptions import (
 from .models import CommandResult, EntryInfo, GcReport, Lineage, ProcessInfo, SandboxInfo, SnapshotInfo, WriteInfo
 from .sandbox import CommandHandle, Sandbox
 from .templates import TemplateInfo, Templates
+from .pool import ClaimInfo, Pool, PoolInfo
 
 __all__ = [
     "AsyncCommandHandle",
     "AsyncSandbox",
     "AuthenticationError",
+    "ClaimInfo",
+    "Pool",
+    "PoolInfo",
     "BranchboxError",
     "CapacityError",
     "CommandExitException",

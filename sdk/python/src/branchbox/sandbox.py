@@ -8,8 +8,10 @@ from typing import IO, Any, Callable, Dict, Iterator, List, Mapping, Optional, S
 import httpx
 
 from . import _api
+from . import pool as _pool
 from ._config import ConnectionConfig
 from .exceptions import BranchboxError, NotFoundError, ServiceUnavailableError, TimeoutException, from_response
+from .pool import ClaimInfo
 from .models import CommandResult, EntryInfo, GcReport, Lineage, ProcessInfo, SandboxInfo, SnapshotInfo, WriteInfo
 
 #: How much of a file upload is sent per chunk.
@@ -225,6 +227,8 @@ class Sandbox:
         self._info = info
         self.commands = Commands(self)
         self.files = Files(self)
+        #: How it was handed out, for a sandbox from `Sandbox.claim` (else None).
+        self.claim_info: Optional[ClaimInfo] = None
 
     def __repr__(self) -> str:
         return f"Sandbox({self.sandbox_id!r})"
@@ -253,6 +257,29 @@ class Sandbox:
         c = _api.create(template, snapshot_id, timeout, on_timeout, metadata, envs, backend, memory_mib, cpus, pids)
         info = SandboxInfo.parse(http.call(c).json())
         return cls(info.sandbox_id, http, info)
+
+    @classmethod
+    def claim(
+        cls,
+        pool: str,
+        envs: Optional[Mapping[str, str]] = None,
+        metadata: Optional[Mapping[str, str]] = None,
+        files: Optional[Mapping[str, Union[str, bytes]]] = None,
+        timeout: Optional[float] = None,
+        *,
+        on_timeout: Optional[str] = None,
+        wait: Optional[float] = None,
+        allow_cold: bool = False,
+        api_url: Optional[str] = None,
+        token: Optional[str] = None,
+        request_timeout: Optional[float] = None,
+    ) -> "Sandbox":
+        """Claims a ready sandbox from a warm pool (see `Pool.claim`): fresh identity, then the
+        given env, metadata and files. An empty pool is waited on (`wait` seconds), never
+        silently cold-started; `allow_cold=True` starts one and `claim_info.source` says "cold"."""
+        http = _Http(ConnectionConfig.resolve(api_url, token, request_timeout))
+        c = _pool.claim_call(pool, envs, metadata, files, timeout, on_timeout, wait, allow_cold)
+        return _pool.claimed(http, http.call(c).json())
 
     @classmethod
     def connect(cls, sandbox_id: str, timeout: Optional[float] = None, *, api_url: Optional[str] = None,
