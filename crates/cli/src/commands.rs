@@ -1,8 +1,6 @@
 //! One function per subcommand.
 
-use crate::args::{
-    BackendArg, BenchCmd, Cli, Cmd, CreateArgs, ExecArgs, FilesCmd, ImageCmd, RefCmd, TravelArgs,
-};
+use crate::args::{BackendArg, BenchCmd, Cli, Cmd, CreateArgs, ExecArgs, FilesCmd, RefCmd, TravelArgs};
 use crate::output::{clean, print, Progress};
 use anyhow::{anyhow, bail, Context, Result};
 use branchbox_core::bench_travel::{self, Travel};
@@ -34,10 +32,15 @@ pub fn run(cli: Cli) -> Result<i32> {
     recover(&engine);
     match cli.command {
         Cmd::Doctor | Cmd::Guest { .. } | Cmd::Vm { .. } => unreachable_early(),
-        Cmd::Image { command: ImageCmd::Build } => image_build(&engine, json),
+        Cmd::Image { command } => crate::image::run(&engine, command, json),
         Cmd::Run { create, exec } => run_once(&engine, &create, &exec, json),
         Cmd::Create { create } => {
-            let s = engine.create(choice(create.backend), limits(&engine, &create)?, &mut progress_fn())?;
+            let s = engine.create_from(
+                choice(create.backend),
+                limits(&engine, &create)?,
+                &create.image,
+                &mut progress_fn(),
+            )?;
             print(json, &s, || s.id.to_string());
             Ok(0)
         }
@@ -367,7 +370,7 @@ fn run_command(engine: &Engine, id: &SandboxId, a: &ExecArgs, json: bool) -> Res
 }
 
 fn run_once(engine: &Engine, c: &CreateArgs, a: &ExecArgs, json: bool) -> Result<i32> {
-    let s = engine.create(choice(c.backend), limits(engine, c)?, &mut progress_fn())?;
+    let s = engine.create_from(choice(c.backend), limits(engine, c)?, &c.image, &mut progress_fn())?;
     let result = run_command(engine, &s.id, a, json);
     engine.kill(&s.id).context("destroying the sandbox")?;
     result
@@ -394,21 +397,6 @@ fn refs(engine: &Engine, cmd: RefCmd, json: bool) -> Result<i32> {
             })
         }
     }
-    Ok(0)
-}
-
-fn image_build(engine: &Engine, json: bool) -> Result<i32> {
-    let t = std::time::Instant::now();
-    let mut p = progress_fn();
-    let image = engine.build_image(&mut p)?;
-    let took = t.elapsed();
-    let v = serde_json::json!({
-        "id": image.id, "rootfs": image.rootfs, "built": image.built, "seconds": took.as_secs_f64()
-    });
-    print(json, &v, || {
-        let how = if image.built { "built" } else { "cached" };
-        format!("{} ({how} in {:.3} s): {}", image.id, took.as_secs_f64(), image.rootfs.display())
-    });
     Ok(0)
 }
 

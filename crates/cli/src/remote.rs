@@ -240,7 +240,7 @@ const CLI_TIMEOUT_S: u64 = 24 * 3600;
 
 fn create_body(c: &CreateArgs) -> Value {
     let backend = format!("{:?}", c.backend).to_lowercase();
-    json!({ "backend": backend, "memory_mib": c.memory, "cpus": c.cpus, "pids": c.pids, "timeout": CLI_TIMEOUT_S })
+    json!({ "backend": backend, "image": c.image, "memory_mib": c.memory, "cpus": c.cpus, "pids": c.pids, "timeout": CLI_TIMEOUT_S })
 }
 
 fn exec_remote(svc: &Service, id: &str, a: &ExecArgs, json_out: bool) -> Result<i32> {

@@ -17,5 +17,7 @@ pub mod gc;
 pub mod host;
 pub mod lineage;
 
+/// The image sandboxes get when they name none.
+pub use branchbox_image::DEFAULT_IMAGE;
 pub use config::Config;
 pub use engine::{BackendChoice, Engine, ForkOutcome, SandboxView, SnapshotOptions, Started};

@@ -74,6 +74,12 @@ pub async fn create(
             "a sandbox restored from a snapshot keeps the snapshot's limits; leave out memory_mib, cpus and pids",
         ));
     }
+    if snapshot.is_some() && req.image.is_some() {
+        return Err(ApiError::invalid(
+            "a sandbox restored from a snapshot keeps the snapshot's image; leave out image",
+        ));
+    }
+    let image = req.image.unwrap_or_else(|| branchbox_core::DEFAULT_IMAGE.to_string());
     let timeout =
         seconds("timeout", req.timeout.unwrap_or(st.cfg.default_timeout_s as f64), st.cfg.max_timeout_s)?;
     let metadata = req.metadata.unwrap_or_default();
@@ -98,7 +104,7 @@ pub async fn create(
             let _held = st.reserve(engine, 1)?;
             let sandbox = match &snapshot {
                 Some(s) => engine.restore(s)?.sandbox,
-                None => engine.create(choice, lim, &mut |_| {})?,
+                None => engine.create_from(choice, lim, &image, &mut |_| {})?,
             };
             let meta = SandboxMeta { expires_ms: Some(now_ms() + meta.timeout_ms), ..meta };
             st.db().put(&sandbox.id, &meta).map_err(db_err)?;
