@@ -27,7 +27,7 @@ pub const STATX_COMPAT_IN_IMAGE: &str = "/usr/local/lib/branchbox/libbranchbox-s
 /// The compiled compatibility library.
 const STATX_COMPAT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libbranchbox-statx.so"));
 
-/// Hash of everything installed on top of the base: the agent and the compat library.
+/// Hash of everything installed on top of the base: the agent, the compat library and how.
 fn payload_hash(path: &Path) -> Result<String> {
     let mut bytes = std::fs::read(path).map_err(|e| {
         Error::Unavailable(format!(
@@ -37,6 +37,9 @@ fn payload_hash(path: &Path) -> Result<String> {
         ))
     })?;
     bytes.extend_from_slice(STATX_COMPAT);
+    // How the stage installs them: bumped when that changes (2: modes set whatever the umask),
+    // so images made the old way are not reused.
+    bytes.extend_from_slice(b"agent stage 2");
     Ok(hex::encode(Sha256::digest(&bytes)))
 }
 
@@ -122,6 +125,12 @@ pub(crate) fn install_agent(
         let compat = resolve_in_root(&root, STATX_COMPAT_IN_IMAGE, true)?;
         remove_any(&compat)?;
         std::fs::write(&compat, STATX_COMPAT).map_err(|e| Error::io(&compat, e))?;
+        // Every user in the sandbox preloads it; the CLI's umask 077 would make it root's only.
+        use std::os::unix::fs::PermissionsExt;
+        for (path, mode) in [(&compat, 0o644), (&dest, 0o755)] {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+                .map_err(|e| Error::io(path, e))?;
+        }
         meta["base"] = source_hash.into();
         meta["agent_sha256"] = agent_hash.clone().into();
         std::fs::write(tmp.join("image.json"), meta.to_string()).map_err(|e| Error::io(&tmp, e))?;

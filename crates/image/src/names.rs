@@ -10,7 +10,7 @@ use crate::build::{clean_stale, ensure_image, install_agent, tmp_dir, Image};
 use crate::lock::DirLock;
 use crate::oci::{self, RunConfig};
 use crate::recipe::{Recipe, BUILTIN_IMAGES};
-use crate::unpack::{resolve_in_root, Budget, ImportLimits};
+use crate::unpack::{make_dir, resolve_in_root, Budget, ImportLimits};
 use branchbox_model::{Error, Name, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -21,7 +21,8 @@ const IMPORT_FORMAT: u32 = 1;
 /// The agent's dynamic loader: an image without it cannot run the agent.
 const LOADER: &str = "/lib64/ld-linux-x86-64.so.2";
 /// Mount points the sandbox runtime mounts over; made when the image lacks them.
-const MOUNT_POINTS: [&str; 6] = ["proc", "dev", "sys", "tmp", "run", "root"];
+const MOUNT_POINTS: [(&str, u32); 6] =
+    [("proc", 0o555), ("dev", 0o755), ("sys", 0o555), ("tmp", 0o1777), ("run", 0o755), ("root", 0o700)];
 
 /// An imported image's record.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -180,10 +181,10 @@ pub fn import_image(
 
 /// Makes the mount points the runtime needs and checks the agent can run in the tree.
 fn finish_tree(root: &Path) -> Result<()> {
-    for d in MOUNT_POINTS {
+    for (d, mode) in MOUNT_POINTS {
         let p = resolve_in_root(root, d, true)?;
         if std::fs::symlink_metadata(&p).is_err() {
-            std::fs::create_dir(&p).map_err(|e| Error::io(&p, e))?;
+            make_dir(&p, mode)?;
         }
     }
     if !exists_in_root(root, LOADER)? {

@@ -122,7 +122,7 @@ fn resolve_dir(root: &Path, comps: &[&OsStr], create: bool) -> Result<PathBuf> {
             Ok(m) if m.is_dir() => cur.push(c),
             Ok(_) => return Err(bad(format!("{} in the image is not a directory", here.display()))),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
-                std::fs::create_dir(&here).map_err(|e| Error::io(&here, e))?;
+                make_dir(&here, 0o755)?;
                 cur.push(c);
             }
             Err(e) => return Err(Error::io(&here, e)),
@@ -141,6 +141,14 @@ pub(crate) fn resolve_in_root(root: &Path, path: impl AsRef<Path>, create: bool)
         return Ok(root.to_path_buf());
     };
     Ok(resolve_dir(root, parents, create)?.join(last))
+}
+
+/// Makes the directory `path` with exactly `mode`: the CLI runs with umask 077, which would
+/// leave directories inside images unreadable to a sandbox's non-root users.
+pub(crate) fn make_dir(path: &Path, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir(path).map_err(|e| Error::io(path, e))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| Error::io(path, e))
 }
 
 /// Removes whatever is at `path` (never following a symlink); nothing there is fine.
