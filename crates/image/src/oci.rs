@@ -171,10 +171,18 @@ impl Source {
         match self {
             Source::Dir(d) => {
                 let p = d.join(name);
-                // Blobs are plain files: a symlink could point anywhere on the host.
+                // Names come from the image (docker save's manifest.json): none may reach a host
+                // file outside the directory, by '..', an absolute path or a symlink.
+                let inside = Path::new(name)
+                    .components()
+                    .all(|c| matches!(c, std::path::Component::Normal(_)))
+                    && matches!((p.canonicalize(), d.canonicalize()), (Ok(real), Ok(base)) if real.starts_with(&base));
                 let m = std::fs::symlink_metadata(&p).map_err(|_| missing())?;
-                if !m.is_file() {
-                    return Err(missing());
+                if !inside || !m.is_file() {
+                    return Err(bad(format!(
+                        "the image names {name:?}, which is not a plain file inside {}",
+                        d.display()
+                    )));
                 }
                 Ok(Box::new(std::fs::File::open(&p).map_err(|e| Error::io(&p, e))?))
             }

@@ -216,3 +216,32 @@ fn the_record_keeps_the_config_under_its_own_names_and_reads_back() {
     assert_eq!(json["config"]["working_dir"], "/work", "{json}");
     assert_eq!(imported_image(&images, "cfg").unwrap(), Some(record), "the record reads back whole");
 }
+
+#[test]
+fn a_layout_directory_cannot_name_a_host_file_outside_it() {
+    let d = tempfile::tempdir().unwrap();
+    let (images, src, outside) = (d.path().join("images"), d.path().join("saved"), d.path().join("outside"));
+    let img = image(vec![(base_layer(), false)]);
+    let mut files = img.docker_files();
+    // The layer lives outside the directory; manifest.json reaches for it with '..'.
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("layer.tar"), &files[0].1).unwrap();
+    files.remove(0);
+    let manifest = files.iter_mut().find(|(n, _)| n == "manifest.json").unwrap();
+    let text = String::from_utf8(manifest.1.clone()).unwrap();
+    let layer_name = format!("{}/layer.tar", oci_writer::sha(&base_layer()));
+    manifest.1 = text.replace(&layer_name, "../outside/layer.tar").into_bytes();
+    write_dir(&src, &files);
+    let e = import(&images, "reach", &src).unwrap_err().to_string();
+    assert!(e.contains("not a plain file inside"), "{e}");
+    // And through a symlink inside the directory.
+    let manifest = files.iter_mut().find(|(n, _)| n == "manifest.json").unwrap();
+    manifest.1 = String::from_utf8(manifest.1.clone())
+        .unwrap()
+        .replace("../outside/layer.tar", "link/layer.tar")
+        .into_bytes();
+    write_dir(&src, &files);
+    std::os::unix::fs::symlink(&outside, src.join("link")).unwrap();
+    let e = import(&images, "reach", &src).unwrap_err().to_string();
+    assert!(e.contains("not a plain file inside"), "{e}");
+}
