@@ -14,7 +14,7 @@ export BRANCHBOX_DATA="${BRANCHBOX_DATA:-/var/lib/branchbox}"
 
 echo "== host"
 $bb doctor || true
-echo "== image (debootstrap the first time, about a minute; then cached)"
+echo "== image (debootstrap and apt-get the first time, several minutes; then cached)"
 $bb image build
 
 sandboxes=()

@@ -54,9 +54,12 @@ pub struct CreateArgs {
     #[arg(long)]
     pub pids: Option<u32>,
     /// Start from this template's last build (`branchbox template ls`); its env, workdir and
-    /// user apply to every command. Limits and backend come from the template.
-    #[arg(long, conflicts_with_all = ["memory", "cpus", "pids"])]
+    /// user apply to every command. Limits, image and backend come from the template.
+    #[arg(long, conflicts_with_all = ["memory", "cpus", "pids", "image"])]
     pub template: Option<String>,
+    /// Image: `default`, `minimal`, or a name given to `branchbox image import`.
+    #[arg(long, default_value = branchbox_image::DEFAULT_IMAGE)]
+    pub image: String,
 }
 
 /// How to run a command.
@@ -293,8 +296,26 @@ pub enum RefCmd {
 /// Image subcommands.
 #[derive(Debug, Subcommand)]
 pub enum ImageCmd {
-    /// Build the default image (cached by recipe hash; a cache hit takes milliseconds).
-    Build,
+    /// Build an image (cached by recipe hash; a cache hit takes milliseconds).
+    Build {
+        /// `default` (python3, pip, venv, git, curl, Node.js, npm), `minimal` (python3), or an
+        /// imported name (gets the current agent).
+        #[arg(default_value = branchbox_image::DEFAULT_IMAGE)]
+        name: String,
+    },
+    /// Import an OCI image layout (directory or tarball) or a `docker save` tarball as NAME.
+    /// No registry is contacted.
+    Import {
+        /// The name to give it (replaces an import of that name).
+        name: String,
+        /// The layout directory or tarball.
+        path: PathBuf,
+        /// Most bytes the layers may unpack to, MiB.
+        #[arg(long, default_value_t = 8192)]
+        max_mib: u64,
+    },
+    /// List image names.
+    Ls,
 }
 
 /// Guest subcommands.
@@ -315,9 +336,12 @@ pub enum GuestCmd {
         #[arg(long)]
         cached: bool,
     },
-    /// Build the ext4 root disk from the default image with the agent as /sbin/init, or find
-    /// it in the cache. Never write the cached file: copy it (or layer over it) per guest.
+    /// Build the ext4 root disk from an image with the agent as /sbin/init, or find it in the
+    /// cache. Never write the cached file: copy it (or layer over it) per guest.
     Disk {
+        /// The image (`default` unless given, as for `create`).
+        #[arg(long, default_value = branchbox_image::DEFAULT_IMAGE)]
+        image: String,
         /// Print only the path of the cached rootfs.ext4.
         #[arg(long)]
         print_path: bool,

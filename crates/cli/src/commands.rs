@@ -1,8 +1,6 @@
 //! One function per subcommand.
 
-use crate::args::{
-    BackendArg, BenchCmd, Cli, Cmd, CreateArgs, ExecArgs, FilesCmd, ImageCmd, RefCmd, TravelArgs,
-};
+use crate::args::{BackendArg, BenchCmd, Cli, Cmd, CreateArgs, ExecArgs, FilesCmd, RefCmd, TravelArgs};
 use crate::output::{clean, print, Progress};
 use anyhow::{anyhow, bail, Context, Result};
 use branchbox_core::bench_travel::{self, Travel};
@@ -34,7 +32,7 @@ pub fn run(cli: Cli) -> Result<i32> {
     recover(&engine);
     match cli.command {
         Cmd::Doctor | Cmd::Guest { .. } | Cmd::Vm { .. } => unreachable_early(),
-        Cmd::Image { command: ImageCmd::Build } => image_build(&engine, json),
+        Cmd::Image { command } => crate::image::run(&engine, command, json),
         Cmd::Run { create, exec } => run_once(&engine, &create, &exec, json),
         Cmd::Create { create } => {
             let s = create_sandbox(&engine, &create)?;
@@ -382,7 +380,7 @@ fn create_sandbox(engine: &Engine, c: &CreateArgs) -> Result<branchbox_model::Sa
             bail!("--backend does not apply with --template {t}: the template's sandboxes use the backend it was built on")
         }
         Some(t) => Ok(engine.create_from_template(t)?.sandbox),
-        None => Ok(engine.create(choice(c.backend), limits(engine, c)?, &mut progress_fn())?),
+        None => Ok(engine.create_from(choice(c.backend), limits(engine, c)?, &c.image, &mut progress_fn())?),
     }
 }
 
@@ -414,21 +412,6 @@ fn refs(engine: &Engine, cmd: RefCmd, json: bool) -> Result<i32> {
             })
         }
     }
-    Ok(0)
-}
-
-fn image_build(engine: &Engine, json: bool) -> Result<i32> {
-    let t = std::time::Instant::now();
-    let mut p = progress_fn();
-    let image = engine.build_image(&mut p)?;
-    let took = t.elapsed();
-    let v = serde_json::json!({
-        "id": image.id, "rootfs": image.rootfs, "built": image.built, "seconds": took.as_secs_f64()
-    });
-    print(json, &v, || {
-        let how = if image.built { "built" } else { "cached" };
-        format!("{} ({how} in {:.3} s): {}", image.id, took.as_secs_f64(), image.rootfs.display())
-    });
     Ok(0)
 }
 

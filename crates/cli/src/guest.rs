@@ -7,8 +7,8 @@ use crate::output::print;
 use anyhow::{anyhow, Result};
 use branchbox_core::Config;
 use branchbox_image::{
-    cached_disk, cached_kernel, ensure_disk, ensure_image, ensure_kernel, external_kernel, image_id, Image,
-    KernelRecipe, KernelSource, Recipe, KERNEL_ENV,
+    cached_disk, cached_kernel, ensure_disk, ensure_kernel, external_kernel, image_id, resolve_image, Image,
+    KernelRecipe, KernelSource, Recipe, BUILTIN_IMAGES, KERNEL_ENV,
 };
 use std::path::PathBuf;
 use std::time::Instant;
@@ -19,7 +19,7 @@ pub fn run(cfg: &Config, cmd: &GuestCmd, json: bool) -> Result<i32> {
         GuestCmd::Kernel { print_path, source, cached } => {
             kernel(cfg, *print_path, source.as_ref(), *cached, json)
         }
-        GuestCmd::Disk { print_path, cached } => disk(cfg, *print_path, *cached, json),
+        GuestCmd::Disk { print_path, cached, image } => disk(cfg, image, *print_path, *cached, json),
     }
 }
 
@@ -73,16 +73,18 @@ fn kernel(cfg: &Config, print_path: bool, source: Option<&PathBuf>, cached: bool
     Ok(0)
 }
 
-fn disk(cfg: &Config, print_path: bool, cached: bool, json: bool) -> Result<i32> {
+fn disk(cfg: &Config, name: &str, print_path: bool, cached: bool, json: bool) -> Result<i32> {
     let t = Instant::now();
     let (image, d) = if cached {
-        let recipe = Recipe::default();
+        let recipe = Recipe::named(name).ok_or_else(|| {
+            anyhow!("--cached takes a built-in image ({}), not {name:?}", BUILTIN_IMAGES.join(", "))
+        })?;
         let id = image_id(&recipe, &cfg.agent)?;
         let image = Image { rootfs: cfg.images_dir.join(&id).join("rootfs"), id, built: false };
         let d = cached_disk(&cfg.images_dir, &image, &cfg.agent)?.ok_or_else(|| {
             anyhow!(
                 "the root disk for image {} with the agent {} is not built in {}; build it with \
-                 `branchbox guest disk`",
+                 `branchbox guest disk --image {name}`",
                 image.id,
                 cfg.agent.display(),
                 cfg.images_dir.display()
@@ -91,7 +93,7 @@ fn disk(cfg: &Config, print_path: bool, cached: bool, json: bool) -> Result<i32>
         (image, d)
     } else {
         let mut p = progress_fn();
-        let image = ensure_image(&cfg.images_dir, &Recipe::default(), &cfg.agent, &cfg.mirror, &mut p)?;
+        let image = resolve_image(&cfg.images_dir, name, &cfg.agent, &cfg.mirror, &mut p)?;
         (image.clone(), ensure_disk(&cfg.images_dir, &image, &cfg.agent, &mut p)?)
     };
     let took = t.elapsed().as_secs_f64();

@@ -4,6 +4,7 @@ mod args;
 mod commands;
 mod download;
 mod guest;
+mod image;
 mod output;
 mod pool;
 mod pool_bench;

@@ -245,8 +245,9 @@ const CLI_TIMEOUT_S: u64 = 24 * 3600;
 fn create_body(c: &CreateArgs) -> Value {
     let backend = format!("{:?}", c.backend).to_lowercase();
     let mut body = json!({ "backend": backend, "memory_mib": c.memory, "cpus": c.cpus, "pids": c.pids, "timeout": CLI_TIMEOUT_S });
-    if let Some(t) = &c.template {
-        body["template"] = json!(t);
+    match &c.template {
+        Some(t) => body["template"] = json!(t),
+        None => body["image"] = json!(c.image),
     }
     body
 }

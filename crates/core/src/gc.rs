@@ -187,8 +187,8 @@ fn collect_images(engine: &Engine, dry_run: bool, r: &mut GcReport) -> Result<()
     }
     let mut used: BTreeSet<String> = engine.sandbox_records()?.into_iter().map(|s| s.image).collect();
     used.extend(engine.snapshots()?.into_iter().filter(|s| s.deleted_ms.is_none()).map(|s| s.image));
-    if let Ok(current) = engine.current_image_id() {
-        used.insert(current);
+    if let Ok(current) = engine.current_image_ids() {
+        used.extend(current);
     }
     for name in names(&cfg.images_dir) {
         if name.starts_with("img-") && !used.contains(&name) {

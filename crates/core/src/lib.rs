@@ -17,6 +17,8 @@ pub mod gc;
 pub mod host;
 pub mod lineage;
 
+/// The image sandboxes get when they name none.
+pub use branchbox_image::DEFAULT_IMAGE;
 pub use config::Config;
 pub use engine::{
     BackendChoice, BuildEvent, Built, Engine, ForkOutcome, SandboxView, SnapshotOptions, Started, StepRecord,

@@ -1,4 +1,4 @@
-//! Sandbox images, built reproducibly and cached by the hash of their recipe.
+//! Sandbox images, built reproducibly and cached by the hash of their recipe, or imported.
 //!
 //! An image is built in two stages, each cached under the image directory:
 //! 1. `base-<hash>`: a Debian root filesystem from debootstrap; the hash covers the recipe
@@ -14,6 +14,11 @@
 //! with the fragments under `images/kernel/`) and an ext4 root disk made from an image's tree;
 //! both are cached by recipe hash under `<images>/kernel/` and `<images>/disk/`.
 //!
+//! Images have names: `default` (minbase, python3, pip, venv, git, curl, Node.js and npm) and
+//! `minimal` (minbase and python3) are recipes; others are imported from an OCI image layout or a
+//! `docker save` tarball (`names`), unpacked as hostile input (`unpack`), and get the agent the
+//! same way.
+//!
 //! Not for: running sandboxes or recording metadata.
 
 mod build;
@@ -21,11 +26,17 @@ pub mod disk;
 pub mod kconfig;
 pub mod kernel;
 mod lock;
+mod names;
+mod oci;
 mod recipe;
+mod unpack;
 
 pub use build::{ensure_image, image_id, Image, STATX_COMPAT_IN_IMAGE};
 pub use disk::{cached_disk, collect_disks, ensure_disk, Disk, DiskRecipe};
 pub use kernel::{
     cached_kernel, ensure_kernel, external_kernel, Kernel, KernelRecipe, KernelSource, KERNEL_ENV,
 };
-pub use recipe::Recipe;
+pub use names::{image_names, import_image, imported_image, resolve_image, ImportedImage};
+pub use oci::RunConfig;
+pub use recipe::{Recipe, BUILTIN_IMAGES, DEFAULT_IMAGE, MINIMAL_IMAGE};
+pub use unpack::ImportLimits;

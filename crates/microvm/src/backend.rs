@@ -121,7 +121,7 @@ impl MicrovmBackend {
         match cached_disk(&self.cfg.images_dir, &image, &self.cfg.agent)? {
             Some(disk) => Ok(disk.path),
             None => Err(Error::Unavailable(format!(
-                "the root disk of image {} with the agent {} is not built in {}; build it with `branchbox guest disk`",
+                "the root disk of image {} with the agent {} is not built in {}; build it with `branchbox guest disk --image NAME` (NAME: the image given to create, `default` when none)",
                 image.id,
                 self.cfg.agent.display(),
                 self.cfg.images_dir.display()

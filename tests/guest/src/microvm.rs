@@ -38,9 +38,9 @@ impl CachedGuest {
         })
     }
 
-    /// A plan for a sandbox of the default image in `dir`, with `memory_mib` of RAM.
+    /// A plan for a sandbox of the default image (the one `guest disk` builds) in `dir`, with `memory_mib` of RAM.
     pub fn plan(&self, dir: &Path, memory_mib: u64) -> Result<SandboxPlan, String> {
-        let image = image_id(&Recipe::default(), &self.agent).map_err(|e| e.to_string())?;
+        let image = image_id(&Recipe::standard(), &self.agent).map_err(|e| e.to_string())?;
         Ok(SandboxPlan {
             id: SandboxId::generate(),
             dir: dir.to_path_buf(),

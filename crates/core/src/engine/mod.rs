@@ -4,7 +4,7 @@
 use crate::config::Config;
 use crate::host;
 use branchbox_gvisor::GvisorBackend;
-use branchbox_image::{ensure_image, Image, Recipe};
+use branchbox_image::{resolve_image, Image, DEFAULT_IMAGE};
 use branchbox_microvm::MicrovmBackend;
 use branchbox_model::{
     check_snapshot_ref, now_ms, AgentConn, Backend, BackendKind, Error, Limits, Name, Result, Sandbox,
@@ -247,15 +247,16 @@ impl Engine {
             return Err(Error::not_found(
                 "image",
                 image,
-                "it was removed from the image cache; rebuild with `branchbox image build`",
+                "it was removed from the image cache; rebuild with `branchbox image build NAME`",
             ));
         }
         Ok(rootfs)
     }
 
-    /// Builds (or finds in the cache) the default image with the current agent.
-    pub fn build_image(&self, progress: &mut dyn FnMut(&str)) -> Result<Image> {
-        ensure_image(&self.cfg.images_dir, &Recipe::default(), &self.cfg.agent, &self.cfg.mirror, progress)
+    /// Builds (or finds in the cache) the image `name` (built-in or imported) with the current
+    /// agent.
+    pub fn build_image(&self, name: &str, progress: &mut dyn FnMut(&str)) -> Result<Image> {
+        resolve_image(&self.cfg.images_dir, name, &self.cfg.agent, &self.cfg.mirror, progress)
     }
 
     fn plan(&self, id: SandboxId, rootfs: PathBuf, limits: Limits) -> SandboxPlan {
@@ -270,12 +271,24 @@ impl Engine {
         limits: Option<Limits>,
         progress: &mut dyn FnMut(&str),
     ) -> Result<Sandbox> {
+        self.create_from(choice, limits, DEFAULT_IMAGE, progress)
+    }
+
+    /// Creates and starts a sandbox from the image `image` (a built-in name such as `default`
+    /// or `minimal`, or an imported one), built first when missing.
+    pub fn create_from(
+        &self,
+        choice: BackendChoice,
+        limits: Option<Limits>,
+        image: &str,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Sandbox> {
         let _busy = self.in_progress()?;
         let limits = limits.unwrap_or(self.cfg.limits);
         limits.validate()?;
         let kind = self.resolve(choice);
         let backend = self.backend(kind)?;
-        let image = self.build_image(progress)?;
+        let image = self.build_image(image, progress)?;
         let plan = self.plan(SandboxId::generate(), image.rootfs.clone(), limits);
         if let Err(e) = backend.create(&plan) {
             let _ = backend.destroy(&plan.id, &plan.dir);

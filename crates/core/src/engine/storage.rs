@@ -82,9 +82,13 @@ impl Engine {
         self.snapshot_dir(id)
     }
 
-    /// The id the default image has with the current agent, without building it.
-    pub fn current_image_id(&self) -> Result<String> {
-        branchbox_image::image_id(&Recipe::default(), &self.cfg.agent)
+    /// The ids the built-in images have with the current agent, without building them.
+    pub fn current_image_ids(&self) -> Result<Vec<String>> {
+        branchbox_image::BUILTIN_IMAGES
+            .iter()
+            .filter_map(|name| Recipe::named(name))
+            .map(|recipe| branchbox_image::image_id(&recipe, &self.cfg.agent))
+            .collect()
     }
 
     /// The file listing of a snapshot: read from `manifest.json` beside its data, or made once

@@ -64,10 +64,10 @@ pub async fn create(
     let template = req.template.clone().filter(|t| t != "default");
     let snapshot = req.snapshot_id.as_deref().map(snapshot_ref).transpose()?;
     let lim = limits(&st, &req);
-    if template.is_some() && (snapshot.is_some() || lim.is_some()) {
+    if template.is_some() && (snapshot.is_some() || lim.is_some() || req.image.is_some()) {
         return Err(ApiError::invalid(
-            "a sandbox of a template starts from the template's snapshot with its limits; leave out snapshot_id, \
-             memory_mib, cpus and pids",
+            "a sandbox of a template starts from the template's snapshot with its image and limits; leave out \
+             snapshot_id, image, memory_mib, cpus and pids",
         ));
     }
     if snapshot.is_some() && lim.is_some() {
@@ -75,6 +75,12 @@ pub async fn create(
             "a sandbox restored from a snapshot keeps the snapshot's limits; leave out memory_mib, cpus and pids",
         ));
     }
+    if snapshot.is_some() && req.image.is_some() {
+        return Err(ApiError::invalid(
+            "a sandbox restored from a snapshot keeps the snapshot's image; leave out image",
+        ));
+    }
+    let image = req.image.unwrap_or_else(|| branchbox_core::DEFAULT_IMAGE.to_string());
     let timeout =
         seconds("timeout", req.timeout.unwrap_or(st.cfg.default_timeout_s as f64), st.cfg.max_timeout_s)?;
     let metadata = req.metadata.unwrap_or_default();
@@ -100,7 +106,7 @@ pub async fn create(
             let sandbox = match (&template, &snapshot) {
                 (Some(t), _) => engine.create_from_template(t)?.sandbox,
                 (None, Some(s)) => engine.restore(s)?.sandbox,
-                (None, None) => engine.create(choice, lim, &mut |_| {})?,
+                (None, None) => engine.create_from(choice, lim, &image, &mut |_| {})?,
             };
             let meta = SandboxMeta { expires_ms: Some(now_ms() + meta.timeout_ms), ..meta };
             st.db().put(&sandbox.id, &meta).map_err(db_err)?;

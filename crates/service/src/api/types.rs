@@ -182,6 +182,8 @@ pub struct CreateSandbox {
     pub template: Option<String>,
     /// Start from this snapshot (id or name) instead of the template.
     pub snapshot_id: Option<String>,
+    /// Image: `default` (when absent), `minimal`, or a name given to `branchbox image import`.
+    pub image: Option<String>,
     /// Seconds until the timeout fires (default 300).
     pub timeout: Option<f64>,
     /// What the timeout does (default `kill`).
