@@ -295,11 +295,16 @@ impl MicrovmBackend {
             let _ = p.shutdown();
         }
         let deadline = Instant::now() + EXIT_TIMEOUT;
+        let mut killed = false;
         while let Some(pid) = files::our_vmm(dir) {
-            if Instant::now() > deadline {
+            if !killed && Instant::now() > deadline {
                 // SAFETY: the pid is this sandbox's VMM (its command line names this
                 // directory's control socket) and not a zombie.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
+                killed = true;
+            } else if killed && Instant::now() > deadline + EXIT_TIMEOUT {
+                // A SIGKILLed process that is still there is stuck in the kernel (e.g. on
+                // a slow disk); the caller's own checks will name it.
                 break;
             }
             std::thread::sleep(Duration::from_millis(5));
