@@ -8,7 +8,7 @@ from typing import Iterator
 
 import pytest
 
-from branchbox import Pool, Sandbox, ServiceUnavailableError
+from branchbox import Pool, Sandbox, ServiceUnavailableError, Templates
 
 from conftest import Service, _serve, wait_until
 
@@ -129,3 +129,26 @@ def test_pools_survive_a_restart_and_show_their_memory(pools):
         assert before.members[1] in refilled.members
     finally:
         Pool.connect("lasting", **svc.sdk()).delete()
+
+
+def test_a_pool_of_a_template_hands_out_its_last_build_with_its_env_and_workdir(pools):
+    svc, _src, _snap = pools
+    steps = [
+        {"file": "/srv/tpl/marker.txt", "content": "built by the template\n", "mode": "644"},
+        {"env": {"TPL_MODE": "pooled"}},
+        {"workdir": "/srv/tpl"},
+    ]
+    Templates.build("pool-tpl", steps, **svc.sdk())
+    pool = Pool.create("from-tpl", 1, template="pool-tpl", **svc.sdk())
+    try:
+        _full(svc, "from-tpl", 1)
+        s = pool.claim()
+        try:
+            assert s.claim_info.source == "pool"
+            r = s.commands.run('echo "$TPL_MODE|$(pwd)|$(cat marker.txt)"')
+            assert r.stdout.strip() == "pooled|/srv/tpl|built by the template", r
+        finally:
+            s.kill()
+    finally:
+        pool.delete()
+        Templates.delete("pool-tpl", **svc.sdk())

@@ -12,7 +12,6 @@ pub mod store;
 use crate::api::sandboxes::db_err;
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
-use axum::http::StatusCode;
 use branchbox_core::Engine;
 use branchbox_model::{now_ms, SandboxId};
 use std::collections::BTreeMap;
@@ -72,20 +71,12 @@ impl Pools {
     }
 }
 
-/// Starts one sandbox of a pool: restored from its snapshot, or (once the service builds
-/// templates) from its template's last build, which `Engine::create_from_template` restores.
+/// Starts one sandbox of a pool: restored from its snapshot, or from its template's last
+/// successful build (with the template's env, workdir and user for its commands).
 pub fn start(engine: &Engine, def: &PoolDef) -> ApiResult<SandboxId> {
     match (&def.snapshot, &def.template) {
         (Some(s), _) => Ok(engine.restore(s)?.sandbox.id),
-        (None, Some(t)) => Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            format!(
-                "pool {} names template {t:?}, and this service does not build templates yet; \
-                 make the pool from the template's snapshot instead (\"snapshot\")",
-                def.name
-            ),
-        )),
+        (None, Some(t)) => Ok(engine.create_from_template(t)?.sandbox.id),
         (None, None) => Err(ApiError::internal(format!("pool {} names no snapshot", def.name))),
     }
 }
