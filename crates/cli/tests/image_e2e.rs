@@ -66,7 +66,7 @@ fn an_imported_oci_tarball_runs_its_program() {
     let image = Image {
         layers: vec![(runtime_layer(), true), (app, false)],
         env: vec!["GREETING=oci".into()],
-        workdir: None,
+        workdir: Some("/usr/local/bin".into()),
     };
     let tarball = dir.path().join("hello.tar");
     write_tar(&tarball, &image.oci_files());
@@ -80,4 +80,14 @@ fn an_imported_oci_tarball_runs_its_program() {
     assert!(!s.sh_output("test -e /etc/gone").status.success(), "the whiteout removed /etc/gone");
     // The Debian tools are not there: this is the imported tree, not the default image.
     assert!(!s.sh_output("python3 -c 1").status.success());
+    // A template built on the imported image starts with its Env and WorkingDir.
+    let ctx = tempfile::tempdir().unwrap();
+    let dockerfile = ctx.path().join("Dockerfile");
+    std::fs::write(&dockerfile, format!("FROM {name}\nRUN echo built > /marker\n")).unwrap();
+    ok(&["template", "build", "e2e-oci-tpl", "-f", dockerfile.to_str().unwrap()]);
+    let t = Sandbox::adopt(&ok(&["create", "--template", "e2e-oci-tpl"]));
+    // No cat in this image: the shell's own `read`.
+    assert_eq!(t.sh("read m < /marker && echo \"$(hello)|$(pwd)|$m\"").trim(), "hello from oci|/usr/local/bin|built");
+    drop(t);
+    ok(&["template", "rm", "e2e-oci-tpl"]);
 }

@@ -81,7 +81,7 @@ impl BuildLock {
 
 /// Where a build starts when nothing is cached.
 enum Start {
-    Image,
+    Image(String),
     Snapshot(SnapshotId),
 }
 
@@ -340,19 +340,12 @@ impl Engine {
             Ok((Start::Snapshot(b.snapshot), chain::base_key(&format!("template:{}", b.key)), b.defaults))
         };
         let image = |n: &str| -> Result<(Start, String, ExecDefaults)> {
-            if n != branchbox_template::DEFAULT_IMAGE {
-                return Err(Error::not_found(
-                    "image",
-                    n,
-                    "the image available to templates is `default`; other templates are named with `template:NAME`",
-                ));
-            }
-            let img = self.build_image(&mut |_| {})?;
+            let img = self.build_image(n, &mut |_| {})?;
             let kind = self.resolve(BackendChoice::Auto);
             Ok((
-                Start::Image,
+                Start::Image(n.to_string()),
                 chain::base_key(&format!("image:{}:{}", img.id, kind.as_str())),
-                ExecDefaults::default(),
+                self.image_defaults(n)?,
             ))
         };
         match spec.base()? {
@@ -365,12 +358,34 @@ impl Engine {
         }
     }
 
+    /// The env and working directory an imported image's configuration names, as the
+    /// defaults its templates start with; built-in images give none. Entries that could not
+    /// be a variable (no name, a NUL) are left out rather than failing every command.
+    fn image_defaults(&self, name: &str) -> Result<ExecDefaults> {
+        let Some(imported) = branchbox_image::imported_image(&self.cfg.images_dir, name)
+            .map_err(|e| Error::Backend(e.to_string()))?
+        else {
+            return Ok(ExecDefaults::default());
+        };
+        let env = imported
+            .config
+            .env
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|kv| kv.split_once('='))
+            .filter(|(k, v)| !k.is_empty() && !k.contains('\0') && !v.contains('\0'))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let workdir = imported.config.working_dir.filter(|w| w.starts_with('/') && !w.contains('\0'));
+        Ok(ExecDefaults { env, workdir, user: None })
+    }
+
     /// Starts the base and snapshots it (an image), or restores it (a template's last step,
     /// whose snapshot is the base's).
     fn start_base(&self, start: &Start) -> Result<(SandboxId, SnapshotId)> {
         match start {
-            Start::Image => {
-                let s = self.create(BackendChoice::Auto, None, &mut |_| {})?;
+            Start::Image(name) => {
+                let s = self.create_from(BackendChoice::Auto, None, name, &mut |_| {})?;
                 let opts = SnapshotOptions { kind: SnapshotKind::Snapshot, name: None, ttl: None };
                 match self.snapshot(&s.id, &opts) {
                     Ok(snap) => Ok((s.id, snap.id)),
