@@ -380,7 +380,9 @@ fn create_sandbox(engine: &Engine, c: &CreateArgs) -> Result<branchbox_model::Sa
             bail!("--backend does not apply with --template {t}: the template's sandboxes use the backend it was built on")
         }
         Some(t) => Ok(engine.create_from_template(t)?.sandbox),
-        None => Ok(engine.create_from(choice(c.backend), limits(engine, c)?, &c.image, &mut progress_fn())?),
+        None => {
+            Ok(engine.create_from(choice(c.backend), limits(engine, c)?, &c.image, &mut progress_fn())?)
+        }
     }
 }
 
