@@ -91,6 +91,7 @@ $bb bench exec --runs 20 >/dev/null
 $bb bench fork --backend gvisor --short >/dev/null
 $bb bench fork --backend microvm --short >/dev/null
 $bb bench density --short >/dev/null
+$bb bench claim --short >/dev/null
 $bb bench soak --short >/dev/null
 for b in checkpoint rollback branch chain; do
     $bb bench $b --backend gvisor --short >/dev/null

@@ -442,6 +442,23 @@ pub enum BenchCmd {
         #[arg(long)]
         short: bool,
     },
+    /// Claims from a warm pool of paused microVM children (synthetic guest): a fresh identity
+    /// written, then the guest's first answer, against a ping to a running child. gvisor pools
+    /// live in branchboxd: `branchbox pool bench`.
+    Claim {
+        /// Guest RAM of the pooled snapshot, MiB.
+        #[arg(long, default_value_t = 512)]
+        mib: u64,
+        /// Children kept ready in the pool.
+        #[arg(long, default_value_t = 16)]
+        pool: usize,
+        /// Timed claims.
+        #[arg(long, default_value_t = 200)]
+        claims: usize,
+        /// A short version for CI.
+        #[arg(long)]
+        short: bool,
+    },
     /// Host memory each idle microVM child adds (synthetic guest).
     Density {
         /// Guest RAM of the parent, MiB.

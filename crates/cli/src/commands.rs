@@ -645,6 +645,14 @@ fn bench_cmd(engine: &Engine, cmd: BenchCmd, json: bool) -> Result<i32> {
             };
             branchbox_core::bench_soak::soak(engine, &o)?
         }
+        BenchCmd::Claim { mib, pool, claims, short } => {
+            let o = if short {
+                branchbox_vmm::ClaimBenchOptions::short()
+            } else {
+                branchbox_vmm::ClaimBenchOptions { mem_mib: mib, pool_size: pool, claims }
+            };
+            branchbox_vmm::bench_claim(&o)?
+        }
         BenchCmd::Density { mib, children, short } => {
             let o = if short {
                 branchbox_vmm::DensityBenchOptions::short()

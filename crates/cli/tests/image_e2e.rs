@@ -87,7 +87,10 @@ fn an_imported_oci_tarball_runs_its_program() {
     ok(&["template", "build", "e2e-oci-tpl", "-f", dockerfile.to_str().unwrap()]);
     let t = Sandbox::adopt(&ok(&["create", "--template", "e2e-oci-tpl"]));
     // No cat in this image: the shell's own `read`.
-    assert_eq!(t.sh("read m < /marker && echo \"$(hello)|$(pwd)|$m\"").trim(), "hello from oci|/usr/local/bin|built");
+    assert_eq!(
+        t.sh("read m < /marker && echo \"$(hello)|$(pwd)|$m\"").trim(),
+        "hello from oci|/usr/local/bin|built"
+    );
     drop(t);
     ok(&["template", "rm", "e2e-oci-tpl"]);
 }

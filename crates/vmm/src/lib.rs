@@ -33,9 +33,9 @@ pub mod vm;
 pub mod vstate;
 
 pub use bench::{
-    bench_branch, bench_chain, bench_checkpoint, bench_density, bench_fork, bench_fork_processes,
-    bench_rollback, BranchBenchOptions, ChainBenchOptions, CheckpointBenchOptions, DensityBenchOptions,
-    ForkBenchOptions, ProcessForkBenchOptions, RollbackBenchOptions,
+    bench_branch, bench_chain, bench_checkpoint, bench_claim, bench_density, bench_fork,
+    bench_fork_processes, bench_rollback, BranchBenchOptions, ChainBenchOptions, CheckpointBenchOptions,
+    ClaimBenchOptions, DensityBenchOptions, ForkBenchOptions, ProcessForkBenchOptions, RollbackBenchOptions,
 };
 pub use branchbox_persist::{NoContext, RestoreError, Snapshottable};
 pub use checkpoint::{fork_live, Checkpoint, LiveFork};

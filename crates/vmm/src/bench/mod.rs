@@ -3,10 +3,12 @@
 //! a [`Report`] with the reference measured in the same run; nothing here asserts a timing.
 
 mod branch;
+mod claim;
 mod host;
 mod timetravel;
 
 pub use branch::{bench_branch, BranchBenchOptions};
+pub use claim::{bench_claim, ClaimBenchOptions};
 pub use timetravel::{
     bench_chain, bench_checkpoint, bench_rollback, ChainBenchOptions, CheckpointBenchOptions,
     RollbackBenchOptions,
