@@ -26,7 +26,7 @@ fn cached_lookups_build_nothing_and_name_the_build_command() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("`branchbox guest disk`"), "{err}");
+    assert!(err.contains("`branchbox guest disk --image default`"), "{err}");
     assert!(out.stdout.is_empty());
     // Nothing was built or even started in the cache.
     assert!(!d.path().join("disk").exists() && !d.path().join("kernel").exists());
