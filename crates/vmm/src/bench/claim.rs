@@ -2,7 +2,8 @@
 //! counterpart of branchboxd's gVisor pools (`docs/pools.md`): what a claim costs once the
 //! children are already restored and waiting.
 
-use super::{stats, warm_snapshot};
+use super::host::host_facts;
+use super::warm::{stats, warm_snapshot};
 use crate::error::{Error, Result};
 use crate::fork::{fork, ShellPool};
 use crate::hypervisor::Hypervisor;
@@ -148,7 +149,7 @@ pub fn bench_claim(opts: &ClaimBenchOptions) -> Result<Report> {
             "pool_size": size,
             "claims": opts.claims.max(1),
         }),
-        host: super::host_facts(&hv),
+        host: host_facts(&hv),
         figures,
         ratios,
         summary,

@@ -6,6 +6,7 @@ mod branch;
 mod claim;
 mod host;
 mod timetravel;
+mod warm;
 
 pub use branch::{bench_branch, BranchBenchOptions};
 pub use claim::{bench_claim, ClaimBenchOptions};
@@ -14,21 +15,20 @@ pub use timetravel::{
     RollbackBenchOptions,
 };
 
-use crate::config::VmConfig;
 use crate::error::{kvm, Error, Result};
 use crate::fork::{fork_with, ShellPool};
 use crate::hypervisor::Hypervisor;
 use crate::memory::GuestRam;
 use crate::snapshot::Snapshot;
-use crate::testguest::{self, Command, DATA_BASE};
+use crate::testguest::{self, Command};
 use crate::vm::Vm;
 use branchbox_model::bench::{Report, Stats};
-use host::{host_facts, TempDir, PAGE};
+use host::host_facts;
 use kvm_bindings::kvm_userspace_memory_region;
 use serde_json::json;
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
+use warm::{stats, warm_snapshot};
 
 /// Parameters of [`bench_fork`].
 #[derive(Debug, Clone)]
@@ -96,29 +96,6 @@ impl DensityBenchOptions {
     }
 }
 
-/// A parent with all of its RAM touched, snapshotted into a temporary directory.
-struct WarmSnapshot {
-    parent: Vm,
-    parent_rss: u64,
-    snapshot: Snapshot,
-    _dir: TempDir,
-}
-
-fn warm_snapshot(hv: &Arc<Hypervisor>, mem_mib: u64) -> Result<WarmSnapshot> {
-    let config = VmConfig { mem_size: mem_mib << 20, vcpus: 1, irqchip: false };
-    let mut parent = Vm::boot(hv, config)?;
-    testguest::install(&mut parent)?;
-    let pages = config.mem_size.saturating_sub(DATA_BASE) / PAGE;
-    // Every qword, so the layer holds no zero page and no hole.
-    let touch = Command::Fill { base: DATA_BASE, count: pages * PAGE / 8, stride: 8, seed: 0x5eed };
-    testguest::call(&mut parent, touch)?;
-    let parent_rss = parent.ram().resident_bytes()?;
-    let dir = TempDir::new()?;
-    parent.snapshot(dir.path())?;
-    let snapshot = Snapshot::open(dir.path())?;
-    Ok(WarmSnapshot { parent, parent_rss, snapshot, _dir: dir })
-}
-
 /// Forks `n` children over `workers` threads and runs each until it answers a ping.
 fn fork_and_ping(snapshot: &Snapshot, n: usize, pool: &mut ShellPool, workers: usize) -> Result<Vec<Vm>> {
     fork_with(snapshot, n, pool, workers, |child| testguest::call(child, Command::Ping).map(|_| ()))
@@ -175,10 +152,6 @@ fn time<T>(f: impl FnOnce() -> Result<T>) -> Result<(Duration, T)> {
     let start = Instant::now();
     let out = f()?;
     Ok((start.elapsed(), out))
-}
-
-fn stats(samples: &[Duration]) -> Result<Stats> {
-    Stats::from_durations(samples).ok_or_else(|| Error::Config("a figure has no samples".into()))
 }
 
 /// Fork n children (for each n in `counts`) of a warm snapshot with all RAM touched; the
