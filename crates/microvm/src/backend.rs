@@ -289,22 +289,28 @@ impl MicrovmBackend {
         Ok(dir)
     }
 
-    /// Asks the sandbox's VMM to shut down, then kills it if it is still there.
+    /// Asks the sandbox's VMM to shut down, then kills it if it is still there, and returns
+    /// once it has ended. The pid is taken before the request: an exiting VMM loses its
+    /// command line (which proves it ours) before it is gone.
     pub(crate) fn stop_vmm(&self, dir: &Path) {
+        let vmm = files::our_vmm(dir);
         if let Ok(p) = VmmProcess::connect(&files::control(dir)) {
             let _ = p.shutdown();
         }
+        let Some(pid) = vmm else { return };
         let deadline = Instant::now() + EXIT_TIMEOUT;
         let mut killed = false;
-        while let Some(pid) = files::our_vmm(dir) {
+        while files::running(pid) {
             if !killed && Instant::now() > deadline {
-                // SAFETY: the pid is this sandbox's VMM (its command line names this
-                // directory's control socket) and not a zombie.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                if files::our_vmm(dir) == Some(pid) {
+                    // SAFETY: the pid is this sandbox's VMM (its command line names this
+                    // directory's control socket) and not a zombie.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
                 killed = true;
-            } else if killed && Instant::now() > deadline + EXIT_TIMEOUT {
-                // A SIGKILLed process that is still there is stuck in the kernel (e.g. on
-                // a slow disk); the caller's own checks will name it.
+            } else if Instant::now() > deadline + EXIT_TIMEOUT {
+                // Still there after SIGKILL: stuck in the kernel (e.g. on a slow disk); the
+                // caller's own checks will name it.
                 break;
             }
             std::thread::sleep(Duration::from_millis(5));

@@ -93,10 +93,15 @@ pub(crate) fn our_vmm(dir: &Path) -> Option<i32> {
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     let control = control(dir);
     let ours = cmdline.split(|b| *b == 0).any(|arg| arg == control.as_os_str().as_encoded_bytes());
-    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
-        .unwrap_or(true);
-    (ours && !zombie).then_some(pid)
+    (ours && running(pid)).then_some(pid)
+}
+
+/// True while process `pid` exists and has not yet ended (a zombie has). An exiting process
+/// loses its command line before it ends: this still sees it.
+pub(crate) fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
+        .unwrap_or(false)
 }
 
 #[cfg(test)]

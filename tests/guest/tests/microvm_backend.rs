@@ -89,7 +89,7 @@ fn a_missing_root_disk_is_named_with_the_command_that_builds_it() {
     assert!(matches!(e, Error::Unavailable(_)), "{e:?}");
     let text = e.to_string();
     assert!(text.contains("the root disk of image img-0000000000000000"), "{text}");
-    assert!(text.contains("build it with `branchbox guest disk`"), "{text}");
+    assert!(text.contains("build it with `branchbox guest disk --image NAME`"), "{text}");
     assert!(vmm_pid(&dir).is_none(), "no VMM is started without a disk");
 }
 
