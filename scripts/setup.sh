@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs what branchbox needs on a fresh Debian 12 machine (run as root): gVisor's runsc
-# (release 20240729 or later, from bookworm-backports; an older one is upgraded) and
+# (release 20240729 or later, from bookworm-backports; an older one is upgraded), nftables and
 # debootstrap for the sandbox image; Debian's kernel source and the tools that build the Linux
 # guest's kernel and root disk (docs/guest.md); with --test also QEMU (the vhost-user test boots
-# the guest under software emulation) and the Python SDK and its test tools. Checks
+# the guest under software emulation), chromium (the console's browser tests) and the Python
+# SDK and its test tools. Checks
 # the tools themselves, so it is a no-op when they are present and never skipped because some
 # cache exists.
 set -euo pipefail
@@ -66,8 +67,34 @@ SOURCES
         exit 1
     fi
 fi
-[ -n "$dry" ] && exit 0
 # --- end of gVisor's runsc -----------------------------------------------------------------------
+
+# --- nftables -----------------------------------------------------------------------------------
+# `nft` enforces each networked sandbox's egress policy inside its router namespace
+# (docs/network.md). Also checked in a dry run.
+if ! command -v nft >/dev/null 2>&1; then
+    echo "setup: installing nftables (networked sandboxes' egress policy, docs/network.md)"
+    if [ -z "$dry" ] && [ "$(id -u)" -ne 0 ]; then
+        echo "setup: run as root to install nftables: apt-get install nftables" >&2
+        exit 1
+    fi
+    change apt-get update -q
+    change env DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables
+fi
+# --- end of nftables ------------------------------------------------------------------------------
+
+# The console's browser tests (sdk/python/tests/test_console.py) drive Debian's chromium
+# headless through Playwright; Playwright's own browser download needs the internet.
+if [ "${1:-}" = "--test" ] && ! command -v chromium >/dev/null 2>&1; then
+    if [ -z "$dry" ] && [ "$(id -u)" -ne 0 ]; then
+        echo "setup: chromium missing and not root; run as root or: apt-get install chromium" >&2
+        exit 1
+    fi
+    echo "setup: installing chromium (the console's browser tests)"
+    change apt-get update -q
+    change env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+fi
+[ -n "$dry" ] && exit 0
 
 need=()
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
@@ -79,20 +106,27 @@ done
 [ -f /usr/include/libelf.h ] || need+=(libelf-dev)
 # The root disk (`branchbox guest disk`): mkfs.ext4 -d, e2fsck.
 command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
-if [ "${1:-}" = "--test" ]; then
-    command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
+# QEMU comes from the suite of any qemu-utils already installed: a backports qemu-utils breaks
+# bookworm's qemu-system-common, so apt refuses the whole install (seen on a fresh machine).
+qemu=()
+if [ "${1:-}" = "--test" ] && ! command -v qemu-system-x86_64 >/dev/null 2>&1; then
+    qemu=(qemu-system-x86)
+    case "$(dpkg-query -W -f='${Version}' qemu-utils 2>/dev/null)" in
+        *bpo*) qemu=(-t bookworm-backports --no-install-recommends qemu-system-x86) ;;
+    esac
 fi
 command -v cargo >/dev/null 2>&1 || { echo "setup: cargo is missing; install a Rust toolchain (rustup)" >&2; exit 1; }
 
-if [ ${#need[@]} -gt 0 ]; then
+if [ ${#need[@]} -gt 0 ] || [ ${#qemu[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
-        echo "setup: ${need[*]} missing and not root; run as root or: apt-get install ${need[*]}" >&2
+        echo "setup: ${need[*]} ${qemu[*]} missing and not root; run as root or: apt-get install ${need[*]}; apt-get install ${qemu[*]}" >&2
         exit 1
     fi
-    echo "setup: installing ${need[*]}"
+    echo "setup: installing ${need[*]} ${qemu[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -q >/dev/null
-    apt-get install -y -q "${need[@]}" >/dev/null
+    [ ${#need[@]} -eq 0 ] || apt-get install -y -q "${need[@]}" >/dev/null
+    [ ${#qemu[@]} -eq 0 ] || apt-get install -y -q "${qemu[@]}" >/dev/null
 fi
 echo "setup: $("$runsc_bin" --version | head -1); debootstrap $(dpkg-query -W -f='${Version}' debootstrap 2>/dev/null || echo present)"
 echo "setup: linux-source-6.12 $(dpkg-query -W -f='${Version}' linux-source-6.12 2>/dev/null || echo present); $(mkfs.ext4 -V 2>&1 | head -1)"
@@ -104,7 +138,7 @@ echo "setup: linux-source-6.12 $(dpkg-query -W -f='${Version}' linux-source-6.12
 (
     cd "$(dirname "$0")/.."
     py=target/py
-    if ! "$py/bin/python" -c "import branchbox, httpx, pytest, schemathesis, openapi_spec_validator" 2>/dev/null; then
+    if ! "$py/bin/python" -c "import branchbox, httpx, pytest, schemathesis, openapi_spec_validator, playwright" 2>/dev/null; then
         command -v python3 >/dev/null 2>&1 || { echo "setup: python3 is missing; install Python 3.9 or later" >&2; exit 1; }
         if ! python3 -m venv "$py" >/dev/null 2>&1; then
             echo "setup: installing python3-venv"

@@ -6,8 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+suite_start=$(date +%s)
+# Each stage prints when it began, so a slow CI run shows where its time went.
+stage() { echo "== $* (at $(( $(date +%s) - suite_start )) s)"; }
+
 ./scripts/setup.sh --test
-echo "== fmt"
+stage fmt
 cargo fmt --all -- --check
 
 # The image cache persists between runs (keyed by recipe and agent hash); everything else is a
@@ -33,32 +37,32 @@ trap cleanup EXIT
 # build is about 20 CPU-minutes, a cached one milliseconds (docs/guest.md). It builds in the
 # background at the lowest priority, on the CPU time the rest of the suite leaves idle (the
 # gVisor and service tests spend much of theirs waiting), and the tests that need it run last.
-echo "== guest kernel (building in the background; log: $work/guest-kernel.log)"
+stage "guest kernel (building in the background; log: $work/guest-kernel.log)"
 cargo build --quiet -p branchbox --bin branchbox
 setsid nice -n 19 ./target/debug/branchbox guest kernel >"$work/guest-kernel.log" 2>&1 &
 kernel_pid=$!
 
-echo "== clippy"
+stage clippy
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
-echo "== build"
+stage build
 cargo build --workspace --quiet
 
-echo "== image and guest root disk"
+stage image and guest root disk
 ./target/debug/branchbox --data-dir "$work/bench" image build
 ./target/debug/branchbox guest disk
 
-echo "== tests (all but the Linux guest's, which run once its kernel is built)"
+stage "tests (all but the Linux guest's, which run once its kernel is built)"
 cargo test --workspace --exclude branchbox-guest-tests --no-fail-fast -- --test-threads=2
 
 # --- fuzz targets (short) -----------------------------------------------------------------------
-# libFuzzer targets for guest-controlled input of the virtio devices, disk layer files and the VMM
-# control protocol (fuzz/, cargo-fuzz layout).
+# libFuzzer targets for guest-controlled input of the virtio devices, disk layer files, the VMM
+# control protocol, image imports and template files (fuzz/, cargo-fuzz layout).
 # Built with plain cargo and the coverage flags cargo-fuzz passes with `-s none` (no sanitizer,
 # so no nightly), which skips installing cargo-fuzz (5 minutes here). Each target runs 10 s from
 # the committed seeds (fuzz/seeds: valid requests, packets, a handshake, layer files, control
 # frames); a crash fails the suite and prints the crashing input.
-echo "== fuzz targets (10 s each)"
+stage "fuzz targets (10 s each)"
 fuzz_start=$(date +%s)
 (
     cd fuzz
@@ -69,7 +73,8 @@ fuzz_start=$(date +%s)
         cargo build --locked --quiet --target x86_64-unknown-linux-gnu --bins
 )
 mkdir -p "$work/fuzz-artifacts"
-for t in mmio_registers blk_requests vsock_packets rng_chains layer_file process_frames image_import; do
+for t in mmio_registers blk_requests vsock_packets rng_chains layer_file process_frames image_import \
+    template_parse; do
     mkdir -p "$work/fuzz-corpus/$t"
     log="$work/fuzz-$t.log"
     if ! "fuzz/target/x86_64-unknown-linux-gnu/debug/$t" -max_total_time=10 -rss_limit_mb=1024 \
@@ -85,7 +90,7 @@ done
 echo "fuzz stage: $(( $(date +%s) - fuzz_start )) s"
 # --- end of fuzz targets -------------------------------------------------------------------------
 
-echo "== benchmarks (short; figures are reported, not asserted)"
+stage "benchmarks (short; figures are reported, not asserted)"
 bb="./target/debug/branchbox --data-dir $work/bench"
 $bb bench exec --runs 20 >/dev/null
 $bb bench fork --backend gvisor --short >/dev/null
@@ -93,6 +98,7 @@ $bb bench fork --backend microvm --short >/dev/null
 $bb bench density --short >/dev/null
 $bb bench claim --short >/dev/null
 $bb bench soak --short >/dev/null
+$bb bench net --short >/dev/null
 for b in checkpoint rollback branch chain; do
     $bb bench $b --backend gvisor --short >/dev/null
     $bb bench $b --backend microvm --short >/dev/null
@@ -101,11 +107,11 @@ done
 # --- branchboxd and the Python SDK -------------------------------------------------------------
 # The tests start branchboxd themselves (target/debug/branchboxd on a free loopback port, fresh
 # data directories under $BRANCHBOX_TEST_DIR), restart it mid-activity and stop it at the end;
-# see sdk/python/tests/conftest.py.
-echo "== service and Python SDK"
+# see sdk/python/tests/conftest.py. They run alone: beside the Rust tests a fork bomb lost its
+# sandbox, and beside the benchmarks the soak's process flood did.
+stage "service and Python SDK"
 BRANCHBOXD="$PWD/target/debug/branchboxd" target/py/bin/pytest -q -p no:cacheprovider sdk/python/tests
-# --- end of branchboxd and the Python SDK ------------------------------------------------------
-echo "== Linux guest: waiting for its kernel, then the boot-protocol, QEMU and hardware-KVM tests"
+stage "Linux guest: waiting for its kernel, then the boot-protocol, QEMU and hardware-KVM tests"
 if ! wait "$kernel_pid"; then
     kernel_pid=
     tail -n 40 "$work/guest-kernel.log"
@@ -115,4 +121,4 @@ fi
 kernel_pid=
 tail -n 2 "$work/guest-kernel.log"
 cargo test -p branchbox-guest-tests --no-fail-fast -- --test-threads=1
-echo "== all tests passed"
+stage "all tests passed"

@@ -66,13 +66,23 @@ pub fn start(reaper: &Reaper, spec: &ExecSpec) -> Result<Started, Failure> {
     if let Some(k) = spec.env.keys().find(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
         return Err(bad(format!("invalid environment variable name {k:?}")));
     }
+    let account = spec.user.as_deref().map(crate::account::lookup).transpose()?;
+    let mut cwd = spec.cwd.as_deref().unwrap_or("/");
+    if let Some(a) = &account {
+        // The account's own variables, which the request's may still override.
+        cmd.env("HOME", &a.home).env("USER", &a.name).env("LOGNAME", &a.name);
+        cwd = spec.cwd.as_deref().unwrap_or(&a.home);
+    }
     cmd.envs(&spec.env)
-        .current_dir(spec.cwd.as_deref().unwrap_or("/"))
+        .current_dir(cwd)
         .process_group(0)
         .stdin(if spec.stdin { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     crate::guest::confine(&mut cmd);
+    if let Some(a) = &account {
+        crate::account::run_as(&mut cmd, a);
+    }
     let (child, exited) = reaper.spawn(&mut cmd).map_err(|e| {
         let what = match &spec.cmd {
             Cmd::Argv(a) => a.first().cloned().unwrap_or_default(),

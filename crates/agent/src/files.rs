@@ -116,6 +116,8 @@ pub struct WriteTarget<'a> {
     pub append: bool,
     /// Create missing parent directories.
     pub parents: bool,
+    /// The image's account that owns the file and the directories made for it.
+    pub owner: Option<&'a str>,
 }
 
 /// Writes the chunks arriving on `chunks` (ended by `None`) to `target`. On failure the rest of
@@ -140,10 +142,11 @@ fn write_stream(
 ) -> Result<u64, Failure> {
     let (path, mode, append, parents) = (t.path, t.mode, t.append, t.parents);
     let p = check_path(path)?;
+    let owner = t.owner.map(crate::account::lookup).transpose()?;
     let mode = mode.unwrap_or(0o644) & 0o7777;
     let dir = p.parent().ok_or_else(|| Failure::new(ErrorCode::BadRequest, "cannot write to /"))?;
     if parents {
-        fs::create_dir_all(dir).map_err(ctx(dir))?;
+        make_dirs(dir, owner.as_ref())?;
     }
     let target = if append {
         p.clone()
@@ -160,6 +163,13 @@ fn write_stream(
         .open(&target)
         // Name the path the user gave, not our hidden temporary file.
         .map_err(ctx(&p))?;
+    // Only a file made here changes owner: appending keeps the file's own.
+    if let (Some(a), false) = (&owner, append) {
+        if let Err(e) = std::os::unix::fs::fchown(&f, Some(a.uid), Some(a.gid)) {
+            let _ = fs::remove_file(&target);
+            return Err(ctx(&p)(e));
+        }
+    }
     let mut total = 0u64;
     let outcome = (|| {
         loop {
@@ -248,9 +258,29 @@ pub fn rename(from: &str, to: &str) -> Result<(), Failure> {
 }
 
 /// Creates a directory.
-pub fn mkdir(path: &str, parents: bool) -> Result<(), Failure> {
+pub fn mkdir(path: &str, parents: bool, owner: Option<&str>) -> Result<(), Failure> {
     let p = check_path(path)?;
-    if parents { fs::create_dir_all(&p) } else { fs::create_dir(&p) }.map_err(ctx(&p))
+    let owner = owner.map(crate::account::lookup).transpose()?;
+    if parents {
+        return make_dirs(&p, owner.as_ref());
+    }
+    fs::create_dir(&p).map_err(ctx(&p))?;
+    match &owner {
+        Some(a) => crate::account::chown(&p, a).map_err(ctx(&p)),
+        None => Ok(()),
+    }
+}
+
+/// Creates `dir` and its missing parents, those it created owned by `owner` when given.
+fn make_dirs(dir: &Path, owner: Option<&crate::account::Account>) -> Result<(), Failure> {
+    let missing: Vec<&Path> = dir.ancestors().take_while(|a| fs::symlink_metadata(a).is_err()).collect();
+    fs::create_dir_all(dir).map_err(ctx(dir))?;
+    if let Some(a) = owner {
+        for d in missing {
+            crate::account::chown(d, a).map_err(ctx(d))?;
+        }
+    }
+    Ok(())
 }
 
 /// Most entries a walk returns (the host accepts no more).

@@ -8,6 +8,7 @@
 //! As the init of a Linux microVM (see [`vm`]) it serves the same protocol on every vsock
 //! connection instead, each with its own outbox and streams; processes are shared.
 
+mod account;
 mod cancel;
 mod exec;
 mod files;
@@ -232,10 +233,15 @@ impl Agent {
                 files::read(&path, max, token, &mut |c| emit(&Response::Data, c))
                     .map(|size| Response::FileEnd { size })
             }
-            Request::WriteFile { path, mode, append, parents } => match stream {
+            Request::WriteFile { path, mode, append, parents, owner } => match stream {
                 Some(rx) => {
-                    files::write(&files::WriteTarget { path: &path, mode, append, parents }, &rx, token)
-                        .map(|size| Response::Written { size })
+                    let owner = owner.as_deref();
+                    files::write(
+                        &files::WriteTarget { path: &path, mode, append, parents, owner },
+                        &rx,
+                        token,
+                    )
+                    .map(|size| Response::Written { size })
                 }
                 None => Err(Failure::new(ErrorCode::BadRequest, "write_file needs a data stream")),
             },
@@ -249,7 +255,9 @@ impl Agent {
             }
             Request::Remove { path, recursive } => files::remove(&path, recursive).map(|()| Response::Ok),
             Request::Rename { from, to } => files::rename(&from, &to).map(|()| Response::Ok),
-            Request::Mkdir { path, parents } => files::mkdir(&path, parents).map(|()| Response::Ok),
+            Request::Mkdir { path, parents, owner } => {
+                files::mkdir(&path, parents, owner.as_deref()).map(|()| Response::Ok)
+            }
             _ => Err(Failure::new(ErrorCode::BadRequest, "this operation is handled elsewhere")),
         };
         self.reply(id, r);

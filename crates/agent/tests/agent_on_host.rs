@@ -7,6 +7,7 @@ use branchbox_protocol::{
     AgentClient, ClientError, Command, ErrorCode, ExecSpec, Request, Response, Transport,
 };
 use std::io::{Read, Write};
+use std::os::unix::fs::MetadataExt;
 use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 
 struct Pipes {
@@ -342,4 +343,39 @@ fn a_failed_write_names_the_path_given_not_the_temporary_file() {
     let err = a.client.write_file(&target, &mut &b"x"[..], None, false, false).unwrap_err();
     let text = err.to_string();
     assert!(text.contains(&target) && !text.contains("branchbox-"), "{text}");
+}
+
+#[test]
+fn commands_and_files_take_an_account_of_the_passwd_file() {
+    // Dropping to another account needs root, which the agent has in a sandbox.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let mut a = agent();
+    // Debian's `nobody`: 65534, home /nonexistent (missing, so the cwd is given).
+    let mut spec = sh("id -u; id -g; echo $HOME $USER $LOGNAME; pwd");
+    spec.user = Some("nobody".into());
+    spec.cwd = Some("/".into());
+    let out = a.client.exec(spec, None).unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "65534\n65534\n/nonexistent nobody nobody\n/\n");
+    let mut spec = sh("true");
+    spec.user = Some("no-such-account".into());
+    let err = a.client.exec(spec, None).unwrap_err();
+    assert!(matches!(err, ClientError::Agent { code: ErrorCode::NotFound, .. }), "{err}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap().to_string();
+    let owner = |p: &str| std::fs::symlink_metadata(p).unwrap().uid();
+    a.client
+        .write_file_as(&format!("{d}/made/f"), &mut &b"x"[..], None, false, true, Some("nobody"))
+        .unwrap();
+    assert_eq!((owner(&format!("{d}/made")), owner(&format!("{d}/made/f"))), (65534, 65534));
+    assert_eq!(owner(&d), 0, "a directory that existed keeps its owner");
+    a.client.mkdir_as(&format!("{d}/m/n"), true, Some("nobody")).unwrap();
+    assert_eq!((owner(&format!("{d}/m")), owner(&format!("{d}/m/n"))), (65534, 65534));
+    // Without an owner, root's as before.
+    a.client.write_file(&format!("{d}/rootfile"), &mut &b"r"[..], None, false, false).unwrap();
+    assert_eq!(owner(&format!("{d}/rootfile")), 0);
 }

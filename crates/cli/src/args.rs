@@ -55,8 +55,18 @@ pub struct CreateArgs {
     pub pids: Option<u32>,
     /// Start from this template's last build (`branchbox template ls`); its env, workdir and
     /// user apply to every command. Limits, image and backend come from the template.
-    #[arg(long, conflicts_with_all = ["memory", "cpus", "pids", "image"])]
+    #[arg(long, conflicts_with_all = ["memory", "cpus", "pids", "image", "network", "allow", "deny_all"])]
     pub template: Option<String>,
+    /// Give the sandbox a network (gvisor only): public internet allowed; private ranges,
+    /// link-local and the cloud metadata address refused (docs/network.md).
+    #[arg(long)]
+    pub network: bool,
+    /// A network that reaches only this CIDR (repeatable, at most 256); implies --network.
+    #[arg(long = "allow", value_name = "CIDR", conflicts_with = "deny_all")]
+    pub allow: Vec<String>,
+    /// A network that reaches nothing (its policy can be changed later); implies --network.
+    #[arg(long)]
+    pub deny_all: bool,
     /// Image: `default`, `minimal`, or a name given to `branchbox image import`.
     #[arg(long, default_value = branchbox_image::DEFAULT_IMAGE)]
     pub image: String,
@@ -93,6 +103,9 @@ pub struct ExecArgs {
 pub enum Cmd {
     /// What this host can run and which backend `auto` picks.
     Doctor,
+    /// Serve the sandboxes as Model Context Protocol tools over stdin and stdout, for agents
+    /// that speak MCP (docs/mcp.md).
+    Mcp,
     /// Images.
     Image {
         #[command(subcommand)]
@@ -128,6 +141,29 @@ pub enum Cmd {
         id: String,
         #[command(flatten)]
         exec: ExecArgs,
+    },
+    /// Show a networked sandbox's egress policy and counters, or change the policy while it
+    /// runs (docs/network.md).
+    Egress {
+        /// Sandbox id.
+        id: String,
+        /// Allow every public destination (private ranges stay refused).
+        #[arg(long, conflicts_with_all = ["allow", "deny_all"])]
+        internet: bool,
+        /// Allow only this CIDR (repeatable, at most 256).
+        #[arg(long = "allow", value_name = "CIDR", conflicts_with = "deny_all")]
+        allow: Vec<String>,
+        /// Allow nothing.
+        #[arg(long)]
+        deny_all: bool,
+    },
+    /// Print the address (HOST:PORT) at which the host reaches a TCP server listening in a
+    /// networked sandbox on PORT (docs/network.md).
+    Host {
+        /// Sandbox id.
+        id: String,
+        /// The port the server listens on inside the sandbox.
+        port: u16,
     },
     /// List a sandbox's background processes.
     Ps {
@@ -316,6 +352,12 @@ pub enum ImageCmd {
     },
     /// List image names.
     Ls,
+    /// Remove an imported image: its name, and its unpacked tree once no other name records
+    /// it. Refused for the built-in images and while a live sandbox or a template uses it.
+    Rm {
+        /// The imported image's name.
+        name: String,
+    },
 }
 
 /// Guest subcommands.
@@ -439,6 +481,26 @@ pub enum BenchCmd {
         #[arg(long)]
         seed: Option<u64>,
         /// A short version for CI (4 sandboxes, 20 s).
+        #[arg(long)]
+        short: bool,
+    },
+    /// What a network adds to create and fork, and connection setup and throughput from inside
+    /// a sandbox against its router namespace over the same uplink (gvisor, root; the uplinks
+    /// end in a namespace of the benchmark's own).
+    Net {
+        /// Creates and forks with and without a network, each.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Connections timed from each side.
+        #[arg(long, default_value_t = 50)]
+        connects: usize,
+        /// MiB of each bulk transfer.
+        #[arg(long, default_value_t = 256)]
+        mib: u64,
+        /// Bulk transfers from each side.
+        #[arg(long, default_value_t = 3)]
+        transfers: usize,
+        /// A short version for CI (2 runs, 10 connects, one 16 MiB transfer).
         #[arg(long)]
         short: bool,
     },

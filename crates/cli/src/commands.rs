@@ -25,13 +25,20 @@ pub fn run(cli: Cli) -> Result<i32> {
     if let Cmd::Vm { command } = &cli.command {
         return crate::vm::run(command, json);
     }
+    // The MCP server opens the engine for each call, beside a service if one runs; stdout is
+    // the protocol's, so it prints nothing else there.
+    if let Cmd::Mcp = cli.command {
+        recover(&Engine::open(cfg.clone())?);
+        branchbox_mcp::serve_stdio(cfg)?;
+        return Ok(0);
+    }
     if let Some(code) = crate::remote::run(&cli)? {
         return Ok(code);
     }
     let engine = Engine::open(cfg)?;
     recover(&engine);
     match cli.command {
-        Cmd::Doctor | Cmd::Guest { .. } | Cmd::Vm { .. } => unreachable_early(),
+        Cmd::Doctor | Cmd::Guest { .. } | Cmd::Vm { .. } | Cmd::Mcp => unreachable_early(),
         Cmd::Image { command } => crate::image::run(&engine, command, json),
         Cmd::Run { create, exec } => run_once(&engine, &create, &exec, json),
         Cmd::Create { create } => {
@@ -70,6 +77,10 @@ pub fn run(cli: Cli) -> Result<i32> {
         }
         Cmd::Files { command } => files(&engine, command, json),
         Cmd::Fork { id, count } => fork(&engine, &parse_id(&id)?, count, json),
+        Cmd::Host { id, port } => crate::network::host_cmd(&engine, &parse_id(&id)?, port, json),
+        Cmd::Egress { id, internet, allow, deny_all } => {
+            crate::network::egress_cmd(&engine, &parse_id(&id)?, crate::network::policy(internet, &allow, deny_all)?, json)
+        }
         Cmd::Snapshot { id, name, ttl } => {
             let opts = SnapshotOptions {
                 kind: SnapshotKind::Snapshot,
@@ -380,9 +391,13 @@ fn create_sandbox(engine: &Engine, c: &CreateArgs) -> Result<branchbox_model::Sa
             bail!("--backend does not apply with --template {t}: the template's sandboxes use the backend it was built on")
         }
         Some(t) => Ok(engine.create_from_template(t)?.sandbox),
-        None => {
-            Ok(engine.create_from(choice(c.backend), limits(engine, c)?, &c.image, &mut progress_fn())?)
-        }
+        None => Ok(engine.create_networked(
+            choice(c.backend),
+            limits(engine, c)?,
+            &c.image,
+            crate::network::egress(c)?,
+            &mut progress_fn(),
+        )?),
     }
 }
 
@@ -644,6 +659,14 @@ fn bench_cmd(engine: &Engine, cmd: BenchCmd, json: bool) -> Result<i32> {
                 }
             };
             branchbox_core::bench_soak::soak(engine, &o)?
+        }
+        BenchCmd::Net { runs, connects, mib, transfers, short } => {
+            let o = if short {
+                branchbox_core::bench_net::NetBenchOptions::short()
+            } else {
+                branchbox_core::bench_net::NetBenchOptions { runs, connects, mib, transfers }
+            };
+            branchbox_core::bench_net::net(engine, &o)?
         }
         BenchCmd::Claim { mib, pool, claims, short } => {
             let o = if short {

@@ -5,6 +5,7 @@ mod commands;
 mod download;
 mod guest;
 mod image;
+mod network;
 mod output;
 mod pool;
 mod pool_bench;

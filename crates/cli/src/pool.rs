@@ -3,7 +3,7 @@
 
 use crate::remote::{enc, Service};
 use anyhow::{anyhow, bail, Context, Result};
-use clap::Subcommand;
+use clap::{ArgGroup, Subcommand};
 use serde_json::{json, Map, Value};
 use std::time::{Duration, Instant};
 
@@ -29,6 +29,19 @@ pub enum PoolCmd {
         /// Keep ready sandboxes paused instead of running idle (a claim then resumes one).
         #[arg(long)]
         paused: bool,
+    },
+    /// Change a pool's size or idle age: a smaller size destroys the oldest ready sandboxes
+    /// beyond it (claimed ones stay), a larger one starts a refill.
+    #[command(group(ArgGroup::new("change").required(true).multiple(true).args(["size", "max_idle"])))]
+    Set {
+        /// Pool name.
+        name: String,
+        /// Ready sandboxes to keep.
+        #[arg(long)]
+        size: Option<u32>,
+        /// Replace ready sandboxes older than this, seconds.
+        #[arg(long)]
+        max_idle: Option<f64>,
     },
     /// List pools with how full they are.
     Ls,
@@ -129,6 +142,11 @@ pub fn run(svc: &Service, cmd: &PoolCmd, json_out: bool) -> Result<i32> {
             let body = json!({ "name": name, "snapshot": snapshot, "template": template, "size": size,
                                "max_idle": max_idle, "paused": paused });
             let v = svc.json("POST", "/v1/pools", Some(strip_nulls(body)))?;
+            out(&v, line(&v));
+        }
+        PoolCmd::Set { name, size, max_idle } => {
+            let body = strip_nulls(json!({ "size": size, "max_idle": max_idle }));
+            let v = svc.json("PATCH", &format!("/v1/pools/{}", enc(name)), Some(body))?;
             out(&v, line(&v));
         }
         PoolCmd::Ls => {

@@ -155,7 +155,7 @@ pub fn run(cli: &Cli) -> Result<Option<i32>> {
     let str_of = |v: &Value, k: &str| v[k].as_str().unwrap_or_default().to_string();
     match &cli.command {
         Cmd::Create { create } => {
-            let v = svc.json("POST", "/v1/sandboxes", Some(create_body(create)))?;
+            let v = svc.json("POST", "/v1/sandboxes", Some(create_body(create)?))?;
             out(&v, str_of(&v, "id"));
         }
         Cmd::Exec { id, exec } => return exec_remote(&svc, id, exec, cli.json).map(Some),
@@ -242,14 +242,18 @@ pub(crate) fn enc(s: &str) -> String {
 /// timeout (a day) is the closest it offers.
 const CLI_TIMEOUT_S: u64 = 24 * 3600;
 
-fn create_body(c: &CreateArgs) -> Value {
+fn create_body(c: &CreateArgs) -> Result<Value> {
     let backend = format!("{:?}", c.backend).to_lowercase();
     let mut body = json!({ "backend": backend, "memory_mib": c.memory, "cpus": c.cpus, "pids": c.pids, "timeout": CLI_TIMEOUT_S });
     match &c.template {
         Some(t) => body["template"] = json!(t),
         None => body["image"] = json!(c.image),
     }
-    body
+    // The policy's wire form is the service's `network` object ({"mode": ...}).
+    if let Some(egress) = crate::network::egress(c)? {
+        body["network"] = serde_json::to_value(egress)?;
+    }
+    Ok(body)
 }
 
 fn exec_remote(svc: &Service, id: &str, a: &ExecArgs, json_out: bool) -> Result<i32> {

@@ -8,6 +8,7 @@ mod oci_writer;
 
 use common::*;
 use oci_writer::{layer, write_tar, Entry, Image};
+use std::path::{Path, PathBuf};
 
 fn create(image: &str) -> Sandbox {
     Sandbox::adopt(&ok(&["create", "--backend", "gvisor", "--image", image]))
@@ -53,9 +54,9 @@ fn runtime_layer() -> Vec<u8> {
     layer(&entries)
 }
 
-#[test]
-fn an_imported_oci_tarball_runs_its_program() {
-    let dir = tempfile::tempdir().unwrap();
+/// An OCI tarball in `dir`: [`runtime_layer`] and a `hello` program, with `ENV GREETING=oci`
+/// and `WORKDIR /usr/local/bin`; with a `marker`, one more layer holding it (another tree).
+fn hello_tarball(dir: &Path, marker: Option<&str>) -> PathBuf {
     let app = layer(&[
         Entry::Dir("usr/"),
         Entry::Dir("usr/local/"),
@@ -63,13 +64,20 @@ fn an_imported_oci_tarball_runs_its_program() {
         Entry::File("usr/local/bin/hello".into(), b"#!/bin/sh\necho hello from $GREETING\n".to_vec(), 0o755),
         Entry::File("etc/.wh.gone".into(), Vec::new(), 0o644),
     ]);
-    let image = Image {
-        layers: vec![(runtime_layer(), true), (app, false)],
-        env: vec!["GREETING=oci".into()],
-        workdir: Some("/usr/local/bin".into()),
-    };
-    let tarball = dir.path().join("hello.tar");
+    let mut layers = vec![(runtime_layer(), true), (app, false)];
+    if let Some(m) = marker {
+        layers.push((layer(&[Entry::File("etc/marker".into(), m.as_bytes().to_vec(), 0o644)]), false));
+    }
+    let image = Image { layers, env: vec!["GREETING=oci".into()], workdir: Some("/usr/local/bin".into()) };
+    let tarball = dir.join("hello.tar");
     write_tar(&tarball, &image.oci_files());
+    tarball
+}
+
+#[test]
+fn an_imported_oci_tarball_runs_its_program() {
+    let dir = tempfile::tempdir().unwrap();
+    let tarball = hello_tarball(dir.path(), None);
     let name = "e2e-oci-hello";
     let out = ok(&["--json", "image", "import", name, tarball.to_str().unwrap()]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -93,4 +101,75 @@ fn an_imported_oci_tarball_runs_its_program() {
     );
     drop(t);
     ok(&["template", "rm", "e2e-oci-tpl"]);
+}
+
+#[test]
+fn create_of_an_imported_image_gives_its_commands_the_image_env_and_workdir() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = "e2e-oci-env";
+    // Its own tree (the marker layer): the other tests' sandboxes never run on it.
+    let tarball = hello_tarball(dir.path(), Some(name));
+    ok(&["image", "import", name, tarball.to_str().unwrap()]);
+    let s = create(name);
+    assert_eq!(s.sh("echo \"$GREETING|$(pwd)\"").trim(), "oci|/usr/local/bin");
+    // The program finds its greeting without being told, and a command's own env and cwd win.
+    assert_eq!(s.sh("./hello").trim(), "hello from oci");
+    let own = ok(&[
+        "exec",
+        &s.0,
+        "--env",
+        "GREETING=mine",
+        "--cwd",
+        "/tmp",
+        "-s",
+        "--",
+        "echo \"$GREETING|$(pwd)\"",
+    ]);
+    assert_eq!(own.trim(), "mine|/tmp");
+    // A sandbox of a built-in image gets no such defaults.
+    let plain = create("minimal");
+    assert_eq!(plain.sh("echo \"${GREETING:-unset}|$(pwd)\"").trim(), "unset|/");
+    // The same image imported under a second name shares the tree: removing the first name
+    // while its sandbox runs leaves the tree to the second, and the sandbox runs on.
+    let twin = "e2e-oci-env-twin";
+    ok(&["image", "import", twin, tarball.to_str().unwrap()]);
+    let gone: serde_json::Value = serde_json::from_str(&ok(&["--json", "image", "rm", name])).unwrap();
+    assert_eq!(gone["tree_removed"], false, "{gone}");
+    assert_eq!(s.sh("./hello").trim(), "hello from oci");
+    assert!(fails(&["image", "rm", twin]).contains(&s.0), "the last name of a tree in use is kept");
+    drop(s);
+    ok(&["image", "rm", twin]);
+}
+
+#[test]
+fn an_imported_image_is_removed_only_once_no_sandbox_or_template_uses_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = "e2e-oci-rm";
+    let tarball = hello_tarball(dir.path(), Some(name));
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(&["--json", "image", "import", name, tarball.to_str().unwrap()])).unwrap();
+    let images =
+        std::env::var_os("BRANCHBOX_IMAGES").map(PathBuf::from).unwrap_or_else(|| data_dir().join("images"));
+    let tree = images.join(v["tree"].as_str().unwrap());
+    assert!(tree.is_dir());
+    for builtin in ["default", "minimal"] {
+        let e = fails(&["image", "rm", builtin]);
+        assert!(e.contains("built-in"), "{e}");
+    }
+    assert!(fails(&["image", "rm", "e2e-no-such-image"]).contains("image ls"));
+    let s = create(name);
+    let e = fails(&["image", "rm", name]);
+    assert!(e.contains(&s.0) && e.contains("branchbox kill"), "the refusal names the sandbox: {e}");
+    drop(s);
+    let dockerfile = dir.path().join("Dockerfile");
+    std::fs::write(&dockerfile, format!("FROM {name}\nRUN echo built > /marker\n")).unwrap();
+    ok(&["template", "build", "e2e-oci-rm-tpl", "-f", dockerfile.to_str().unwrap()]);
+    let e = fails(&["image", "rm", name]);
+    assert!(e.contains("e2e-oci-rm-tpl") && e.contains("template rm"), "the refusal names the template: {e}");
+    ok(&["template", "rm", "e2e-oci-rm-tpl"]);
+    let gone: serde_json::Value = serde_json::from_str(&ok(&["--json", "image", "rm", name])).unwrap();
+    assert_eq!(gone["tree_removed"], true, "{gone}");
+    assert!(!tree.exists(), "the unpacked tree is gone");
+    assert!(!ok(&["image", "ls"]).lines().any(|l| l.starts_with(&format!("{name}\t"))));
+    assert!(fails(&["create", "--image", name]).contains("image import"));
 }

@@ -34,7 +34,12 @@ fn runtime_procs(id: &str) -> Vec<String> {
 #[test]
 fn a_fork_killed_midway_leaves_each_child_adopted_or_gone() {
     let dir = private_dir("crashfork");
-    let src = Sandbox::new_in(&dir);
+    // A template sandbox: an adopted child must keep the template's env as a recorded one does.
+    let file = dir.join("t.toml");
+    std::fs::write(&file, "name = \"crashfork\"\n[[steps]]\nenv = { GREETING = \"from-the-template\" }\n")
+        .expect("template file");
+    ok_in(&dir, &["template", "build", "-f", file.to_str().expect("utf-8 path")]);
+    let src = Sandbox(ok_in(&dir, &["create", "--template", "crashfork"]).trim().to_string(), dir.clone());
     let boxes = dir.join("sandboxes");
     let mut cli = bb_in(&dir)
         .args(["fork", &src.0, "-n", "5"])
@@ -83,6 +88,12 @@ fn a_fork_killed_midway_leaves_each_child_adopted_or_gone() {
                 assert!(v["parent_snapshot"].is_string(), "adopted child {id} has no fork point: {v}");
                 let host = ok_in(&dir, &["exec", id, "hostname"]);
                 assert_eq!(host.trim(), format!("bb-{}", &id[4..12]), "child {id} does not run as itself");
+                let greeting = ok_in(&dir, &["exec", id, "--", "sh", "-c", "echo $GREETING"]);
+                assert_eq!(
+                    greeting.trim(),
+                    "from-the-template",
+                    "adopted child {id} lost the template's env"
+                );
                 adopted += 1;
             }
             None => {

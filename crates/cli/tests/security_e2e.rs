@@ -10,9 +10,9 @@ use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn mode(p: &Path) -> u32 {
     std::fs::metadata(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())).permissions().mode() & 0o777
@@ -124,26 +124,10 @@ fn the_cli_refuses_an_impostor_on_the_service_port() {
 fn the_cli_uses_a_real_service_after_it_proves_itself() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
-    let daemon = PathBuf::from(env!("CARGO_BIN_EXE_branchbox")).with_file_name("branchboxd");
-    assert!(daemon.is_file(), "{} is missing: `cargo build --workspace` first", daemon.display());
-    let mut d = Command::new(daemon)
-        .arg("--data-dir")
-        .arg(&data)
-        .args(["--listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "warn")
-        .env("BRANCHBOX_RUNSC", "/nonexistent/runsc")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !data.join("service/url").exists() {
-        assert!(Instant::now() < deadline, "branchboxd wrote no url file");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let daemon = Daemon::start(&data, &[("BRANCHBOX_RUNSC", "/nonexistent/runsc")]);
     let out = bb_alone(&data).arg("ls").output().unwrap();
     let audit = bb_alone(&data).args(["kill", "sbx-0123456789abcdef"]).output().unwrap();
-    let _ = d.kill();
-    let _ = d.wait();
+    drop(daemon);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     // The kill went to the service (its message names it), not to the engine.
     assert!(

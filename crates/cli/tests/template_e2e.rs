@@ -127,7 +127,10 @@ fn a_failed_step_keeps_its_log_and_the_cache_before_it() {
 fn a_dockerfile_builds_into_a_sandbox_with_its_env_workdir_and_user() {
     let dir = private_dir("tpl-docker");
     let ctx = ctx_with(&[
-        ("app/prog.py", "import os\nprint('prog', os.environ['MODE'], os.getcwd(), os.getuid())\n"),
+        (
+            "app/prog.py",
+            "import os, pwd\nprint('prog', os.environ['MODE'], os.getcwd(), pwd.getpwuid(os.getuid()).pw_name)\n",
+        ),
         ("app/data/input.txt", "forty-two\n"),
         (
             "Dockerfile",
@@ -138,12 +141,12 @@ fn a_dockerfile_builds_into_a_sandbox_with_its_env_workdir_and_user() {
     let file = ctx.path().join("Dockerfile");
     let (_, err) = build(&dir, &["web", "-f", file.to_str().expect("utf-8 path")]);
     assert!(
-        err.contains("prog docker /opt/app 1000"),
+        err.contains("prog docker /opt/app worker"),
         "the RUN step did not see env, workdir and user: {err}"
     );
     let s = from_template(&dir, "web");
     // A relative program path: the workdir applies to the sandbox's commands too.
-    assert_eq!(s.sh("python3 prog.py 2>/dev/null"), "prog docker /opt/app 1000\n");
+    assert_eq!(s.sh("python3 prog.py 2>/dev/null"), "prog docker /opt/app worker\n");
     assert_eq!(
         s.sh("echo \"$OTHER\"; cat data/input.txt; id -un 2>/dev/null"),
         "two words\nforty-two\nworker\n"

@@ -61,9 +61,17 @@ pub(crate) fn stats(samples: &[Duration]) -> Result<Stats> {
 }
 
 /// Kills the sandboxes it holds when dropped, so a failed benchmark leaks nothing.
-struct Cleanup<'a> {
-    engine: &'a Engine,
-    ids: Vec<SandboxId>,
+pub(crate) struct Cleanup<'a> {
+    pub(crate) engine: &'a Engine,
+    pub(crate) ids: Vec<SandboxId>,
+}
+
+impl Cleanup<'_> {
+    /// Kills `id` now and stops holding it.
+    pub(crate) fn kill(&mut self, id: &SandboxId) -> Result<()> {
+        self.ids.retain(|i| i != id);
+        self.engine.kill(id)
+    }
 }
 
 impl Drop for Cleanup<'_> {

@@ -66,12 +66,12 @@ pub fn linux_microvm_blocker(kvm: &KvmFacts) -> Option<String> {
     }
 }
 
-/// Why `auto` does not pick microvm even where Linux microVMs run: a sandbox cannot be
-/// rolled back in place yet, and its snapshot, restore and fork have not run end to end on
-/// hardware KVM (`docs/microvm.md`, "The microvm backend").
+/// Why `auto` does not pick microvm even where Linux microVMs run: its snapshot, restore, fork
+/// and rollback have not run end to end on hardware KVM (`docs/microvm.md`, "The microvm
+/// backend").
 pub const MICROVM_NOT_AUTO: &str = "the microvm backend runs sandboxes here (create, exec, files, snapshot, \
-     restore, fork, kill with --backend microvm) but cannot roll one back in place yet, and its snapshots \
-     have not been verified end to end on hardware KVM";
+     restore, fork, rollback, kill with --backend microvm), but its snapshots and rollbacks have not been \
+     verified end to end on hardware KVM";
 
 /// The backend `auto` resolves to, and why.
 pub fn auto_backend(kvm: &KvmFacts) -> (BackendKind, String) {
@@ -94,7 +94,7 @@ mod tests {
         assert_eq!(linux_microvm_blocker(&facts(KvmKind::Hardware)), None);
         let (kind, why) = auto_backend(&facts(KvmKind::Hardware));
         assert_eq!(kind, BackendKind::Gvisor);
-        assert!(why.contains("cannot roll one back in place yet"), "{why}");
+        assert!(why.contains("not been verified end to end on hardware KVM"), "{why}");
         for other in [KvmKind::Pvm, KvmKind::None] {
             assert!(linux_microvm_blocker(&facts(other)).is_some());
             assert_eq!(auto_backend(&facts(other)).0, BackendKind::Gvisor);

@@ -3,8 +3,8 @@
 use crate::control::{self, ShimRequest};
 use crate::runsc::Runsc;
 use branchbox_model::{AgentConn, Backend, BackendKind, ChildResult, Error, Result, SandboxId, SandboxPlan};
-use branchbox_protocol::{AfterFork, AgentClient, HookReport, Request, Response};
-use rand::RngCore;
+use branchbox_net::Egress;
+use branchbox_protocol::{AgentClient, HookReport};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
@@ -63,8 +63,9 @@ impl GvisorBackend {
         self.runsc.check()
     }
 
-    /// Starts a shim for `plan` and waits until its socket answers.
-    fn start_shim(&self, plan: &SandboxPlan, restore: Option<&Path>) -> Result<()> {
+    /// Starts a shim for `plan` and waits until its socket answers; with `network`, in a
+    /// network of its own with that policy.
+    fn start_shim(&self, plan: &SandboxPlan, restore: Option<&Path>, network: Option<&Egress>) -> Result<()> {
         self.runsc.check()?;
         let sock = socket(&plan.dir);
         if sock.as_os_str().len() > MAX_SOCKET_PATH {
@@ -76,7 +77,21 @@ impl GvisorBackend {
         std::fs::create_dir_all(&plan.dir).map_err(|e| Error::io(&plan.dir, e))?;
         std::fs::create_dir_all(&self.runsc.root).map_err(|e| Error::io(&self.runsc.root, e))?;
         let cgroup = format!("/branchbox/{}", plan.id);
-        crate::bundle::write(&plan.dir.join("bundle"), &plan.rootfs, &plan.hostname, &plan.limits, &cgroup)?;
+        let net = match network {
+            Some(egress) => Some(crate::network::attach(plan.id.as_str(), &plan.dir, egress)?),
+            None => None,
+        };
+        let bundle_net = net
+            .as_ref()
+            .map(|n| crate::bundle::Network { netns: &n.netns, resolv_conf: n.resolv_conf.as_deref() });
+        crate::bundle::write(
+            &plan.dir.join("bundle"),
+            &plan.rootfs,
+            &plan.hostname,
+            &plan.limits,
+            &cgroup,
+            bundle_net,
+        )?;
         let log_path = plan.dir.join("shim.log");
         let log = std::fs::File::create(&log_path).map_err(|e| Error::io(&log_path, e))?;
         let mut cmd = Command::new(&self.shim);
@@ -90,6 +105,9 @@ impl GvisorBackend {
             .arg(&self.runsc.root);
         if let Some(image) = restore {
             cmd.arg("--restore").arg(image);
+        }
+        if net.is_some() {
+            cmd.arg("--network");
         }
         // Its own process group: the shim outlives the command that started it.
         let mut child =
@@ -135,34 +153,23 @@ impl GvisorBackend {
             .create(&image)
             .map_err(|e| Error::io(&image, e))?;
         let image = image.canonicalize().map_err(|e| Error::io(&image, e))?;
-        control::call(&socket(dir), &ShimRequest::ShimCheckpoint { image: image.display().to_string() })?;
+        control::call(&socket(dir), &ShimRequest::ShimCheckpoint { image: image.display().to_string() })
+            .map_err(|e| match crate::network::recorded(dir) {
+                Ok(Some(_)) => Error::Backend(format!(
+                    "{e}; runsc 20240729 cannot checkpoint a sandbox with a network while one of its TCP connections is open (docs/network.md): close them and retry"
+                )),
+                _ => e,
+            })?;
+        crate::network::carry(dir, dest)?;
         restrict_tree(dest).map_err(|e| Error::io(dest, e))?;
         Ok(dir_size(dest))
     }
 
     fn thaw_child(&self, plan: &SandboxPlan) -> Result<HookReport> {
         let mut conn = self.connect(&plan.dir)?;
-        let mut entropy = vec![0u8; 64];
-        rand::rngs::OsRng.fill_bytes(&mut entropy);
-        let mut machine = [0u8; 16];
-        rand::rngs::OsRng.fill_bytes(&mut machine);
-        let after_fork = AfterFork {
-            sandbox_id: plan.id.to_string(),
-            hostname: plan.hostname.clone(),
-            machine_id: machine.iter().map(|b| format!("{b:02x}")).collect(),
-            wall_clock_ns: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(0),
-        };
-        match conn.call(Request::Thaw { after_fork: Some(after_fork) }, entropy) {
-            Ok(Response::Thawed { hook: Some(report) }) => Ok(report),
-            Ok(other) => Err(Error::Backend(format!("unexpected answer to thaw: {other:?}"))),
-            Err(e) => Err(Error::Backend(format!(
-                "the restored sandbox did not wake up: {e}; {}",
-                log_tail(&plan.dir)
-            ))),
-        }
+        conn.after_fork(plan.id.as_str(), &plan.hostname).map_err(|e| {
+            Error::Backend(format!("the restored sandbox did not wake up: {e}; {}", log_tail(&plan.dir)))
+        })
     }
 }
 
@@ -214,7 +221,7 @@ impl Backend for GvisorBackend {
     }
 
     fn create(&self, plan: &SandboxPlan) -> Result<()> {
-        self.start_shim(plan, None)
+        self.start_shim(plan, None, plan.network.as_ref())
     }
 
     fn connect(&self, dir: &Path) -> Result<AgentConn> {
@@ -246,7 +253,10 @@ impl Backend for GvisorBackend {
 
     fn restore(&self, src: &Path, plan: &SandboxPlan) -> Result<HookReport> {
         let image = checkpoint_image(src)?;
-        self.start_shim(plan, Some(&image))?;
+        // The checkpoint's network, not the plan's: runsc restores a netstack only into a
+        // network like the one it was saved with.
+        let network = crate::network::recorded(src)?;
+        self.start_shim(plan, Some(&image), network.as_ref())?;
         match self.thaw_child(plan) {
             Ok(report) => Ok(report),
             Err(e) => {
@@ -303,9 +313,11 @@ impl Backend for GvisorBackend {
             }
         }
         crate::hostcg::remove_all(id.as_str());
+        // After runsc is gone; by id, so a sandbox whose directory is gone is cleaned too.
+        let network = crate::network::detach(id.as_str());
         match std::fs::remove_dir_all(dir) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Ok(()) => network,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => network,
             Err(e) => Err(Error::io(dir, e)),
         }
     }

@@ -1,6 +1,7 @@
 //! The OCI bundle of a sandbox: its image's rootfs read-only (writes land in gVisor's
 //! in-memory overlay, which checkpoints capture with the processes), the agent as process 1,
-//! no network, and the sandbox's limits.
+//! no network or the guest network namespace made for it (docs/network.md), and the
+//! sandbox's limits.
 //!
 //! Limits are enforced twice. Inside, the agent (given the limits on its command line) puts
 //! every process it starts in a guest cgroup whose `pids.max` is the process limit and kills
@@ -41,8 +42,24 @@ pub const HOST_TASKS_PER_PROCESS: u64 = 16;
 /// first burst took a `--pids 64` runtime to 3,212 host tasks at most, docs/limits.md).
 pub const HOST_TASKS_BASE: u64 = 8192;
 
+/// A networked sandbox's part of the bundle.
+#[derive(Debug, Clone, Copy)]
+pub struct Network<'a> {
+    /// The guest network namespace runsc's netstack takes its interface from.
+    pub netns: &'a Path,
+    /// A resolver file to mount read-only at `/etc/resolv.conf`, when resolvers are set.
+    pub resolv_conf: Option<&'a Path>,
+}
+
 /// Writes `config.json` into `bundle`.
-pub fn write(bundle: &Path, rootfs: &Path, hostname: &str, limits: &Limits, cgroup: &str) -> Result<()> {
+pub fn write(
+    bundle: &Path,
+    rootfs: &Path,
+    hostname: &str,
+    limits: &Limits,
+    cgroup: &str,
+    network: Option<Network<'_>>,
+) -> Result<()> {
     std::fs::create_dir_all(bundle).map_err(|e| Error::io(bundle, e))?;
     let caps = json!([
         "CAP_CHOWN",
@@ -61,6 +78,20 @@ pub fn write(bundle: &Path, rootfs: &Path, hostname: &str, limits: &Limits, cgro
         "CAP_SYS_ADMIN",
         "CAP_SYS_TIME"
     ]);
+    let mut mounts = json!([
+        {"destination": "/proc", "type": "proc", "source": "proc"},
+        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+        {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
+        {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]},
+        {"destination": "/run", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=755"]}
+    ]);
+    let mut netns = json!({"type": "network"});
+    if let Some(net) = network {
+        netns["path"] = json!(net.netns);
+        if let (Some(file), Some(list)) = (net.resolv_conf, mounts.as_array_mut()) {
+            list.push(json!({"destination": "/etc/resolv.conf", "type": "bind", "source": file, "options": ["rbind", "ro"]}));
+        }
+    }
     let config = json!({
         "ociVersion": "1.0.2",
         "process": {
@@ -87,16 +118,10 @@ pub fn write(bundle: &Path, rootfs: &Path, hostname: &str, limits: &Limits, cgro
         },
         "root": {"path": rootfs, "readonly": false},
         "hostname": hostname,
-        "mounts": [
-            {"destination": "/proc", "type": "proc", "source": "proc"},
-            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
-            {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
-            {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]},
-            {"destination": "/run", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=755"]}
-        ],
+        "mounts": mounts,
         "linux": {
             "namespaces": [
-                {"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}
+                {"type": "pid"}, netns, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}
             ],
             "cgroupsPath": cgroup,
             "resources": {
@@ -119,7 +144,7 @@ mod tests {
     fn the_agent_gets_the_limits_and_the_host_cgroup_the_backstop() {
         let dir = tempfile::tempdir().unwrap();
         let limits = Limits { memory_mib: 512, cpus: 1, pids: 64 };
-        write(dir.path(), Path::new("/rootfs"), "bb-1", &limits, "/branchbox/x").unwrap();
+        write(dir.path(), Path::new("/rootfs"), "bb-1", &limits, "/branchbox/x", None).unwrap();
         let spec: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.path().join("config.json")).unwrap()).unwrap();
         assert_eq!(spec["process"]["args"], json!([AGENT_PATH, "--memory-mib", "512", "--pids", "64"]));
@@ -127,5 +152,26 @@ mod tests {
         let pids = spec["linux"]["resources"]["pids"]["limit"].as_u64().unwrap();
         assert!(memory >= (512 + 256) << 20, "no room for the runtime: {memory}");
         assert!(pids >= 64 * HOST_TASKS_PER_PROCESS, "no room for the runtime's host tasks: {pids}");
+        assert_eq!(
+            spec["linux"]["namespaces"][1],
+            json!({"type": "network"}),
+            "no network: a namespace of its own"
+        );
+    }
+
+    #[test]
+    fn a_networked_bundle_names_the_guest_namespace_and_mounts_the_resolver_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let net =
+            Network { netns: Path::new("/run/netns/bbg-0"), resolv_conf: Some(Path::new("/d/resolv.conf")) };
+        write(dir.path(), Path::new("/rootfs"), "bb-1", &Limits::default(), "/branchbox/x", Some(net))
+            .unwrap();
+        let spec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join("config.json")).unwrap()).unwrap();
+        assert_eq!(spec["linux"]["namespaces"][1], json!({"type": "network", "path": "/run/netns/bbg-0"}));
+        let mounts = spec["mounts"].as_array().unwrap();
+        let resolv = mounts.iter().find(|m| m["destination"] == "/etc/resolv.conf").unwrap();
+        assert_eq!(resolv["source"], "/d/resolv.conf");
+        assert!(resolv["options"].as_array().unwrap().contains(&json!("ro")));
     }
 }

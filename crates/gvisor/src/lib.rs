@@ -13,6 +13,7 @@ pub mod bundle;
 pub mod control;
 pub mod floor;
 pub mod hostcg;
+pub mod network;
 pub mod runsc;
 pub mod shim;
 pub mod shimlog;

@@ -1,6 +1,7 @@
 //! Thin wrapper over the `runsc` command line: one place knows its flags.
 
 use branchbox_model::{Error, Result};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, OnceLock};
@@ -12,15 +13,19 @@ pub struct Runsc {
     pub bin: PathBuf,
     /// runsc's state directory (`--root`).
     pub root: PathBuf,
+    /// True for a sandbox with a network: runsc's own netstack over the interfaces of the
+    /// network namespace the bundle names (docs/network.md); else `--network=none`.
+    pub network: bool,
     /// The version line once [`Runsc::check`] accepted it: every sandbox start checks, and
     /// `runsc --version` costs tens of milliseconds on a loaded host.
     accepted: Arc<OnceLock<String>>,
 }
 
-/// Flags every invocation shares; checkpoint and restore must agree on them. ptrace, not
-/// the newer default systrap: on these hosts systrap starts guest processes 1.3 to 2 times
-/// slower and restores no faster (docs/architecture.md, "runsc release, platform and images").
-const SANDBOX_FLAGS: [&str; 3] = ["--network=none", "--overlay2=root:memory", "--platform=ptrace"];
+/// Flags every invocation shares, with the network flag ([`Runsc::network`]); checkpoint and
+/// restore must agree on them. ptrace, not the newer default systrap: on these hosts systrap
+/// starts guest processes 1.3 to 2 times slower and restores no faster (docs/architecture.md,
+/// "runsc release, platform and images").
+const SANDBOX_FLAGS: [&str; 2] = ["--overlay2=root:memory", "--platform=ptrace"];
 
 /// Checkpoint flags: the source keeps running (20240729 and later, see `version`), and the
 /// image is not compressed: the checkpoint (the source's pause) and each restore are faster
@@ -30,13 +35,66 @@ const CHECKPOINT_FLAGS: [&str; 2] = ["--leave-running", "--compression=none"];
 impl Runsc {
     /// runsc `bin` with its state in `root`.
     pub fn new(bin: PathBuf, root: PathBuf) -> Runsc {
-        Runsc { bin, root, accepted: Arc::default() }
+        Runsc { bin, root, network: false, accepted: Arc::default() }
+    }
+
+    /// This runsc for a sandbox with a network (`--network=sandbox`).
+    pub fn networked(mut self) -> Runsc {
+        self.network = true;
+        self
     }
 
     /// A command with the global flags set.
     pub fn command(&self) -> Command {
         let mut c = Command::new(&self.bin);
-        c.arg("--root").arg(&self.root).args(SANDBOX_FLAGS);
+        let network = if self.network { "--network=sandbox" } else { "--network=none" };
+        c.arg("--root").arg(&self.root).arg(network).args(SANDBOX_FLAGS);
+        c
+    }
+
+    /// A command for `runsc run` or `runsc restore`. With a network, runsc 20240729 refuses
+    /// to start in any namespace on kernels 6.11 and later: it takes the presence of
+    /// `/proc/sys/net/core/rmem_default` as proof of the host's root namespace, and newer
+    /// kernels show that file everywhere (gVisor issue 10704). So that runsc starts in a
+    /// mount namespace of its own with an empty tmpfs over `/proc/sys/net`; netstack reads
+    /// nothing there (docs/network.md).
+    pub fn start_command(&self) -> Command {
+        let mut c = self.command();
+        if self.network {
+            // SAFETY: unshare(2) and mount(2) only, between fork and exec, on C strings that
+            // are literals.
+            unsafe {
+                c.pre_exec(|| {
+                    let fail = || Err(std::io::Error::last_os_error());
+                    if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                        return fail();
+                    }
+                    let none = std::ptr::null();
+                    if libc::mount(
+                        none,
+                        c"/".as_ptr(),
+                        none,
+                        libc::MS_REC | libc::MS_PRIVATE,
+                        std::ptr::null(),
+                    ) != 0
+                    {
+                        return fail();
+                    }
+                    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+                    if libc::mount(
+                        c"tmpfs".as_ptr(),
+                        c"/proc/sys/net".as_ptr(),
+                        c"tmpfs".as_ptr(),
+                        flags,
+                        std::ptr::null(),
+                    ) != 0
+                    {
+                        return fail();
+                    }
+                    Ok(())
+                });
+            }
+        }
         c
     }
 

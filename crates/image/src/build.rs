@@ -186,6 +186,12 @@ fn build_base(
     if unsafe { libc::geteuid() } != 0 {
         return Err(Error::Unavailable("building an image needs root (debootstrap); run as root".into()));
     }
+    // The account is made in the same chroot shell as the apt stage, after it.
+    let account = match recipe.user_setup() {
+        None => String::new(),
+        Some(Ok(setup)) => format!(" && {setup}"),
+        Some(Err(why)) => return Err(Error::InvalidInput(why)),
+    };
     let parent = match recipe.parent() {
         Some(parent) => {
             let dir = base_dir_of(images, &parent);
@@ -233,7 +239,7 @@ fn build_base(
                         // synced once below, before it is renamed into the cache.
                         .arg(format!(
                             "apt-get update -q && apt-get install -y -q --no-install-recommends \
-                             -o Dpkg::Options::=--force-unsafe-io {}",
+                             -o Dpkg::Options::=--force-unsafe-io {}{account}",
                             recipe.apt.join(" ")
                         ));
                     run_streaming(

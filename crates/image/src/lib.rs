@@ -36,7 +36,10 @@ pub use disk::{cached_disk, collect_disks, ensure_disk, Disk, DiskRecipe};
 pub use kernel::{
     cached_kernel, ensure_kernel, external_kernel, Kernel, KernelRecipe, KernelSource, KERNEL_ENV,
 };
-pub use names::{image_names, import_image, imported_image, resolve_image, ImportedImage};
+pub use names::{
+    image_names, images_of, import_image, imported_image, remove_image, resolve_image, tree_shared,
+    ImportedImage, RemovedImage,
+};
 pub use oci::RunConfig;
 pub use recipe::{Recipe, BUILTIN_IMAGES, DEFAULT_IMAGE, MINIMAL_IMAGE};
 pub use unpack::ImportLimits;

@@ -125,6 +125,78 @@ fn tree_hash(diff_ids: &[String]) -> String {
     hex::encode(Sha256::digest(format!("oci-tree {IMPORT_FORMAT}\n{}", diff_ids.join("\n")).as_bytes()))
 }
 
+/// What removing an imported image's name took away.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct RemovedImage {
+    /// The name's record, as it was.
+    pub record: ImportedImage,
+    /// Whether its unpacked tree went too (it stays while another name records it).
+    pub tree_removed: bool,
+    /// The tree's agent-installed images (`img-`) removed with it.
+    pub images_removed: Vec<String>,
+}
+
+/// The ids of the images (`img-`) in the cache made from an imported image's tree, with any
+/// agent: what sandboxes of that image record as theirs.
+pub fn images_of(images: &Path, record: &ImportedImage) -> Vec<String> {
+    let base = tree_hash(&record.diff_ids);
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(images).into_iter().flatten().flatten() {
+        let id = e.file_name().to_string_lossy().into_owned();
+        if !id.starts_with("img-") {
+            continue;
+        }
+        let meta: Option<serde_json::Value> =
+            std::fs::read(e.path().join("image.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
+        if meta.is_some_and(|m| m["base"] == base.as_str()) {
+            out.push(id);
+        }
+    }
+    out.sort();
+    out
+}
+
+/// True when another name than `name` records `record`'s tree (importing the same image twice
+/// shares it): removing `name` then leaves the tree and its agent images to that name.
+pub fn tree_shared(images: &Path, name: &str, record: &ImportedImage) -> Result<bool> {
+    for other in image_names(images)? {
+        if other != name && imported_image(images, &other)?.is_some_and(|r| r.tree == record.tree) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Removes the imported image `name`: its record, then, unless another name records the same
+/// tree, the tree and those of its agent-installed images that `keep` does not hold on to (a
+/// sandbox or snapshot still using one). The caller checks first that no live sandbox or
+/// template needs the name; built-in names are refused.
+pub fn remove_image(images: &Path, name: &str, keep: &dyn Fn(&str) -> bool) -> Result<RemovedImage> {
+    if BUILTIN_IMAGES.contains(&name) {
+        return Err(Error::InvalidInput(format!(
+            "{name:?} is a built-in image ({}); only imported images can be removed",
+            BUILTIN_IMAGES.join(", ")
+        )));
+    }
+    let _lock = DirLock::take(images)?;
+    let record = imported_image(images, name)?
+        .ok_or_else(|| Error::not_found("image", name, "`branchbox image ls` lists the imported ones"))?;
+    let file = names_dir(images).join(format!("{name}.json"));
+    std::fs::remove_file(&file).map_err(|e| Error::io(&file, e))?;
+    let shared = tree_shared(images, name, &record)?;
+    let mut images_removed = Vec::new();
+    if !shared {
+        for id in images_of(images, &record).into_iter().filter(|id| !keep(id)) {
+            let dir = images.join(&id);
+            std::fs::remove_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+            images_removed.push(id);
+        }
+        let tree = images.join(&record.tree);
+        std::fs::remove_dir_all(&tree).map_err(|e| Error::io(&tree, e))?;
+    }
+    Ok(RemovedImage { record, tree_removed: !shared, images_removed })
+}
+
 /// Imports the OCI image layout (directory or tarball) or `docker save` tarball at `path` as
 /// `name`, replacing an import of the same name.
 pub fn import_image(

@@ -4,7 +4,9 @@
 #[path = "support/oci_writer.rs"]
 mod oci_writer;
 
-use branchbox_image::{import_image, imported_image, resolve_image, ImportLimits};
+use branchbox_image::{
+    image_names, images_of, import_image, imported_image, remove_image, resolve_image, ImportLimits,
+};
 use oci_writer::{layer, write_dir, write_tar, Entry, Image};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -244,4 +246,43 @@ fn a_layout_directory_cannot_name_a_host_file_outside_it() {
     std::os::unix::fs::symlink(&outside, src.join("link")).unwrap();
     let e = import(&images, "reach", &src).unwrap_err().to_string();
     assert!(e.contains("not a plain file inside"), "{e}");
+}
+
+#[test]
+fn removing_a_name_removes_its_tree_and_images_once_no_other_name_records_them() {
+    let d = tempfile::tempdir().unwrap();
+    let (images, src) = (d.path().join("images"), d.path().join("layout"));
+    write_dir(&src, &image(vec![(base_layer(), false)]).oci_files());
+    let agent = d.path().join("agent");
+    std::fs::write(&agent, b"agent").unwrap();
+    let a = import(&images, "a", &src).unwrap();
+    import(&images, "b", &src).unwrap();
+    let made = resolve_image(&images, "a", &agent, "unused", &mut |_| {}).unwrap();
+    std::fs::write(&agent, b"agent 2").unwrap();
+    let kept = resolve_image(&images, "a", &agent, "unused", &mut |_| {}).unwrap();
+    assert_eq!(images_of(&images, &a), {
+        let mut ids = vec![made.id.clone(), kept.id.clone()];
+        ids.sort();
+        ids
+    });
+    for builtin in ["default", "minimal"] {
+        let e = remove_image(&images, builtin, &|_| false).unwrap_err().to_string();
+        assert!(e.contains("built-in"), "{e}");
+    }
+    let e = remove_image(&images, "nosuch", &|_| false).unwrap_err().to_string();
+    assert!(e.contains("nosuch") && e.contains("image ls"), "{e}");
+    // "b" still records the tree: only the name goes.
+    let gone = remove_image(&images, "a", &|_| false).unwrap();
+    assert!(!gone.tree_removed && gone.images_removed.is_empty(), "{gone:?}");
+    assert!(imported_image(&images, "a").unwrap().is_none());
+    assert!(images.join(&a.tree).is_dir() && made.rootfs.is_dir());
+    assert_eq!(image_names(&images).unwrap(), ["default", "minimal", "b"]);
+    // The last name takes the tree and the images nothing holds on to.
+    let gone = remove_image(&images, "b", &|id| id == kept.id).unwrap();
+    assert!(gone.tree_removed, "{gone:?}");
+    assert_eq!(gone.images_removed, vec![made.id.clone()]);
+    assert!(!images.join(&a.tree).exists() && !images.join(&made.id).exists());
+    assert!(kept.rootfs.is_dir(), "an image a sandbox or snapshot uses stays");
+    assert_eq!(image_names(&images).unwrap(), ["default", "minimal"]);
+    no_temporaries(&images);
 }

@@ -22,11 +22,6 @@ const EXIT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long one vsock connection attempt may wait for the device's answer.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// What a rollback answers until a Linux guest can be rolled back in place.
-pub const ROLLBACK_MISSING: &str = "rolling a Linux guest back in place is not built yet: the microvm \
-     backend can snapshot, restore and fork a sandbox but not roll one back; restore the snapshot into a new \
-     sandbox instead, or use --backend gvisor";
-
 /// Where the microvm backend finds its programs and guest.
 #[derive(Debug, Clone)]
 pub struct MicrovmConfig {
@@ -199,34 +194,7 @@ impl Backend for MicrovmBackend {
     }
 
     fn connect(&self, dir: &Path) -> Result<AgentConn> {
-        let deadline = Instant::now() + self.cfg.agent_timeout;
-        let mut vmm = None;
-        loop {
-            let last = match connect_guest_port(&files::vsock(dir), AGENT_VSOCK_PORT, CONNECT_TIMEOUT) {
-                Ok(stream) => {
-                    let mut agent = AgentClient::new(stream);
-                    match agent.hello() {
-                        Ok(()) => return Ok(agent),
-                        Err(e) => format!("the agent's handshake failed: {e}"),
-                    }
-                }
-                Err(e) => format!("vsock port {AGENT_VSOCK_PORT}: {e}"),
-            };
-            if let Some(why) = Self::guest_gone(dir, &mut vmm) {
-                return Err(Error::Backend(format!(
-                    "the sandbox's agent cannot answer: {why}; {}",
-                    serial_tail(dir)
-                )));
-            }
-            if Instant::now() > deadline {
-                return Err(Error::Backend(format!(
-                    "the agent did not answer within {}s (last: {last}); {}",
-                    self.cfg.agent_timeout.as_secs(),
-                    serial_tail(dir)
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        self.agent(dir, &files::serial_log(dir))
     }
 
     fn pause(&self, dir: &Path) -> Result<()> {
@@ -241,8 +209,8 @@ impl Backend for MicrovmBackend {
         self.snapshot_guest(dir, dest)
     }
 
-    fn rollback(&self, _dir: &Path, _src: &Path) -> Result<()> {
-        Err(Error::Unavailable(ROLLBACK_MISSING.into()))
+    fn rollback(&self, dir: &Path, src: &Path) -> Result<()> {
+        self.rollback_guest(dir, src)
     }
 
     fn restore(&self, src: &Path, plan: &SandboxPlan) -> Result<HookReport> {
@@ -270,6 +238,39 @@ impl Backend for MicrovmBackend {
 }
 
 impl MicrovmBackend {
+    /// Connects to the agent of the guest behind `dir`'s vsock socket; errors quote the serial
+    /// log at `serial`.
+    pub(crate) fn agent(&self, dir: &Path, serial: &Path) -> Result<AgentConn> {
+        let deadline = Instant::now() + self.cfg.agent_timeout;
+        let mut vmm = None;
+        loop {
+            let last = match connect_guest_port(&files::vsock(dir), AGENT_VSOCK_PORT, CONNECT_TIMEOUT) {
+                Ok(stream) => {
+                    let mut agent = AgentClient::new(stream);
+                    match agent.hello() {
+                        Ok(()) => return Ok(agent),
+                        Err(e) => format!("the agent's handshake failed: {e}"),
+                    }
+                }
+                Err(e) => format!("vsock port {AGENT_VSOCK_PORT}: {e}"),
+            };
+            if let Some(why) = Self::guest_gone(dir, &mut vmm) {
+                return Err(Error::Backend(format!(
+                    "the sandbox's agent cannot answer: {why}; {}",
+                    serial_tail(serial)
+                )));
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Backend(format!(
+                    "the agent did not answer within {}s (last: {last}); {}",
+                    self.cfg.agent_timeout.as_secs(),
+                    serial_tail(serial)
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// The backend's configuration.
     pub(crate) fn config(&self) -> &MicrovmConfig {
         &self.cfg
@@ -294,27 +295,41 @@ impl MicrovmBackend {
     /// command line (which proves it ours) before it is gone.
     pub(crate) fn stop_vmm(&self, dir: &Path) {
         let vmm = files::our_vmm(dir);
-        if let Ok(p) = VmmProcess::connect(&files::control(dir)) {
-            let _ = p.shutdown();
-        }
-        let Some(pid) = vmm else { return };
-        let deadline = Instant::now() + EXIT_TIMEOUT;
-        let mut killed = false;
-        while files::running(pid) {
-            if !killed && Instant::now() > deadline {
-                if files::our_vmm(dir) == Some(pid) {
-                    // SAFETY: the pid is this sandbox's VMM (its command line names this
-                    // directory's control socket) and not a zombie.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
+        let control = VmmProcess::connect(&files::control(dir)).ok();
+        match vmm {
+            Some(pid) => end_vmm(dir, pid, control),
+            None => {
+                if let Some(p) = control {
+                    let _ = p.shutdown();
                 }
-                killed = true;
-            } else if Instant::now() > deadline + EXIT_TIMEOUT {
-                // Still there after SIGKILL: stuck in the kernel (e.g. on a slow disk); the
-                // caller's own checks will name it.
-                break;
             }
-            std::thread::sleep(Duration::from_millis(5));
         }
+    }
+}
+
+/// Asks VMM `pid` to shut down through `control` (when given), kills it if it is still there
+/// after [`EXIT_TIMEOUT`] and its command line still names `dir`'s control socket, and returns
+/// once it has ended.
+pub(crate) fn end_vmm(dir: &Path, pid: i32, control: Option<VmmProcess>) {
+    if let Some(p) = control {
+        let _ = p.shutdown();
+    }
+    let deadline = Instant::now() + EXIT_TIMEOUT;
+    let mut killed = false;
+    while files::running(pid) {
+        if !killed && Instant::now() > deadline {
+            if files::names_control(pid, dir) {
+                // SAFETY: the pid is this sandbox's VMM (its command line names this
+                // directory's control socket) and not a zombie.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            killed = true;
+        } else if Instant::now() > deadline + EXIT_TIMEOUT {
+            // Still there after SIGKILL: stuck in the kernel (e.g. on a slow disk); the
+            // caller's own checks will name it.
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
@@ -340,6 +355,7 @@ mod tests {
                 rootfs: work.path().join("img-0000000000000000/rootfs"),
                 limits: branchbox_model::Limits::default(),
                 hostname: bad.to_string(),
+                network: None,
             };
             let e = backend.create(&plan).unwrap_err();
             assert!(

@@ -5,14 +5,14 @@
 //! agent protocol's handshake.
 //!
 //! Built: create, connect (so exec and files), pause and resume, snapshot, restore and fork
-//! (with the agent's after-fork hook), destroy, liveness. Not built: rollback in place, which
-//! answers [`Error::Unavailable`](branchbox_model::Error::Unavailable) naming what is
-//! missing (`docs/microvm.md`, "The microvm backend").
+//! (with the agent's after-fork hook), rollback in place (a second VMM restores the snapshot,
+//! then takes over the sandbox's sockets: `rollback.rs`), destroy, liveness.
 
 mod backend;
 mod files;
+mod rollback;
 mod snapshots;
 
 pub use branchbox_vmm::process::default_program as default_vmm_program;
 
-pub use backend::{MicrovmBackend, MicrovmConfig, AGENT_TIMEOUT, ROLLBACK_MISSING};
+pub use backend::{MicrovmBackend, MicrovmConfig, AGENT_TIMEOUT};

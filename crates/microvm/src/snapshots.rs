@@ -12,7 +12,7 @@
 use crate::backend::{vmm_err, MicrovmBackend};
 use crate::files;
 use branchbox_model::{ChildResult, Error, Result, SandboxPlan};
-use branchbox_protocol::{AfterFork, HookReport, Request, Response};
+use branchbox_protocol::{AfterFork, HookReport};
 use branchbox_vmm::linux::state::{self as linux_state, LINUX_STATE_FILE};
 use branchbox_vmm::process::protocol::{RestoreLinux, VmState};
 use branchbox_vmm::process::{spawn_listening, VmmProcess};
@@ -21,22 +21,6 @@ use std::path::Path;
 
 /// Children restored at once by a fork: each restore waits mostly for its guest's agent.
 const RESTORE_PARALLELISM: usize = 8;
-
-/// Fills `buf` from the kernel's random source.
-fn fill_random(buf: &mut [u8]) -> Result<()> {
-    let mut done = 0;
-    while done < buf.len() {
-        let rest = &mut buf[done..];
-        // SAFETY: `rest` is valid for `rest.len()` bytes for the duration of the call.
-        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
-        match usize::try_from(n) {
-            Ok(n) => done += n,
-            Err(_) if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => return Err(Error::Backend(format!("getrandom: {}", std::io::Error::last_os_error()))),
-        }
-    }
-    Ok(())
-}
 
 /// Bytes a directory tree takes on disk (a memory file is sparse: its holes take nothing).
 fn allocated_bytes(dir: &Path) -> u64 {
@@ -104,7 +88,7 @@ impl MicrovmBackend {
             // The listening VMM serves one connection at a time: `connect` asks it for the
             // guest's status while it waits for the agent.
             drop(vmm);
-            self.thaw(plan, &dir)
+            self.thaw_child(plan, &dir)
         })();
         if started.is_err() {
             self.stop_vmm(&dir);
@@ -135,30 +119,29 @@ impl MicrovmBackend {
         Ok((size, results))
     }
 
-    /// The agent's after-fork hook, through a new connection (the snapshot's were reset).
-    fn thaw(&self, plan: &SandboxPlan, dir: &Path) -> Result<HookReport> {
-        use branchbox_model::Backend;
-        let mut conn = self.connect(dir)?;
-        let mut entropy = vec![0u8; 64];
-        fill_random(&mut entropy)?;
-        let mut machine = [0u8; 16];
-        fill_random(&mut machine)?;
-        let after_fork = AfterFork {
-            sandbox_id: plan.id.to_string(),
-            hostname: plan.hostname.clone(),
-            machine_id: machine.iter().map(|b| format!("{b:02x}")).collect(),
-            wall_clock_ns: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(0),
-        };
-        match conn.call(Request::Thaw { after_fork: Some(after_fork) }, entropy) {
-            Ok(Response::Thawed { hook: Some(report) }) => Ok(report),
-            Ok(other) => Err(Error::Backend(format!("unexpected answer to thaw: {other:?}"))),
-            Err(e) => Err(Error::Backend(format!(
+    /// The agent's after-fork hook with a new identity, through a new connection (the
+    /// snapshot's were reset).
+    fn thaw_child(&self, plan: &SandboxPlan, dir: &Path) -> Result<HookReport> {
+        let (identity, entropy) = AfterFork::fresh(plan.id.as_str(), &plan.hostname)
+            .map_err(|e| Error::Backend(format!("the host's random source failed: {e}")))?;
+        self.thaw(dir, &files::serial_log(dir), identity, entropy)
+    }
+
+    /// Runs the agent's after-fork hook with `identity` and `entropy`; errors quote the
+    /// guest's serial log at `serial`.
+    pub(crate) fn thaw(
+        &self,
+        dir: &Path,
+        serial: &Path,
+        identity: AfterFork,
+        entropy: Vec<u8>,
+    ) -> Result<HookReport> {
+        let mut conn = self.agent(dir, serial)?;
+        conn.apply_identity(identity, entropy).map_err(|e| {
+            Error::Backend(format!(
                 "the restored sandbox's agent did not run its after-fork hook: {e}; {}",
-                files::serial_tail(dir)
-            ))),
-        }
+                files::serial_tail(serial)
+            ))
+        })
     }
 }

@@ -23,6 +23,9 @@ pub struct SandboxPlan {
     pub limits: Limits,
     /// Its hostname.
     pub hostname: String,
+    /// Its network and egress policy; `None`: no network (docs/network.md). Children and
+    /// restores take the one their snapshot was taken with.
+    pub network: Option<branchbox_net::Egress>,
 }
 
 /// Outcome of starting one child from a snapshot.

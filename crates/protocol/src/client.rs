@@ -48,6 +48,10 @@ pub enum ClientError {
         /// How long the client waited.
         waited: Duration,
     },
+    /// The host's random source failed, so no fresh identity could be made for the sandbox;
+    /// nothing was sent.
+    #[error("the host could not draw random bytes for the sandbox's new identity ({0}); check the host's getrandom(2) and retry")]
+    Entropy(io::Error),
     /// The request is too large for one frame; nothing was sent.
     #[error("the request takes {len} bytes, over the limit of {limit} bytes for one request ({what} together): pass long data through stdin or a file")]
     RequestTooLarge {
@@ -279,6 +283,26 @@ impl<S: Transport> AgentClient<S> {
         }
     }
 
+    /// Runs the after-fork hook (`thaw`) with a fresh identity ([`AfterFork::fresh`]) for
+    /// sandbox `sandbox_id` called `hostname`, and returns what the hook did.
+    pub fn after_fork(&mut self, sandbox_id: &str, hostname: &str) -> Result<HookReport, ClientError> {
+        let (after_fork, entropy) = AfterFork::fresh(sandbox_id, hostname).map_err(ClientError::Entropy)?;
+        self.apply_identity(after_fork, entropy)
+    }
+
+    /// Runs the after-fork hook with an identity the caller built (a rollback keeps the
+    /// guest's own machine id) and `entropy`; returns the hook's report.
+    pub fn apply_identity(
+        &mut self,
+        after_fork: AfterFork,
+        entropy: Vec<u8>,
+    ) -> Result<HookReport, ClientError> {
+        match self.call(Request::Thaw { after_fork: Some(after_fork) }, entropy)? {
+            Response::Thawed { hook: Some(report) } => Ok(report),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// Liveness check; returns the agent's uptime in milliseconds.
     pub fn ping(&mut self) -> Result<u64, ClientError> {
         match self.call(Request::Ping, Vec::new())? {
@@ -464,8 +488,23 @@ impl<S: Transport> AgentClient<S> {
         append: bool,
         parents: bool,
     ) -> Result<u64, ClientError> {
-        let id =
-            self.send(Request::WriteFile { path: path.to_string(), mode, append, parents }, Vec::new())?;
+        self.write_file_as(path, src, mode, append, parents, None)
+    }
+
+    /// Like [`Self::write_file`], the file and the directories made for it owned by the
+    /// image's account `owner` (root when `None`).
+    pub fn write_file_as(
+        &mut self,
+        path: &str,
+        src: &mut dyn Read,
+        mode: Option<u32>,
+        append: bool,
+        parents: bool,
+        owner: Option<&str>,
+    ) -> Result<u64, ClientError> {
+        let owner = owner.map(str::to_string);
+        let id = self
+            .send(Request::WriteFile { path: path.to_string(), mode, append, parents, owner }, Vec::new())?;
         self.send_stream(id, src)?;
         match self.recv(id)?.msg {
             Response::Written { size } => Ok(size),
@@ -557,7 +596,13 @@ impl<S: Transport> AgentClient<S> {
 
     /// Creates a directory.
     pub fn mkdir(&mut self, path: &str, parents: bool) -> Result<(), ClientError> {
-        expect_ok(self.call(Request::Mkdir { path: path.to_string(), parents }, Vec::new())?)
+        self.mkdir_as(path, parents, None)
+    }
+
+    /// Like [`Self::mkdir`], the directories created owned by the image's account `owner`.
+    pub fn mkdir_as(&mut self, path: &str, parents: bool, owner: Option<&str>) -> Result<(), ClientError> {
+        let owner = owner.map(str::to_string);
+        expect_ok(self.call(Request::Mkdir { path: path.to_string(), parents, owner }, Vec::new())?)
     }
 
     /// Powers a microVM's guest off (or restarts it) once its disks are synced.

@@ -36,12 +36,24 @@ pub struct ExecSpec {
     /// result says `truncated`.
     #[serde(default)]
     pub output_cap: Option<u64>,
+    /// The image's account to run as (from its `/etc/passwd`); `cwd` then defaults to its home
+    /// and `HOME`, `USER` and `LOGNAME` are its. The agent's own (root) when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
 
 impl ExecSpec {
     /// A spec running `cmd` with defaults for everything else.
     pub fn new(cmd: Command) -> Self {
-        ExecSpec { cmd, env: BTreeMap::new(), cwd: None, stdin: false, timeout_ms: None, output_cap: None }
+        ExecSpec {
+            cmd,
+            env: BTreeMap::new(),
+            cwd: None,
+            stdin: false,
+            timeout_ms: None,
+            output_cap: None,
+            user: None,
+        }
     }
 }
 
@@ -57,6 +69,32 @@ pub struct AfterFork {
     pub machine_id: String,
     /// Host wall clock, nanoseconds since the Unix epoch.
     pub wall_clock_ns: u64,
+}
+
+/// Bytes of fresh entropy the host sends with an [`AfterFork`] (the `thaw` frame's body).
+pub const AFTER_FORK_ENTROPY: usize = 64;
+
+impl AfterFork {
+    /// A new identity for sandbox `sandbox_id` called `hostname`: a random machine-id and the
+    /// host's wall clock now, with [`AFTER_FORK_ENTROPY`] random bytes to send as the frame
+    /// body. Built in this one place for every backend and the pool's claim, so that each
+    /// child of a snapshot gets its own. Fails only when the host's random source does.
+    pub fn fresh(sandbox_id: &str, hostname: &str) -> std::io::Result<(AfterFork, Vec<u8>)> {
+        let mut machine = [0u8; 16];
+        getrandom::getrandom(&mut machine)?;
+        let mut entropy = vec![0u8; AFTER_FORK_ENTROPY];
+        getrandom::getrandom(&mut entropy)?;
+        let after_fork = AfterFork {
+            sandbox_id: sandbox_id.to_string(),
+            hostname: hostname.to_string(),
+            machine_id: machine.iter().map(|b| format!("{b:02x}")).collect(),
+            wall_clock_ns: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0),
+        };
+        Ok((after_fork, entropy))
+    }
 }
 
 /// Host -> agent.
@@ -120,6 +158,10 @@ pub enum Request {
         /// Create missing parent directories.
         #[serde(default)]
         parents: bool,
+        /// The image's account that owns the file and the directories created for it; root
+        /// when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        owner: Option<String>,
     },
     /// List a directory.
     ListDir {
@@ -162,6 +204,9 @@ pub enum Request {
         /// Create missing parents; no error if it exists.
         #[serde(default)]
         parents: bool,
+        /// The image's account that owns the directories created; root when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        owner: Option<String>,
     },
     /// Stop every outgoing frame at a frame boundary (before a checkpoint).
     Freeze,
@@ -389,5 +434,32 @@ impl Response {
     /// True when this response ends its request (no more frames follow for that id).
     pub fn is_terminal(&self) -> bool {
         !matches!(self, Response::Stdout | Response::Stderr | Response::Data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn now_ns() -> u64 {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+    }
+
+    #[test]
+    fn a_fresh_identity_carries_the_given_names_and_new_randomness_each_call() {
+        let before = now_ns();
+        let (a, seed_a) = AfterFork::fresh("sbx-0123456789abcdef", "bb-01234567").unwrap();
+        let (b, seed_b) = AfterFork::fresh("sbx-0123456789abcdef", "bb-01234567").unwrap();
+        let after = now_ns();
+        assert_eq!(a.sandbox_id, "sbx-0123456789abcdef");
+        assert_eq!(a.hostname, "bb-01234567");
+        for id in [&a.machine_id, &b.machine_id] {
+            assert_eq!(id.len(), 32, "{id}");
+            assert!(id.chars().all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c)), "{id}");
+        }
+        assert_eq!((seed_a.len(), seed_b.len()), (AFTER_FORK_ENTROPY, AFTER_FORK_ENTROPY));
+        assert_ne!(seed_a, seed_b, "two identities shared their entropy");
+        assert_ne!(a.machine_id, b.machine_id, "two identities shared a machine-id");
+        assert!((before..=after).contains(&a.wall_clock_ns), "the clock is the host's now");
     }
 }

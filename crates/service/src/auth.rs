@@ -1,10 +1,12 @@
 //! Bearer tokens: generated at first start into `<data>/service/token` (mode 0600), compared in
 //! constant time, identified in the audit log by a short id derived from the token's hash (never
 //! the token itself). The service proves it holds a token before a client sends it: see
-//! [`proof`].
+//! [`proof`]. The console (`/ui`) signs in with a token once and then sends a session cookie
+//! instead, with a CSRF token on every state-changing request: see [`Tokens::authenticate_request`].
 
 use crate::error::ApiError;
-use axum::http::{header, HeaderMap, StatusCode};
+use crate::ui::session::{self, Sessions};
+use axum::http::{header, HeaderMap, Method, StatusCode};
 use sha2::{Digest, Sha256};
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -14,10 +16,12 @@ use std::path::Path;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller(pub String);
 
-/// The accepted tokens.
+/// The accepted tokens, and the console's sessions signed in with them.
 #[derive(Clone)]
 pub struct Tokens {
     digests: Vec<[u8; 32]>,
+    /// Console sessions (shared by clones).
+    pub sessions: Sessions,
 }
 
 /// Longest token line accepted from the token file or a header.
@@ -52,7 +56,10 @@ fn equal_ct(a: &[u8; 32], b: &[u8; 32]) -> bool {
 impl Tokens {
     /// Accepts exactly these tokens.
     pub fn new<'a>(tokens: impl IntoIterator<Item = &'a str>) -> Tokens {
-        Tokens { digests: tokens.into_iter().map(|t| digest(t.as_bytes())).collect() }
+        Tokens {
+            digests: tokens.into_iter().map(|t| digest(t.as_bytes())).collect(),
+            sessions: Sessions::default(),
+        }
     }
 
     /// Loads the token file (one token per line), creating it with a fresh random token when it
@@ -122,6 +129,41 @@ impl Tokens {
             .ok_or_else(|| unauthorized("the Authorization header is not `Bearer <token>`"))?;
         self.check(token).ok_or_else(|| unauthorized("the token is not valid"))
     }
+
+    /// Authenticates an API request by its bearer token or, when it has no `Authorization`
+    /// header, by a console session cookie. A state-changing method (anything but GET, HEAD and
+    /// OPTIONS) with a cookie must also carry the session's CSRF token in `X-CSRF-Token`: the
+    /// browser attaches the cookie to any request, but only the console's own page can read the
+    /// CSRF token.
+    pub fn authenticate_request(&self, method: &Method, headers: &HeaderMap) -> Result<Caller, ApiError> {
+        if headers.contains_key(header::AUTHORIZATION) {
+            return self.authenticate(headers);
+        }
+        let Some(id) = session::cookie(headers) else { return self.authenticate(headers) };
+        let live = self.sessions.get(&id).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "the console session has expired or was signed out; sign in again at /ui",
+            )
+        })?;
+        if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
+            return Ok(live.caller);
+        }
+        let presented = headers.get(session::CSRF_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("");
+        if !self.sessions.csrf_ok(&id, presented) {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "csrf",
+                format!(
+                    "a state-changing request with a session cookie must carry the session's CSRF token in \
+                     {}; reload /ui to get it",
+                    session::CSRF_HEADER
+                ),
+            ));
+        }
+        Ok(live.caller)
+    }
 }
 
 #[cfg(test)]
@@ -165,6 +207,43 @@ mod tests {
             assert_eq!((e.status.as_u16(), e.code), (401, "unauthorized"), "{bad:?}");
         }
         assert_eq!(t.authenticate(&HeaderMap::new()).unwrap_err().status.as_u16(), 401);
+    }
+
+    fn with_cookie(id: &str, csrf: Option<&str>) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(header::COOKIE, HeaderValue::from_str(&format!("{}={id}", session::COOKIE)).unwrap());
+        if let Some(c) = csrf {
+            h.insert(session::CSRF_HEADER, HeaderValue::from_str(c).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn a_session_cookie_reads_freely_but_changes_state_only_with_its_csrf_token() {
+        let t = Tokens::new(["secret-token-0123456789"]);
+        let me = Caller(token_id("secret-token-0123456789"));
+        let s = t.sessions.start(me.clone());
+        let other = t.sessions.start(me.clone());
+        let (get, post, delete) = (Method::GET, Method::POST, Method::DELETE);
+        assert_eq!(t.authenticate_request(&get, &with_cookie(&s.id, None)).unwrap(), me);
+        assert_eq!(t.authenticate_request(&post, &with_cookie(&s.id, Some(&s.csrf))).unwrap(), me);
+        for (m, csrf) in [(&post, None), (&post, Some(other.csrf.as_str())), (&delete, Some("00"))] {
+            let e = t.authenticate_request(m, &with_cookie(&s.id, csrf)).unwrap_err();
+            assert_eq!((e.status.as_u16(), e.code), (403, "csrf"), "{m} {csrf:?}");
+        }
+        let unknown = "ab".repeat(32);
+        let e = t.authenticate_request(&get, &with_cookie(&unknown, None)).unwrap_err();
+        assert_eq!(e.status.as_u16(), 401);
+        t.sessions.end(&s.id);
+        let e = t.authenticate_request(&post, &with_cookie(&s.id, Some(&s.csrf))).unwrap_err();
+        assert_eq!(e.status.as_u16(), 401);
+        // A bearer token is checked on its own, whatever cookie comes with it.
+        let mut h = with_cookie(&other.id, None);
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer wrong"));
+        assert_eq!(t.authenticate_request(&post, &h).unwrap_err().status.as_u16(), 401);
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer secret-token-0123456789"));
+        assert_eq!(t.authenticate_request(&post, &h).unwrap(), me);
+        assert_eq!(t.authenticate_request(&get, &HeaderMap::new()).unwrap_err().status.as_u16(), 401);
     }
 
     #[test]

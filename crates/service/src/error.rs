@@ -102,6 +102,13 @@ impl From<EngineError> for ApiError {
     }
 }
 
+/// The service database failing is the service's fault, never the client's.
+impl From<rusqlite::Error> for ApiError {
+    fn from(e: rusqlite::Error) -> Self {
+        ApiError::internal(format!("the service database failed: {e}"))
+    }
+}
+
 impl From<ClientError> for ApiError {
     fn from(e: ClientError) -> Self {
         match e {
@@ -176,6 +183,13 @@ mod tests {
         );
         let closed = ApiError::from(ClientError::Closed);
         assert_eq!((closed.status.as_u16(), closed.code), (502, "agent_unavailable"));
+    }
+
+    #[test]
+    fn database_failures_are_the_services_not_the_clients() {
+        let a = ApiError::from(rusqlite::Error::InvalidQuery);
+        assert_eq!((a.status.as_u16(), a.code), (500, "internal"));
+        assert!(a.message.starts_with("the service database failed: "), "{}", a.message);
     }
 
     #[test]

@@ -17,6 +17,8 @@ pub mod pool;
 pub mod serve;
 pub mod state;
 pub mod ttl;
+pub mod ui;
+pub mod unread;
 
 pub use config::ServiceConfig;
 pub use state::AppState;

@@ -4,7 +4,6 @@
 //! the service matches its own records to the engine's, so a restart loses nothing and leaves
 //! nothing running unseen.
 
-use crate::api::sandboxes::db_err;
 use crate::db::{AuditEntry, OnTimeout, SandboxMeta};
 use crate::error::{engine_status, ApiResult};
 use crate::state::AppState;
@@ -45,11 +44,11 @@ fn record(
 
 /// Acts on every sandbox whose timeout fired by `now`; returns what was done, per sandbox.
 pub fn tick(engine: &Engine, st: &AppState, now: i64) -> ApiResult<Vec<(String, &'static str)>> {
-    let due = st.db().due(now).map_err(db_err)?;
+    let due = st.db().due(now)?;
     let mut done = Vec::new();
     for (id, action) in due {
         let Ok(sid) = SandboxId::parse(&id) else {
-            st.db().remove(&id).map_err(db_err)?;
+            st.db().remove(&id)?;
             continue;
         };
         let r = st
@@ -65,7 +64,7 @@ pub fn tick(engine: &Engine, st: &AppState, now: i64) -> ApiResult<Vec<(String, 
         }
         let outcome = match (&r, action) {
             (Ok(()), OnTimeout::Kill) | (Err(Error::NotFound { .. }), _) => {
-                st.db().remove(&id).map_err(db_err)?;
+                st.db().remove(&id)?;
                 if r.is_ok() {
                     "kill"
                 } else {
@@ -73,12 +72,12 @@ pub fn tick(engine: &Engine, st: &AppState, now: i64) -> ApiResult<Vec<(String, 
                 }
             }
             (Ok(()), OnTimeout::Pause) => {
-                st.db().set_expiry(&sid, None, None).map_err(db_err)?;
+                st.db().set_expiry(&sid, None, None)?;
                 "pause"
             }
             // Already paused, or its runtime is gone: nothing left to stop.
             (Err(Error::Conflict(_)), _) => {
-                st.db().set_expiry(&sid, None, None).map_err(db_err)?;
+                st.db().set_expiry(&sid, None, None)?;
                 "skipped"
             }
             (Err(e), _) => {
@@ -86,7 +85,7 @@ pub fn tick(engine: &Engine, st: &AppState, now: i64) -> ApiResult<Vec<(String, 
                     "timeout of {id} could not be applied ({e}); retrying in {} s",
                     RETRY_MS / 1000
                 );
-                st.db().set_expiry(&sid, Some(now + RETRY_MS), None).map_err(db_err)?;
+                st.db().set_expiry(&sid, Some(now + RETRY_MS), None)?;
                 "failed"
             }
         };
@@ -141,7 +140,7 @@ pub fn recover(engine: &Engine, st: &AppState) -> ApiResult<ReconcileReport> {
             .and_then(|p| engine.find_snapshot(p.as_str()).ok())
             .and_then(|s| s.source);
         let parent = match source {
-            Some(src) => st.db().get(&src).map_err(db_err)?,
+            Some(src) => st.db().get(&src)?,
             None => None,
         }
         .unwrap_or_else(|| SandboxMeta { timeout_ms: default_ms, ..Default::default() });
@@ -150,7 +149,7 @@ pub fn recover(engine: &Engine, st: &AppState) -> ApiResult<ReconcileReport> {
             created_by: "reconcile".into(),
             ..parent
         };
-        st.db().put(id, &meta).map_err(db_err)?;
+        st.db().put(id, &meta)?;
     }
     tracing::warn!("recovered from an interrupted operation: {}", r.summary());
     let detail = serde_json::to_string(&r).unwrap_or_else(|_| r.summary());
@@ -167,9 +166,9 @@ pub fn reconcile(engine: &Engine, st: &AppState) -> ApiResult<(usize, usize, usi
     let known: BTreeSet<String> = views.iter().map(|v| v.sandbox.id.to_string()).collect();
     let db = st.db();
     let mut dropped = 0;
-    for id in db.ids().map_err(db_err)? {
+    for id in db.ids()? {
         if !known.contains(&id) {
-            db.remove(&id).map_err(db_err)?;
+            db.remove(&id)?;
             dropped += 1;
         }
     }

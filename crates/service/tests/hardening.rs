@@ -3,69 +3,14 @@
 //! (CSRF, DNS rebinding), and the challenge that lets a client check it before sending a token.
 //! No sandbox is started: these are properties of the service itself.
 
+mod common;
+
+use common::{connect, start};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
-
-/// A running branchboxd over a data directory of its own, killed when dropped.
-struct Daemon {
-    child: Child,
-    _dir: tempfile::TempDir,
-    data: PathBuf,
-    addr: String,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts branchboxd with umask 000, as a careless service manager would.
-fn start(args: &[&str]) -> Daemon {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_branchboxd"));
-    cmd.arg("--data-dir")
-        .arg(&data)
-        .args(["--listen", "127.0.0.1:0"])
-        .args(args)
-        .env("RUST_LOG", "warn")
-        // No sandbox can start, whatever a request that slipped through asked for.
-        .env("BRANCHBOX_RUNSC", "/nonexistent/runsc")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
-    // SAFETY: umask is async-signal-safe and has no preconditions.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::umask(0);
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().unwrap();
-    let url = data.join("service/url");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !url.exists() {
-        assert!(child.try_wait().unwrap().is_none(), "branchboxd exited early");
-        assert!(Instant::now() < deadline, "branchboxd wrote no url file");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let addr = std::fs::read_to_string(&url).unwrap().trim().trim_start_matches("http://").to_string();
-    Daemon { child, _dir: dir, data, addr }
-}
-
-fn connect(addr: &str) -> TcpStream {
-    let s = TcpStream::connect(addr).unwrap();
-    // A bound on how long a test waits, never an assertion about how fast the service is.
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    s
-}
 
 /// Sends one raw request (with `Connection: close`) and returns the whole answer.
 fn http(addr: &str, head: &str, body: &str) -> String {
@@ -181,7 +126,7 @@ fn the_challenge_proves_the_service_holds_the_token() {
     use hmac::{Hmac, Mac};
     use sha2::{Digest, Sha256};
     let d = start(&[]);
-    let token = std::fs::read_to_string(d.data.join("service/token")).unwrap().trim().to_string();
+    let token = d.token();
     let nonce = "0123456789abcdef0123456789abcdef";
     let a = http(&d.addr, &format!("GET /v1/auth/challenge?nonce={nonce} HTTP/1.1\r\nhost: {}", d.addr), "");
     assert_eq!(status(&a), 200, "{a}");
@@ -197,4 +142,84 @@ fn the_challenge_proves_the_service_holds_the_token() {
             http(&d.addr, &format!("GET /v1/auth/challenge?nonce={bad} HTTP/1.1\r\nhost: {}", d.addr), "");
         assert_eq!(status(&a), 422, "{a}");
     }
+}
+
+/// Reads one answer (headers, then a `content-length` body) from a kept-alive connection.
+fn read_answer(s: &mut TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&got[..end]).to_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if got.len() >= end + 4 + len {
+                return head;
+            }
+        }
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the service closed the connection mid-answer: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
+#[test]
+fn an_answer_to_a_request_whose_body_went_unread_says_the_connection_closes() {
+    let d = start(&[]);
+    let token = d.token();
+    let auth = format!("authorization: Bearer {token}\r\n");
+    // A body no handler reads: a GET with one, a route that does not exist, a request refused
+    // for its missing token. Its bytes arrive after the headers, as httpx sends them.
+    for (path, auth) in [
+        ("/healthz", ""),
+        ("/metrics", auth.as_str()),
+        ("/v1/nothing-here", auth.as_str()),
+        ("/v1/sandboxes", ""),
+    ] {
+        let mut s = connect(&d.addr);
+        write!(s, "GET {path} HTTP/1.1\r\nhost: {}\r\n{auth}content-type: application/json\r\ncontent-length: 2\r\n\r\n", d.addr)
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        s.write_all(b"{}").unwrap();
+        let head = read_answer(&mut s);
+        if head.lines().any(|l| l.trim() == "connection: close") {
+            assert!(closed_by_service(&mut s), "{path}: said close but kept the connection");
+            continue;
+        }
+        // Kept alive: the connection must then serve the next request.
+        let next = write!(s, "GET /healthz HTTP/1.1\r\nhost: {}\r\n\r\n", d.addr);
+        let mut answer = [0u8; 12];
+        let served = next.is_ok() && s.read_exact(&mut answer).is_ok() && &answer == b"HTTP/1.1 200";
+        assert!(
+            served,
+            "{path}: the connection was closed without `connection: close` in the answer:\n{head}"
+        );
+    }
+}
+
+#[test]
+fn the_port_proxy_needs_the_token_and_checks_its_path() {
+    let d = start(&[]);
+    let host = format!("host: {}", d.addr);
+    let auth = format!("authorization: Bearer {}", d.token());
+    let get = |path: &str, extra: &str| http(&d.addr, &format!("GET {path} HTTP/1.1\r\n{host}{extra}"), "");
+    let sandbox = "/v1/sandboxes/sbx-0123456789abcdef/ports";
+    for path in [format!("{sandbox}/8080"), format!("{sandbox}/8080/index.html?x=1")] {
+        let a = get(&path, "");
+        assert_eq!(status(&a), 401, "{path} without a token: {a}");
+        let a = get(&path, &format!("\r\n{auth}"));
+        assert_eq!(status(&a), 404, "{path} of a sandbox that does not exist: {a}");
+    }
+    for (path, code) in
+        [(format!("{sandbox}/0/"), "invalid_port"), (format!("{sandbox}/http/"), "invalid_port")]
+    {
+        let a = get(&path, &format!("\r\n{auth}"));
+        assert_eq!(status(&a), 400, "{path}: {a}");
+        assert!(a.contains(code), "{path}: {a}");
+    }
+    let a = get("/v1/sandboxes/..%2f/ports/80/", &format!("\r\n{auth}"));
+    assert!(a.contains("invalid_id"), "{a}");
 }

@@ -36,8 +36,9 @@ impl ExecDefaults {
         self.env.is_empty() && self.workdir.is_none() && self.user.is_none()
     }
 
-    /// Applies the defaults to a command: the command's own env and cwd win; a user wraps the
-    /// command in `runuser -u USER --` (the agent runs commands as root).
+    /// Applies the defaults to a command: the command's own env, cwd and user win; the
+    /// template's user wraps a command that names none in `runuser -u USER --` (the agent runs
+    /// such commands as root).
     pub fn apply(&self, spec: &mut ExecSpec) {
         for (k, v) in &self.env {
             spec.env.entry(k.clone()).or_insert_with(|| v.clone());
@@ -45,7 +46,7 @@ impl ExecDefaults {
         if spec.cwd.is_none() {
             spec.cwd = self.workdir.clone();
         }
-        if let Some(user) = &self.user {
+        if let (Some(user), None) = (&self.user, &spec.user) {
             let mut argv = vec!["runuser".to_string(), "-u".into(), user.clone(), "--".into()];
             match &spec.cmd {
                 Command::Argv(words) => argv.extend(words.iter().cloned()),
@@ -93,5 +94,16 @@ mod tests {
         d.apply(&mut spec);
         assert_eq!(spec.cmd, Command::Argv(vec!["id".into()]));
         assert_eq!(spec.cwd.as_deref(), Some("/tmp"));
+    }
+
+    #[test]
+    fn a_command_that_names_its_user_is_not_wrapped_for_the_templates() {
+        let mut d = ExecDefaults::default();
+        d.after(&Step::User("worker".into()));
+        let mut spec = ExecSpec::new(Command::Argv(vec!["id".into()]));
+        spec.user = Some("user".into());
+        d.apply(&mut spec);
+        assert_eq!(spec.cmd, Command::Argv(vec!["id".into()]));
+        assert_eq!(spec.user.as_deref(), Some("user"));
     }
 }

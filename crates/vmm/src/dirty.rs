@@ -40,11 +40,16 @@ struct PmScanArg {
 const PAGEMAP_SCAN: libc::c_ulong = 0xC060_6610;
 const PAGE_IS_FILE: u64 = 1 << 2;
 const PAGE_IS_PRESENT: u64 = 1 << 3;
-/// pagemap entry bits: present, and "file page or shared anonymous".
+const PAGE_IS_SWAPPED: u64 = 1 << 4;
+/// pagemap entry bits: present, swapped out, and "file page or shared anonymous".
 const PM_PRESENT: u64 = 1 << 63;
+const PM_SWAP: u64 = 1 << 62;
 const PM_FILE: u64 = 1 << 61;
 
-/// Pages of `[addr, addr+size)` that are present and anonymous (private copies), sorted.
+/// Pages of `[addr, addr+size)` the process holds privately, sorted: anonymous and in memory
+/// or swapped out (a swapped-out page was written as surely as a present one). In a private
+/// file mapping these are the pages written since it was mapped; in an anonymous mapping,
+/// every page ever touched (the others read as zeros).
 pub(crate) fn private_pages(addr: usize, size: usize) -> Result<Vec<u64>> {
     let pagemap = File::open("/proc/self/pagemap").map_err(mem("open /proc/self/pagemap"))?;
     match scan_ioctl(&pagemap, addr, size) {
@@ -67,10 +72,12 @@ fn scan_ioctl(pagemap: &File, addr: usize, size: usize) -> Option<Vec<u64>> {
             end,
             vec: regions.as_mut_ptr() as u64,
             vec_len: regions.len() as u64,
-            // Present and not file-backed: inverting FILE makes "is file" a required zero.
+            // Not file-backed (inverting FILE makes "is file" a required zero), and present
+            // or swapped out.
             category_inverted: PAGE_IS_FILE,
-            category_mask: PAGE_IS_FILE | PAGE_IS_PRESENT,
-            return_mask: PAGE_IS_FILE | PAGE_IS_PRESENT,
+            category_mask: PAGE_IS_FILE,
+            category_anyof_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+            return_mask: PAGE_IS_FILE | PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
             ..Default::default()
         };
         // SAFETY: `arg` points at `regions`, which has `vec_len` entries.
@@ -103,7 +110,7 @@ pub(crate) fn scan_read(pagemap: &File, addr: usize, size: usize) -> Result<Vec<
         pagemap.read_exact_at(&mut buf[..n * 8], off).map_err(mem("read /proc/self/pagemap"))?;
         for (i, e) in buf[..n * 8].chunks_exact(8).enumerate() {
             let entry = e.iter().rev().fold(0u64, |acc, &b| (acc << 8) | u64::from(b));
-            if entry & PM_PRESENT != 0 && entry & PM_FILE == 0 {
+            if entry & (PM_PRESENT | PM_SWAP) != 0 && entry & PM_FILE == 0 {
                 out.push((done + i) as u64);
             }
         }

@@ -58,9 +58,10 @@ def procs_under(path: Path) -> List[int]:
 class Service:
     """One branchboxd process, restartable on the same port and data directory."""
 
-    def __init__(self, data_dir: Path, *args: str) -> None:
+    def __init__(self, data_dir: Path, *args: str, env: Optional[dict] = None) -> None:
         self.data_dir = data_dir
         self.args = list(args)
+        self.env = dict(env or {})
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: Optional[subprocess.Popen] = None
@@ -86,6 +87,7 @@ class Service:
         env.setdefault("BRANCHBOX_AGENT", str(binary.parent / "branchbox-agent"))
         env.setdefault("BRANCHBOX_SHIM", str(binary.parent / "branchbox-shim"))
         env.setdefault("RUST_LOG", "warn")
+        env.update(self.env)
         cmd = [str(binary), "--data-dir", str(self.data_dir), "--listen", f"127.0.0.1:{self.port}", *self.args]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
@@ -139,8 +141,8 @@ def workdir() -> Iterator[Path]:
 
 
 @contextmanager
-def _serve(workdir: Path, name: str, *args: str) -> Iterator[Service]:
-    svc = Service(workdir / f"py-{os.getpid()}-{name}", *args)
+def _serve(workdir: Path, name: str, *args: str, env: Optional[dict] = None) -> Iterator[Service]:
+    svc = Service(workdir / f"py-{os.getpid()}-{name}", *args, env=env)
     svc.start()
     try:
         yield svc
@@ -176,6 +178,22 @@ def limited(workdir: Path, service: Service) -> Iterator[Service]:
     """A second service with tight limits: one sandbox, 1 MiB files."""
     with _serve(workdir, "limited", "--max-sandboxes", "1", "--max-file-mib", "1") as svc:
         yield svc
+
+
+@pytest.fixture(scope="session")
+def networked(workdir: Path, service: Service) -> Iterator[Service]:
+    """A service whose sandboxes' uplinks end in a network namespace of the test run's own
+    (`Service.netns`), never at the host's interfaces: what they serve is reached from there."""
+    netns = f"bbpy-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", netns], check=True)
+    try:
+        subprocess.run(["ip", "-n", netns, "link", "set", "lo", "up"], check=True)
+        env = {"BRANCHBOX_NET_UPLINK_NETNS": netns, "BRANCHBOX_NET_STATE": str(workdir / f"{netns}-state")}
+        with _serve(workdir, "networked", env=env) as svc:
+            svc.netns = netns
+            yield svc
+    finally:
+        subprocess.run(["ip", "netns", "delete", netns], check=False)
 
 
 @pytest.fixture

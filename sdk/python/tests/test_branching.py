@@ -6,15 +6,15 @@ from branchbox import BranchboxError, ConflictError, NotFoundError, Sandbox
 
 
 def test_fork_children_continue_from_the_parent_and_diverge(sbx):
-    sbx.files.write("/root/state", "parent")
+    sbx.files.write("/home/user/state", "parent")
     kids = sbx.fork(count=2)
     try:
         assert all(isinstance(k, Sandbox) for k in kids), kids
         a, b = kids
-        assert a.files.read("/root/state") == b.files.read("/root/state") == "parent"
-        a.files.write("/root/state", "a")
-        assert b.files.read("/root/state") == "parent"
-        assert sbx.files.read("/root/state") == "parent"
+        assert a.files.read("/home/user/state") == b.files.read("/home/user/state") == "parent"
+        a.files.write("/home/user/state", "a")
+        assert b.files.read("/home/user/state") == "parent"
+        assert sbx.files.read("/home/user/state") == "parent"
         assert a.get_info().parent_snapshot == b.get_info().parent_snapshot is not None
     finally:
         for k in kids:
@@ -39,12 +39,12 @@ def test_fork_count_out_of_range_is_refused(sbx):
 
 
 def test_snapshot_restores_files_and_metadata_is_fresh(service, sbx):
-    sbx.files.write("/root/snap.txt", "captured")
+    sbx.files.write("/home/user/snap.txt", "captured")
     snap = sbx.create_snapshot(name=f"snap-test-{sbx.sandbox_id[4:]}")
     assert snap.kind == "snapshot" and snap.source == sbx.sandbox_id
-    sbx.files.write("/root/snap.txt", "later")
+    sbx.files.write("/home/user/snap.txt", "later")
     with Sandbox.create(snapshot_id=snap.name, **service.sdk()) as r:
-        assert r.files.read("/root/snap.txt") == "captured"
+        assert r.files.read("/home/user/snap.txt") == "captured"
         assert r.get_info().parent_snapshot == snap.snapshot_id
     assert snap.snapshot_id in {s.snapshot_id for s in Sandbox.list_snapshots()}
 
@@ -57,15 +57,15 @@ def test_snapshot_name_taken_is_a_conflict(sbx):
 
 
 def test_checkpoint_and_rollback_in_place(sbx):
-    sbx.files.write("/root/doc", "v1")
+    sbx.files.write("/home/user/doc", "v1")
     ck = sbx.checkpoint()
     assert ck.kind == "checkpoint"
-    sbx.files.write("/root/doc", "v2")
-    sbx.files.write("/root/new", "x")
+    sbx.files.write("/home/user/doc", "v2")
+    sbx.files.write("/home/user/new", "x")
     info = sbx.rollback(ck.snapshot_id)
     assert info.sandbox_id == sbx.sandbox_id and info.state == "running"
-    assert sbx.files.read("/root/doc") == "v1"
-    assert not sbx.files.exists("/root/new")
+    assert sbx.files.read("/home/user/doc") == "v1"
+    assert not sbx.files.exists("/home/user/new")
     assert ck.snapshot_id in {c.snapshot_id for c in sbx.checkpoints()}
 
 
@@ -116,10 +116,10 @@ def test_audit_records_who_what_and_parent_of_a_fork(service, sbx):
 
 def test_step_history_makes_every_command_a_checkpoint(sbx):
     sbx.set_history(True)
-    first = sbx.commands.run("echo 1 >> /root/steps")
-    second = sbx.commands.run("echo 2 >> /root/steps")
+    first = sbx.commands.run("echo 1 >> /home/user/steps")
+    second = sbx.commands.run("echo 2 >> /home/user/steps")
     assert first.checkpoint and second.checkpoint and first.checkpoint != second.checkpoint
     sbx.set_history(False)
     assert sbx.commands.run("true").checkpoint is None
     sbx.rollback(first.checkpoint)
-    assert sbx.files.read("/root/steps").split() == ["1"]
+    assert sbx.files.read("/home/user/steps").split() == ["1"]

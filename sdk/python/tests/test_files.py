@@ -10,9 +10,9 @@ from branchbox import InvalidArgumentError, NotFoundError
 
 
 def test_text_round_trip_creates_parents(sbx):
-    info = sbx.files.write("/root/a/b/c.txt", "hello ✓")
+    info = sbx.files.write("/home/user/a/b/c.txt", "hello ✓")
     assert info.size == len("hello ✓".encode())
-    assert sbx.files.read("/root/a/b/c.txt") == "hello ✓"
+    assert sbx.files.read("/home/user/a/b/c.txt") == "hello ✓"
 
 
 def test_binary_round_trip_across_many_chunks(sbx):
@@ -23,9 +23,9 @@ def test_binary_round_trip_across_many_chunks(sbx):
 
 
 def test_mode_is_applied(sbx):
-    sbx.files.write("/root/run.sh", "#!/bin/sh\necho ran\n", mode=0o755)
-    assert sbx.files.get_info("/root/run.sh").mode & 0o777 == 0o755
-    assert sbx.commands.run("/root/run.sh").stdout == "ran\n"
+    sbx.files.write("/home/user/run.sh", "#!/bin/sh\necho ran\n", mode=0o755)
+    assert sbx.files.get_info("/home/user/run.sh").mode & 0o777 == 0o755
+    assert sbx.commands.run("/home/user/run.sh").stdout == "ran\n"
 
 
 def test_list_stat_exists(sbx):
@@ -55,5 +55,7 @@ def test_missing_file_and_directory_reads_are_typed_errors(sbx):
     with pytest.raises(InvalidArgumentError) as e:
         sbx.files.read("/etc")
     assert e.value.status == 422
-    with pytest.raises(InvalidArgumentError):
+    # A relative path is under the user's home, as in E2B.
+    with pytest.raises(NotFoundError) as e:
         sbx.files.read("relative/path")
+    assert "/home/user/relative/path" in e.value.message

@@ -25,11 +25,11 @@ def _fork_and_kill(sdk, i):
     s = Sandbox.create(timeout=600, metadata={"load": "fork"}, **sdk)
     ids = [s.sandbox_id]
     try:
-        s.files.write("/root/who", str(i))
+        s.files.write("/home/user/who", str(i))
         kids = s.fork(count=2)
         ok = [k for k in kids if isinstance(k, Sandbox)]
         ids += [k.sandbox_id for k in ok]
-        seen = [k.files.read("/root/who") for k in ok]
+        seen = [k.files.read("/home/user/who") for k in ok]
         for k in ok:
             k.kill()
         return ids, len(kids), seen
@@ -59,8 +59,8 @@ def test_fifty_concurrent_clients_create_run_fork_and_kill_without_error_or_leak
 def test_async_clients_share_the_surface(service):
     async def one(i):
         async with await AsyncSandbox.create(timeout=300, metadata={"async": "yes"}, **service.sdk()) as s:
-            await s.files.write("/root/n", str(i))
-            r = await s.commands.run("cat /root/n")
+            await s.files.write("/home/user/n", str(i))
+            r = await s.commands.run("cat /home/user/n")
             streamed = []
             await s.commands.run("echo streamed", on_stdout=streamed.append)
             with pytest.raises(CommandExitException):
@@ -68,13 +68,13 @@ def test_async_clients_share_the_surface(service):
             kids = await s.fork(count=1)
             child = kids[0]
             assert isinstance(child, AsyncSandbox)
-            child_sees = await child.files.read("/root/n")
+            child_sees = await child.files.read("/home/user/n")
             await child.kill()
             snap = await s.create_snapshot()
             ck = await s.checkpoint()
-            await s.files.write("/root/n", "changed")
+            await s.files.write("/home/user/n", "changed")
             await s.rollback(ck.snapshot_id)
-            after = await s.files.read("/root/n")
+            after = await s.files.read("/home/user/n")
             lin = await s.lineage()
             info = await s.get_info()
             return r.stdout, "".join(streamed), child_sees, after, snap.kind, bool(lin.snapshots), info.metadata
@@ -91,7 +91,7 @@ def test_restart_in_the_middle_of_activity_loses_nothing(service, how):
     sdk = service.sdk()
     s = Sandbox.create(timeout=900, metadata={"restart": how.name}, envs={"KEPT": "env"}, **sdk)
     try:
-        s.files.write("/root/data", "before restart")
+        s.files.write("/home/user/data", "before restart")
         bg = s.commands.run("sleep 600", background=True)
         snap = s.create_snapshot()
         expiry = s.get_info().end_at
@@ -116,13 +116,13 @@ def test_restart_in_the_middle_of_activity_loses_nothing(service, how):
 
         info = s.get_info()
         assert (info.state, info.metadata, info.end_at) == ("running", {"restart": how.name}, expiry)
-        assert s.files.read("/root/data") == "before restart"
+        assert s.files.read("/home/user/data") == "before restart"
         assert s.commands.run("echo $KEPT").stdout == "env\n"
         assert any(p.pid == bg.pid and p.running for p in s.commands.list())
         assert paused.get_info().state == "paused"
         assert Sandbox.connect(paused.sandbox_id).commands.run("echo up").stdout == "up\n"
         with Sandbox.create(snapshot_id=snap.snapshot_id, **sdk) as r:
-            assert r.files.read("/root/data") == "before restart"
+            assert r.files.read("/home/user/data") == "before restart"
         with service.client() as c:
             log = c.get("/v1/audit", params={"sandbox": s.sandbox_id}).json()
         assert log[0]["action"] == "POST /v1/sandboxes"

@@ -4,11 +4,12 @@ pools survive a restart; ready sandboxes are not the user's until claimed."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Iterator
 
 import pytest
 
-from branchbox import Pool, Sandbox, ServiceUnavailableError, Templates
+from branchbox import AsyncSandbox, InvalidArgumentError, NotFoundError, Pool, Sandbox, ServiceUnavailableError, Templates
 
 from conftest import Service, _serve, wait_until
 
@@ -152,3 +153,69 @@ def test_a_pool_of_a_template_hands_out_its_last_build_with_its_env_and_workdir(
     finally:
         pool.delete()
         Templates.delete("pool-tpl", **svc.sdk())
+
+
+def test_a_pool_grows_shrinks_and_keeps_its_new_size_through_a_restart(pools):
+    svc, _src, snap = pools
+    pool = Pool.create("resize", 1, snapshot=snap, max_idle=3600, **svc.sdk())
+    claimed = None
+    try:
+        _full(svc, "resize", 1)
+        assert pool.update(size=3).size == 3
+        full = _full(svc, "resize", 3)
+        # The source, a claimed sandbox and the 2 ready ones fill the service's 4 places.
+        claimed = pool.claim()
+        left = [m for m in full.members if m != claimed.sandbox_id]
+        shrunk = pool.update(size=1)
+        assert shrunk.size == 1 and shrunk.ready == 1, shrunk
+        assert shrunk.members == left[1:], "a shrink keeps the newest ready sandbox and retires the oldest"
+        with svc.client() as c:
+            assert c.get(f"/v1/sandboxes/{left[0]}").status_code == 404, "the retired sandbox still exists"
+        assert claimed.commands.run("echo still-mine").stdout.strip() == "still-mine"
+        for bad in ({"size": 0}, {"size": 65}, {"size": 5}, {"max_idle": 0}, {"max_idle": -1},
+                    {"max_idle": 8 * 24 * 3600}, {}):
+            with pytest.raises(InvalidArgumentError) as e:
+                pool.update(**bad)
+            assert e.value.code == "invalid_input", (bad, e.value)
+        with svc.client() as c:
+            r = c.patch("/v1/pools/resize", json={"size": 2, "paused": True})
+            assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_body", r.text
+        unchanged = pool.get_info()
+        assert (unchanged.size, unchanged.max_idle, unchanged.members) == (1, 3600, shrunk.members)
+        with pytest.raises(NotFoundError):
+            Pool("no-such-pool", pool._http).update(size=1)
+        assert pool.update(max_idle=120).max_idle == 120
+        svc.restart()
+        after = Pool.connect("resize", **svc.sdk()).get_info()
+        assert (after.size, after.max_idle, after.members) == (1, 120, shrunk.members)
+    finally:
+        if claimed is not None:
+            claimed.kill()
+        Pool.connect("resize", **svc.sdk()).delete()
+
+
+def test_an_async_claim_hands_out_a_ready_sandbox_with_the_claimed_env_and_files(pools):
+    svc, _src, snap = pools
+    pool = Pool.create("async", 1, snapshot=snap, **svc.sdk())
+    try:
+        ready = _full(svc, "async", 1)
+
+        async def claim() -> tuple:
+            s = await AsyncSandbox.claim("async", envs={"GREETING": "async"}, files={"/root/a.txt": "claimed"},
+                                         metadata={"via": "async"}, wait=0, **svc.sdk())
+            try:
+                # The claimed files are root's (/root is private); the SDK's default user is `user`.
+                r = await s.commands.run('echo "$GREETING|$(cat /root/a.txt)|$(cat /root/prepared.txt)"',
+                                         user="root")
+                return s.sandbox_id, s.claim_info, r.stdout.strip(), (await s.get_info()).metadata
+            finally:
+                await s.kill()
+                await s.close()
+
+        sid, info, out, metadata = asyncio.run(claim())
+        assert sid in ready.members and info.source == "pool" and info.pool == "async", info
+        assert info.identity["machine_id"] == "applied", info
+        assert out == "async|claimed|from the snapshot"
+        assert metadata == {"via": "async"}
+    finally:
+        pool.delete()

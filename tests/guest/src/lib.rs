@@ -1,6 +1,7 @@
 //! Support for the end-to-end tests that need the project's Linux guest: finding the kernel
 //! and root disk the project's commands built ([`artifacts`]), booting it under our VMM to its
-//! agent on hardware KVM ([`kvm`]) and through the microvm backend ([`microvm`]), and under
+//! agent on hardware KVM ([`kvm`]), in a bare VMM process ([`vmm`]) and through the microvm
+//! backend ([`microvm`]), and under
 //! QEMU's software emulation with our devices served over vhost-user ([`qemu`]).
 //!
 //! These tests live in their own crate because they need a guest kernel that takes minutes to
@@ -12,3 +13,4 @@ pub mod artifacts;
 pub mod kvm;
 pub mod microvm;
 pub mod qemu;
+pub mod vmm;

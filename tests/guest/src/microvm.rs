@@ -47,6 +47,7 @@ impl CachedGuest {
             rootfs: self.images.join(image).join("rootfs"),
             limits: Limits { memory_mib, cpus: 1, pids: 512 },
             hostname: "bb-microvm-test".into(),
+            network: None,
         })
     }
 }

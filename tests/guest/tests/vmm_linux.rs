@@ -8,48 +8,22 @@
 //! seconds in (see `linux_boot.rs`): that end is exactly what `Status` must report. On
 //! hardware KVM the guest goes on to its agent; the test stops it once the command line is in.
 
-use branchbox_guest_tests::artifacts::{root_disk, vmlinux};
 use branchbox_guest_tests::kvm::hardware_kvm;
 use branchbox_guest_tests::microvm::process_alive;
+use branchbox_guest_tests::vmm::{config, start_vmm, VmmGuest};
 use branchbox_vmm::process::protocol::{BootLinux, ErrorKind, Request, VmState};
 use branchbox_vmm::process::{default_program, spawn_listening, VmmProcess};
-use branchbox_vmm::VmConfig;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// The smallest RAM the layout allows: under PVM less RAM reaches the kernel's end sooner.
-const MEM: u64 = 64 << 20;
 /// A safety net, not a measurement: a guest neither ended nor printed its command line by
 /// then is stuck.
 const SAFETY_NET: Duration = Duration::from_secs(180);
 const HOSTNAME_ARG: &str = "branchbox.hostname=vmm-linux-test";
 
-fn config() -> VmConfig {
-    VmConfig { mem_size: MEM, vcpus: 1, irqchip: false }
-}
-
-/// The cached kernel and disk; panics naming the command that builds them. No silent skip:
-/// CI builds them before these tests, and a skip would hide a missing install step.
-fn guest() -> (PathBuf, PathBuf) {
-    match (vmlinux(), root_disk()) {
-        (Ok(k), Ok(d)) => (k, d),
-        (Err(why), _) | (_, Err(why)) => panic!("the guest is not cached: {why}"),
-    }
-}
-
-fn boot_request(kernel: &Path, disk: &Path, work: &Path) -> BootLinux {
-    BootLinux {
-        kernel: kernel.to_path_buf(),
-        disk: disk.to_path_buf(),
-        disk_store: work.join("disk"),
-        disk_chain: "root".into(),
-        cmdline_extra: format!("earlyprintk=serial,ttyS0,115200 {HOSTNAME_ARG}"),
-        mem_size: MEM,
-        vcpus: 1,
-        vsock_socket: work.join("vsock.sock"),
-        serial_log: work.join("serial.log"),
-    }
+fn boot_request(guest: &VmmGuest, work: &Path) -> BootLinux {
+    guest.boot_request(work, "root", HOSTNAME_ARG)
 }
 
 /// CPU time (user + system, in clock ticks) of the process's `vcpu0` threads: the Linux
@@ -75,17 +49,17 @@ fn command_line(log: &str) -> Option<&str> {
 
 #[test]
 fn boot_linux_reaches_the_kernel_and_status_reports_the_guest_end() {
-    let (kernel, disk) = guest();
+    let guest = VmmGuest::cached();
     let hardware = hardware_kvm().is_ok();
     let work = tempfile::tempdir().unwrap();
-    let mut p = VmmProcess::start(&default_program(), config()).expect("start a VMM process");
-    p.boot_linux(boot_request(&kernel, &disk, work.path())).expect("boot the Linux guest");
+    let mut p = start_vmm();
+    p.boot_linux(boot_request(&guest, work.path())).expect("boot the Linux guest");
 
     // A running guest cannot be snapshotted: the request names the state to be in.
     let snap = p.request(&Request::Snapshot { dir: work.path().into() }).unwrap_err();
     assert_eq!(snap.remote().map(|r| r.kind), Some(ErrorKind::State), "{snap}");
     assert!(snap.to_string().contains("pause the guest first"), "{snap}");
-    let again = p.boot_linux(boot_request(&kernel, &disk, work.path())).unwrap_err();
+    let again = p.boot_linux(boot_request(&guest, work.path())).unwrap_err();
     assert_eq!(again.remote().map(|r| r.kind), Some(ErrorKind::State), "{again}");
 
     // Paused, the guest's vCPU takes no CPU time at all (running, it is busy in KVM_RUN,
@@ -128,27 +102,25 @@ fn boot_linux_reaches_the_kernel_and_status_reports_the_guest_end() {
 
 #[test]
 fn a_boot_that_cannot_start_names_the_file_and_leaves_the_process_idle() {
-    let (kernel, disk) = guest();
+    let guest = VmmGuest::cached();
     let work = tempfile::tempdir().unwrap();
-    let mut p = VmmProcess::start(&default_program(), config()).expect("start a VMM process");
+    let mut p = start_vmm();
 
     let missing = work.path().join("no-such-vmlinux");
-    let e = p.boot_linux(BootLinux { kernel: missing.clone(), ..boot_request(&kernel, &disk, work.path()) });
+    let e = p.boot_linux(BootLinux { kernel: missing.clone(), ..boot_request(&guest, work.path()) });
     let e = e.unwrap_err();
     assert_eq!(e.remote().map(|r| r.kind), Some(ErrorKind::Boot), "{e}");
     assert!(e.to_string().contains(&format!("the kernel {} does not exist", missing.display())), "{e}");
     assert_eq!(p.status().unwrap().state, VmState::Idle);
 
     let no_disk = work.path().join("no-such-disk.ext4");
-    let e = p.boot_linux(BootLinux { disk: no_disk.clone(), ..boot_request(&kernel, &disk, work.path()) });
+    let e = p.boot_linux(BootLinux { disk: no_disk.clone(), ..boot_request(&guest, work.path()) });
     let e = e.unwrap_err();
     assert!(e.to_string().contains(&format!("the root disk {} does not exist", no_disk.display())), "{e}");
     assert!(e.to_string().contains("branchbox guest disk"), "{e}");
 
-    let relative = p.boot_linux(BootLinux {
-        serial_log: "serial.log".into(),
-        ..boot_request(&kernel, &disk, work.path())
-    });
+    let relative =
+        p.boot_linux(BootLinux { serial_log: "serial.log".into(), ..boot_request(&guest, work.path()) });
     assert_eq!(relative.unwrap_err().remote().map(|r| r.kind), Some(ErrorKind::Argument));
     assert_eq!(p.status().unwrap().state, VmState::Idle);
 }

@@ -12,45 +12,18 @@
 //! own top over it), and damaged snapshots (missing, corrupt, truncated, of another format
 //! version) are refused by name with the process left idle.
 
-use branchbox_guest_tests::artifacts::{root_disk, vmlinux};
 use branchbox_guest_tests::kvm::hardware_kvm;
+use branchbox_guest_tests::vmm::{start_vmm, VmmGuest, MEM};
 use branchbox_layers::Store;
 use branchbox_vmm::linux::state::{self, LINUX_FORMAT_VERSION, LINUX_MEMORY_FILE, LINUX_STATE_FILE};
 use branchbox_vmm::linux::SNAPSHOT_DISK_STORE;
-use branchbox_vmm::process::protocol::{BootLinux, ErrorKind, RestoreLinux, VmState};
-use branchbox_vmm::process::{default_program, VmmProcess};
-use branchbox_vmm::VmConfig;
-use std::path::{Path, PathBuf};
+use branchbox_vmm::process::protocol::{ErrorKind, RestoreLinux, VmState};
+use branchbox_vmm::process::VmmProcess;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-const MEM: u64 = 64 << 20;
 /// A safety net, not a measurement.
 const SAFETY_NET: Duration = Duration::from_secs(240);
-
-fn config() -> VmConfig {
-    VmConfig { mem_size: MEM, vcpus: 1, irqchip: false }
-}
-
-fn guest() -> (PathBuf, PathBuf) {
-    match (vmlinux(), root_disk()) {
-        (Ok(k), Ok(d)) => (k, d),
-        (Err(why), _) | (_, Err(why)) => panic!("the guest is not cached: {why}"),
-    }
-}
-
-fn boot_request(kernel: &Path, disk: &Path, work: &Path) -> BootLinux {
-    BootLinux {
-        kernel: kernel.to_path_buf(),
-        disk: disk.to_path_buf(),
-        disk_store: work.join("disk"),
-        disk_chain: "source".into(),
-        cmdline_extra: "earlyprintk=serial,ttyS0,115200".into(),
-        mem_size: MEM,
-        vcpus: 1,
-        vsock_socket: work.join("vsock.sock"),
-        serial_log: work.join("serial.log"),
-    }
-}
 
 fn restore_request(snap: &Path, work: &Path, name: &str, resume: bool) -> RestoreLinux {
     RestoreLinux {
@@ -68,9 +41,9 @@ fn read(path: &Path) -> String {
 }
 
 /// Boots the guest in a new VMM process and pauses it once its serial log has `line`.
-fn boot_and_pause_at(kernel: &Path, disk: &Path, work: &Path, line: &str) -> VmmProcess {
-    let mut p = VmmProcess::start(&default_program(), config()).expect("start a VMM process");
-    p.boot_linux(boot_request(kernel, disk, work)).expect("boot the Linux guest");
+fn boot_and_pause_at(guest: &VmmGuest, work: &Path, line: &str) -> VmmProcess {
+    let mut p = start_vmm();
+    p.boot_linux(guest.boot_request(work, "source", "")).expect("boot the Linux guest");
     let start = Instant::now();
     while !read(&work.join("serial.log")).contains(line) {
         assert!(
@@ -139,15 +112,15 @@ fn untimed(log: &str) -> String {
 
 #[test]
 fn a_mid_boot_snapshot_restored_in_another_process_continues_to_the_same_end() {
-    let (kernel, disk) = guest();
+    let guest = VmmGuest::cached();
     let work = tempfile::tempdir().unwrap();
     let snap = work.path().join("snap");
     std::fs::create_dir(&snap).unwrap();
-    let mut source = boot_and_pause_at(&kernel, &disk, work.path(), "Command line:");
+    let mut source = boot_and_pause_at(&guest, work.path(), "Command line:");
     source.snapshot(&snap).expect("snapshot the paused guest");
     let at_snapshot = read(&work.path().join("serial.log"));
 
-    let mut restored = VmmProcess::start(&default_program(), config()).expect("start a second VMM process");
+    let mut restored = start_vmm();
     restored.restore_linux(restore_request(&snap, work.path(), "restored", false)).expect("restore");
     assert_eq!(restored.status().unwrap().state, VmState::Paused, "restored paused as asked");
     source.resume().expect("resume the source");
@@ -206,15 +179,15 @@ fn copy_snapshot(from: &Path, to: &Path) {
 
 #[test]
 fn damaged_snapshots_are_refused_by_name_and_leave_the_process_idle() {
-    let (kernel, disk) = guest();
+    let guest = VmmGuest::cached();
     let work = tempfile::tempdir().unwrap();
     let snap = work.path().join("snap");
     std::fs::create_dir(&snap).unwrap();
-    let mut source = boot_and_pause_at(&kernel, &disk, work.path(), "Linux version");
+    let mut source = boot_and_pause_at(&guest, work.path(), "Linux version");
     source.snapshot(&snap).expect("snapshot");
     source.shutdown().expect("shut down the source");
 
-    let mut p = VmmProcess::start(&default_program(), config()).expect("start a VMM process");
+    let mut p = start_vmm();
     let mut attempt = |dir: &Path, name: &str, wanted: &str| {
         let e = p.restore_linux(restore_request(dir, work.path(), name, false)).unwrap_err();
         assert_eq!(e.remote().map(|r| r.kind), Some(ErrorKind::Snapshot), "{name}: {e}");
@@ -256,7 +229,7 @@ fn damaged_snapshots_are_refused_by_name_and_leave_the_process_idle() {
     // The disk store is taken: a second restore into it is refused.
     p.restore_linux(restore_request(&snap, work.path(), "twice", false)).expect("a good restore");
     p.shutdown().unwrap();
-    let mut again = VmmProcess::start(&default_program(), config()).expect("start a VMM process");
+    let mut again = start_vmm();
     let e = again.restore_linux(restore_request(&snap, work.path(), "twice", false)).unwrap_err();
     assert!(e.to_string().contains("exists already"), "{e}");
     assert_eq!(again.status().unwrap().state, VmState::Idle);

@@ -3,9 +3,12 @@
 
 #![allow(dead_code)]
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 // The background process that holds a word in memory, and the polling, are the conformance
 // suite's (tests/conformance), which runs the generic behaviours against every backend. Each
@@ -70,6 +73,105 @@ pub fn bb_in(dir: &Path) -> Command {
         .env("BRANCHBOX_SHIM", t.join("branchbox-shim"))
         .stdin(Stdio::null());
     c
+}
+
+/// A running `branchboxd` (built beside `branchbox`), killed when dropped.
+pub struct Daemon {
+    child: Child,
+    /// Its data directory.
+    pub data: PathBuf,
+    /// Where it listens, `127.0.0.1:PORT`.
+    pub addr: String,
+}
+
+impl Daemon {
+    /// Starts branchboxd over `data` on a free loopback port, with the environment `bb_in`
+    /// gives the CLI (the same agent, shim and images) plus `env`, and waits for its url file.
+    pub fn start(data: &Path, env: &[(&str, &str)]) -> Daemon {
+        let exe = target_dir().join("branchboxd");
+        assert!(exe.is_file(), "{} is missing: `cargo build --workspace` first", exe.display());
+        let mut cmd = with_bb_env(exe, data);
+        cmd.arg("--data-dir")
+            .arg(data)
+            .args(["--listen", "127.0.0.1:0"])
+            .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        let mut child = cmd.spawn().expect("start branchboxd");
+        let url = data.join("service/url");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !url.exists() {
+            assert!(child.try_wait().expect("branchboxd's status").is_none(), "branchboxd exited early");
+            assert!(Instant::now() < deadline, "branchboxd wrote no url file");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let addr =
+            std::fs::read_to_string(&url).expect("url file").trim().trim_start_matches("http://").to_string();
+        Daemon { child, data: data.to_path_buf(), addr }
+    }
+
+    /// The service's token.
+    pub fn token(&self) -> String {
+        std::fs::read_to_string(self.data.join("service/token")).expect("token file").trim().to_string()
+    }
+
+    /// Sends `method path` with a JSON `body` (and the service's token unless `token` is
+    /// false) on a connection of its own and returns the status and body of the answer.
+    pub fn request(&self, method: &str, path: &str, body: &str, token: bool) -> (u16, String) {
+        self.request_with(method, path, "", body, token)
+    }
+
+    /// [`Daemon::request`] with more header lines (each ending in CRLF).
+    pub fn request_with(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &str,
+        body: &str,
+        token: bool,
+    ) -> (u16, String) {
+        let mut s = TcpStream::connect(&self.addr).expect("connect to branchboxd");
+        // A bound on how long a test waits, never an assertion about how fast the service is.
+        s.set_read_timeout(Some(Duration::from_secs(120))).expect("read timeout");
+        let auth = if token { format!("authorization: Bearer {}\r\n", self.token()) } else { String::new() };
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nhost: {}\r\n{auth}{headers}content-type: application/json\r\n\
+             content-length: {}\r\nconnection: close\r\n\r\n{body}",
+            self.addr,
+            body.len()
+        )
+        .expect("send the request");
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).expect("read the answer");
+        let status = answer.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        let body = answer.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+        (status, body)
+    }
+
+    /// [`Daemon::request`] of `GET path`.
+    pub fn get(&self, path: &str, token: bool) -> (u16, String) {
+        self.request("GET", path, "", token)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A command running `program` with the environment [`bb_in`] gives `branchbox` for `dir`.
+pub fn with_bb_env(program: impl AsRef<std::ffi::OsStr>, dir: &Path) -> Command {
+    let mut cmd = Command::new(program);
+    for (k, v) in bb_in(dir).get_envs() {
+        if let Some(v) = v {
+            cmd.env(k, v);
+        }
+    }
+    cmd
 }
 
 /// A `branchbox` command for the shared data directory.

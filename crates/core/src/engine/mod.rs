@@ -4,7 +4,7 @@
 use crate::config::Config;
 use crate::host;
 use branchbox_gvisor::GvisorBackend;
-use branchbox_image::{resolve_image, Image, DEFAULT_IMAGE};
+use branchbox_image::{resolve_image, Image};
 use branchbox_microvm::MicrovmBackend;
 use branchbox_model::{
     check_snapshot_ref, now_ms, AgentConn, Backend, BackendKind, Error, Limits, Name, Result, Sandbox,
@@ -15,11 +15,15 @@ use branchbox_store::Store;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
+mod create;
 mod flag;
+mod lock;
+mod network;
 mod recover;
 mod storage;
 mod template;
 
+pub use lock::DataLock;
 pub use recover::{LostSandbox, ReconcileReport};
 pub use template::{BuildEvent, Built, StepRecord, Template, TemplateStatus};
 
@@ -66,46 +70,6 @@ pub struct ForkOutcome {
     pub snapshot: Snapshot,
     /// One result per child, in order.
     pub children: Vec<Result<Started>>,
-}
-
-/// A lock on the data directory: operations that create sandbox or snapshot directories before
-/// recording them hold it shared; `gc` holds it exclusively, so it never mistakes work in
-/// progress for something interrupted.
-pub struct DataLock {
-    _file: std::fs::File,
-}
-
-impl DataLock {
-    fn take(data_dir: &Path, exclusive: bool) -> Result<DataLock> {
-        let op = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH };
-        DataLock::flock(data_dir, op)?
-            .ok_or_else(|| Error::Conflict("the data directory lock is busy".into()))
-    }
-
-    /// The exclusive lock if no one holds the lock now; `None` when someone does.
-    fn try_exclusive(data_dir: &Path) -> Result<Option<DataLock>> {
-        DataLock::flock(data_dir, libc::LOCK_EX | libc::LOCK_NB)
-    }
-
-    fn flock(data_dir: &Path, op: libc::c_int) -> Result<Option<DataLock>> {
-        use std::os::fd::AsRawFd;
-        let path = data_dir.join("gc.lock");
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|e| Error::io(&path, e))?;
-        // SAFETY: flock on a descriptor we own; released when the file closes.
-        if unsafe { libc::flock(file.as_raw_fd(), op) } != 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::WouldBlock {
-                return Ok(None);
-            }
-            return Err(Error::io(&path, e));
-        }
-        Ok(Some(DataLock { _file: file }))
-    }
 }
 
 /// An agent's refusal keeps its meaning: a bad command is the caller's error, not the backend's.
@@ -261,51 +225,7 @@ impl Engine {
 
     fn plan(&self, id: SandboxId, rootfs: PathBuf, limits: Limits) -> SandboxPlan {
         let hostname = format!("bb-{}", &id.as_str()[4..12]);
-        SandboxPlan { dir: self.sandbox_dir(&id), id, rootfs, limits, hostname }
-    }
-
-    /// Creates and starts a sandbox from the default image (built first when missing).
-    pub fn create(
-        &self,
-        choice: BackendChoice,
-        limits: Option<Limits>,
-        progress: &mut dyn FnMut(&str),
-    ) -> Result<Sandbox> {
-        self.create_from(choice, limits, DEFAULT_IMAGE, progress)
-    }
-
-    /// Creates and starts a sandbox from the image `image` (a built-in name such as `default`
-    /// or `minimal`, or an imported one), built first when missing.
-    pub fn create_from(
-        &self,
-        choice: BackendChoice,
-        limits: Option<Limits>,
-        image: &str,
-        progress: &mut dyn FnMut(&str),
-    ) -> Result<Sandbox> {
-        let _busy = self.in_progress()?;
-        let limits = limits.unwrap_or(self.cfg.limits);
-        limits.validate()?;
-        let kind = self.resolve(choice);
-        let backend = self.backend(kind)?;
-        let image = self.build_image(image, progress)?;
-        let plan = self.plan(SandboxId::generate(), image.rootfs.clone(), limits);
-        if let Err(e) = backend.create(&plan) {
-            let _ = backend.destroy(&plan.id, &plan.dir);
-            return Err(e);
-        }
-        let sandbox = Sandbox {
-            id: plan.id,
-            backend: kind,
-            image: image.id,
-            state: SandboxState::Running,
-            created_ms: now_ms(),
-            parent_snapshot: None,
-            limits,
-            history: false,
-        };
-        self.store.insert_sandbox(&sandbox)?;
-        Ok(sandbox)
+        SandboxPlan { dir: self.sandbox_dir(&id), id, rootfs, limits, hostname, network: None }
     }
 
     /// One sandbox's record.
@@ -436,9 +356,7 @@ impl Engine {
             }
         };
         let snap = self.snapshot_record(snap_id, &s, opts, size);
-        self.store.insert_snapshot(&snap)?;
-        self.store.set_parent(id, &snap.id)?;
-        self.inherit_defaults(id.as_str(), snap.id.as_str())?;
+        self.record_snapshot(id, &snap)?;
         Ok(snap)
     }
 
@@ -481,10 +399,7 @@ impl Engine {
         stdin: Option<&mut dyn std::io::Read>,
         on_output: &mut dyn FnMut(OutStream, &[u8]),
     ) -> Result<(ExitStatus, Option<Snapshot>)> {
-        let mut spec = spec;
-        if let Some(d) = self.exec_defaults(id)? {
-            d.apply(&mut spec);
-        }
+        let spec = self.with_exec_defaults(id, spec)?;
         let mut conn = self.connect(id)?;
         let status = conn.exec_streaming(spec, stdin, on_output).map_err(agent_error)?;
         drop(conn);
@@ -542,10 +457,23 @@ impl Engine {
                 return Err(e);
             }
         };
-        let sandbox = self.child_record(plan.id, &snap);
+        Ok(Started { sandbox: self.record_child(plan.id, &snap)?, hook })
+    }
+
+    /// Records a snapshot taken of sandbox `source`: it becomes the sandbox's lineage parent
+    /// and keeps its exec defaults.
+    fn record_snapshot(&self, source: &SandboxId, snap: &Snapshot) -> Result<()> {
+        self.store.insert_snapshot(snap)?;
+        self.store.set_parent(source, &snap.id)?;
+        self.defaults_to_snapshot(source, &snap.id)
+    }
+
+    /// Records sandbox `id`, started from `snap`, with the snapshot's exec defaults.
+    fn record_child(&self, id: SandboxId, snap: &Snapshot) -> Result<Sandbox> {
+        let sandbox = self.child_record(id, snap);
         self.store.insert_sandbox(&sandbox)?;
-        self.inherit_defaults(snap.id.as_str(), sandbox.id.as_str())?;
-        Ok(Started { sandbox, hook })
+        self.defaults_to_child(&snap.id, &sandbox.id)?;
+        Ok(sandbox)
     }
 
     fn child_record(&self, id: SandboxId, snap: &Snapshot) -> Sandbox {
@@ -595,19 +523,12 @@ impl Engine {
             }
         };
         let snapshot = Snapshot { size_bytes: size, ..pending };
-        self.store.insert_snapshot(&snapshot)?;
-        self.store.set_parent(id, &snapshot.id)?;
-        self.inherit_defaults(id.as_str(), snapshot.id.as_str())?;
+        self.record_snapshot(id, &snapshot)?;
         let children = plans
             .into_iter()
             .zip(results)
             .map(|(plan, r)| match r {
-                Ok(hook) => {
-                    let sandbox = self.child_record(plan.id, &snapshot);
-                    self.store.insert_sandbox(&sandbox)?;
-                    self.inherit_defaults(snapshot.id.as_str(), sandbox.id.as_str())?;
-                    Ok(Started { sandbox, hook })
-                }
+                Ok(hook) => Ok(Started { sandbox: self.record_child(plan.id, &snapshot)?, hook }),
                 Err(e) => {
                     let _ = backend.destroy(&plan.id, &plan.dir);
                     Err(e)

@@ -1,7 +1,8 @@
 //! Reconciliation: after a crash (a CLI or branchboxd killed in the middle of a fork, say) the
 //! runtime and the records disagree. This matches them up again:
 //!
-//! - a sandbox directory without a record is *adopted* when it is a complete child of a
+//! - a sandbox directory without a record is *adopted* (with its fork point's exec defaults,
+//!   as a recorded child gets them) when it is a complete child of a
 //!   recorded (or provably complete) snapshot, and *reaped* (every process stopped, its
 //!   directory removed) otherwise;
 //! - a record whose runtime is gone is marked lost, with the reason the shim left in
@@ -242,12 +243,13 @@ impl Engine {
                     if self.store.sandbox(src).is_ok_and(|s| s.parent_snapshot == snap.parent) {
                         self.store.set_parent(src, &snap.id)?;
                     }
+                    self.defaults_to_snapshot(src, &snap.id)?;
                 }
                 r.recorded_fork_points.push(snap.id.clone());
                 snap
             }
         };
-        self.store.insert_sandbox(&self.child_record(id.clone(), &snap))?;
+        self.record_child(id.clone(), &snap)?;
         Ok(true)
     }
 

@@ -8,7 +8,12 @@ use std::path::PathBuf;
 fn parse() -> Result<ShimConfig, String> {
     let mut args = std::env::args().skip(1);
     let (mut dir, mut id, mut bin, mut root, mut restore) = (None, None, None, None, None);
+    let mut network = false;
     while let Some(flag) = args.next() {
+        if flag == "--network" {
+            network = true;
+            continue;
+        }
         let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--dir" => dir = Some(PathBuf::from(value)),
@@ -19,10 +24,11 @@ fn parse() -> Result<ShimConfig, String> {
             other => return Err(format!("unknown flag {other}")),
         }
     }
+    let runsc = Runsc::new(bin.ok_or("--runsc is required")?, root.ok_or("--runsc-root is required")?);
     Ok(ShimConfig {
         dir: dir.ok_or("--dir is required")?,
         id: id.ok_or("--id is required")?,
-        runsc: Runsc::new(bin.ok_or("--runsc is required")?, root.ok_or("--runsc-root is required")?),
+        runsc: if network { runsc.networked() } else { runsc },
         start: restore.map_or(Start::Fresh, Start::Restore),
     })
 }

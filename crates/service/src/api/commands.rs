@@ -1,8 +1,7 @@
 //! Commands: run to completion (collected, or streamed as server-sent events), background
 //! processes (start, list, signal, wait).
 
-use super::extract::{check_map, sandbox_id, sandbox_path, seconds, ApiJson};
-use super::sandboxes::db_err;
+use super::extract::{account_name, check_map, sandbox_id, sandbox_path, seconds, ApiJson};
 use super::types::*;
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::state::AppState;
@@ -35,9 +34,10 @@ fn spec(st: &AppState, id: &SandboxId, req: &RunCommand) -> ApiResult<ExecSpec> 
     let extra = req.envs.clone().unwrap_or_default();
     check_map("envs", &extra, true)?;
     let mut s = ExecSpec::new(cmd);
-    s.env = st.db().get(id).map_err(db_err)?.map(|m| m.envs).unwrap_or_default();
+    s.env = st.db().get(id)?.map(|m| m.envs).unwrap_or_default();
     s.env.extend(extra);
     s.cwd = req.cwd.as_deref().map(sandbox_path).transpose()?;
+    s.user = req.user.as_deref().map(|u| account_name("user", u)).transpose()?;
     let t = seconds(
         "timeout",
         req.timeout.unwrap_or(st.cfg.default_exec_timeout_s as f64),

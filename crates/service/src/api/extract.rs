@@ -78,6 +78,22 @@ pub fn sandbox_path(p: &str) -> Result<String, ApiError> {
     Ok(p.to_string())
 }
 
+/// Checks the name of an account in a sandbox's image (`user`, `root`): the agent looks it up
+/// in the guest's `/etc/passwd`, so only what such a name can be is passed on.
+pub fn account_name(what: &str, name: &str) -> Result<String, ApiError> {
+    let ok = !name.is_empty()
+        && name.len() <= 32
+        && !name.starts_with('-')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if !ok {
+        return Err(ApiError::invalid(format!(
+            "{what} {:?} is not an account name: letters, digits, '_', '-' and '.', at most 32 bytes",
+            name.chars().take(40).collect::<String>()
+        )));
+    }
+    Ok(name.to_string())
+}
+
 /// Checks a duration in seconds against `0 < t <= max`.
 pub fn seconds(what: &str, t: f64, max: u64) -> Result<std::time::Duration, ApiError> {
     if !(t.is_finite() && t > 0.0 && t <= max as f64) {
@@ -124,6 +140,16 @@ pub fn check_map(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn account_names_are_what_passwd_names_can_be() {
+        for good in ["user", "root", "www-data", "a.b_c", &"u".repeat(32)] {
+            assert_eq!(account_name("user", good).unwrap(), good);
+        }
+        for bad in ["", "-rf", "a b", "x;id", "a/b", "a:b", "é", &"u".repeat(33)] {
+            assert!(account_name("user", bad).is_err(), "{bad:?} accepted");
+        }
+    }
 
     #[test]
     fn hostile_ids_and_names_are_refused() {

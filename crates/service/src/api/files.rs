@@ -1,6 +1,6 @@
 //! Files in a sandbox: read and write as streamed bodies, list, stat, remove, rename, mkdir.
 
-use super::extract::{sandbox_id, sandbox_path, ApiJson, ApiQuery};
+use super::extract::{account_name, sandbox_id, sandbox_path, ApiJson, ApiQuery};
 use super::types::*;
 use super::AuditNote;
 use crate::error::{ApiError, ApiResult, ErrorBody};
@@ -144,11 +144,12 @@ pub async fn write(
     let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream));
     let p2 = path.clone();
     let parents = q.parents.unwrap_or(true);
+    let owner = q.user.as_deref().map(|u| account_name("user", u)).transpose()?;
     let r = st
         .blocking(move |engine, st| {
             let mut conn = st.agent(engine, &id, Duration::ZERO)?;
             let mut reader = reader;
-            Ok(conn.write_file(&p2, &mut reader, mode, false, parents)?)
+            Ok(conn.write_file_as(&p2, &mut reader, mode, false, parents, owner.as_deref())?)
         })
         .await;
     if over.load(Ordering::Relaxed) {
@@ -251,6 +252,7 @@ pub async fn mkdir(
     let id = sandbox_id(&id)?;
     let path = sandbox_path(&req.path)?;
     let parents = req.parents.unwrap_or(true);
+    let owner = req.user.as_deref().map(|u| account_name("user", u)).transpose()?;
     let created = st
         .blocking(move |engine, st| {
             let mut conn = st.agent(engine, &id, Duration::ZERO)?;
@@ -258,7 +260,7 @@ pub async fn mkdir(
             if existed && parents {
                 return Ok(false);
             }
-            conn.mkdir(&path, parents)?;
+            conn.mkdir_as(&path, parents, owner.as_deref())?;
             Ok(true)
         })
         .await?;

@@ -5,10 +5,14 @@
 //! built from the same handler list the router serves and cannot drift from it.
 
 pub mod commands;
+pub mod diff;
 pub mod extract;
 pub mod files;
 pub mod gc;
+pub mod mcp;
+pub mod network;
 pub mod pools;
+pub mod proxy;
 pub mod sandboxes;
 pub mod snapshots;
 pub mod system;
@@ -81,17 +85,20 @@ pub fn router(st: AppState) -> (Router, OpenApiDoc) {
         .routes(routes!(sandboxes::set_timeout))
         .routes(routes!(sandboxes::set_history))
         .routes(routes!(sandboxes::fork))
+        .routes(routes!(network::get, network::set))
+        .routes(routes!(network::host))
         .routes(routes!(snapshots::take))
         .routes(routes!(snapshots::checkpoint, snapshots::checkpoints))
         .routes(routes!(snapshots::rollback))
         .routes(routes!(snapshots::list))
         .routes(routes!(snapshots::get, snapshots::delete))
+        .routes(routes!(diff::diff))
         .routes(routes!(system::lineage))
         .routes(routes!(system::audit))
         .routes(routes!(system::metrics))
         .routes(routes!(gc::report, gc::run))
         .routes(routes!(pools::create, pools::list))
-        .routes(routes!(pools::get, pools::delete))
+        .routes(routes!(pools::get, pools::delete, pools::update))
         .routes(routes!(pools::claim))
         .routes(routes!(commands::list_processes))
         .routes(routes!(commands::signal))
@@ -119,7 +126,10 @@ pub fn router(st: AppState) -> (Router, OpenApiDoc) {
         OpenApiRouter::with_openapi(ApiDoc::openapi()).merge(authed).merge(open).split_for_parts();
     for (path, item) in api.paths.paths.iter_mut() {
         let needs_token = path != "/healthz" && path != "/v1/auth/challenge";
-        for op in [&mut item.get, &mut item.put, &mut item.post, &mut item.delete].into_iter().flatten() {
+        for op in [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.patch]
+            .into_iter()
+            .flatten()
+        {
             // Handler names repeat across modules (list, get); the tag makes each id unique.
             let tag = op.tags.as_ref().and_then(|t| t.first()).cloned().unwrap_or_default();
             op.operation_id = op.operation_id.take().map(|id| format!("{tag}_{id}"));
@@ -138,8 +148,15 @@ pub fn router(st: AppState) -> (Router, OpenApiDoc) {
             axum::routing::get(move || async move { ([("content-type", "application/json")], served) }),
         )
         .layer(from_fn_with_state(st.clone(), authenticate));
+    let proxy = proxy::router().layer(from_fn_with_state(st.clone(), authenticate));
+    let mcp = mcp::router(st.clone())
+        .layer(from_fn_with_state(st.clone(), audit))
+        .layer(from_fn_with_state(st.clone(), authenticate));
     let router = router
         .merge(openapi_route)
+        .merge(proxy)
+        .merge(mcp)
+        .merge(crate::ui::router())
         .fallback(|| async { ApiError::not_found("no such route; GET /openapi.json lists them") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -151,6 +168,7 @@ pub fn router(st: AppState) -> (Router, OpenApiDoc) {
         .layer(axum::extract::DefaultBodyLimit::max(st.cfg.max_json_bytes))
         .layer(from_fn_with_state(st.clone(), crate::guard::guard))
         .layer(from_fn_with_state(st.clone(), count))
+        .layer(axum::middleware::from_fn(crate::unread::close_if_unread))
         .with_state(st);
     (router, doc)
 }
@@ -158,7 +176,7 @@ pub fn router(st: AppState) -> (Router, OpenApiDoc) {
 async fn authenticate(State(st): State<AppState>, mut req: Request, next: Next) -> Response {
     let caller = match &st.tokens {
         None => Caller("anonymous".into()),
-        Some(tokens) => match tokens.authenticate(req.headers()) {
+        Some(tokens) => match tokens.authenticate_request(req.method(), req.headers()) {
             Ok(c) => c,
             Err(e) => return e.into_response(),
         },
@@ -270,9 +288,13 @@ mod route_tests {
     fn ops(d: &OpenApiDoc) -> Vec<(String, &'static str, String)> {
         let mut out = Vec::new();
         for (path, item) in &d.paths.paths {
-            for (m, op) in
-                [("GET", &item.get), ("PUT", &item.put), ("POST", &item.post), ("DELETE", &item.delete)]
-            {
+            for (m, op) in [
+                ("GET", &item.get),
+                ("PUT", &item.put),
+                ("POST", &item.post),
+                ("DELETE", &item.delete),
+                ("PATCH", &item.patch),
+            ] {
                 if let Some(op) = op {
                     out.push((path.clone(), m, op.operation_id.clone().unwrap_or_default()));
                 }

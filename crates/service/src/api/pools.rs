@@ -1,10 +1,10 @@
 //! Warm pools: create, list, get, delete, and claim a sandbox from one (`docs/pools.md`).
 
-use super::extract::{check_map, sandbox_path, seconds, snapshot_ref, ApiJson};
+use super::extract::{sandbox_path, seconds, snapshot_ref, ApiJson};
+use super::sandboxes::client_meta;
 use super::AuditNote;
-use crate::api::sandboxes::db_err;
 use crate::auth::Caller;
-use crate::db::{OnTimeout, SandboxMeta};
+use crate::db::OnTimeout;
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::pool::claim::{ClaimSpec, Claimed, FileData};
 use crate::pool::{self, PoolDef};
@@ -23,6 +23,8 @@ use utoipa::ToSchema;
 pub const MAX_POOL_SIZE: u32 = 64;
 /// Idle age when a pool names none, seconds.
 pub const DEFAULT_MAX_IDLE_S: f64 = 3600.0;
+/// Longest idle age a pool may set, seconds (a week).
+pub const MAX_IDLE_S: u64 = 7 * 24 * 3600;
 /// How long a claim waits for an empty pool when it names no wait, seconds.
 pub const DEFAULT_WAIT_S: f64 = 30.0;
 /// Most files one claim may write.
@@ -45,6 +47,17 @@ pub struct CreatePool {
     /// Keep ready sandboxes paused (true) or running idle (false, the default: a claim then
     /// skips the resume).
     pub paused: Option<bool>,
+}
+
+/// A change to a pool: its size, its idle age or both; what it leaves out stays as it is.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdatePool {
+    /// How many ready sandboxes it keeps (1 to 64, within the service's cap). A smaller size
+    /// destroys the oldest ready sandboxes beyond it; a larger one starts a refill.
+    pub size: Option<u32>,
+    /// Ready sandboxes older than this are replaced with fresh ones, seconds (at most a week).
+    pub max_idle: Option<f64>,
 }
 
 /// A pool and how full it is.
@@ -114,7 +127,7 @@ pub struct ClaimRequest {
 }
 
 fn info(st: &AppState, def: PoolDef) -> ApiResult<PoolInfo> {
-    let members = st.db().members(&def.name).map_err(db_err)?;
+    let members = st.db().members(&def.name)?;
     let mem: Vec<u64> = members.iter().filter_map(|m| pool::sandbox_memory(&m.id)).collect();
     let s = st.pools.stats(&def.name);
     Ok(PoolInfo {
@@ -131,6 +144,22 @@ fn info(st: &AppState, def: PoolDef) -> ApiResult<PoolInfo> {
 fn pool_name(s: &str) -> ApiResult<String> {
     Name::parse("pool name", s).map_err(|e| ApiError::invalid(e.to_string()))?;
     Ok(s.to_string())
+}
+
+/// A pool's size, checked: 1 to [`MAX_POOL_SIZE`], and within the service's cap.
+fn check_size(st: &AppState, size: u32) -> ApiResult<u32> {
+    if size == 0 || size > MAX_POOL_SIZE || size as usize > st.cfg.max_sandboxes {
+        return Err(ApiError::invalid(format!(
+            "size {size} is out of range: a pool keeps 1 to {MAX_POOL_SIZE} ready sandboxes (and no more than the service's cap of {})",
+            st.cfg.max_sandboxes
+        )));
+    }
+    Ok(size)
+}
+
+/// A pool's idle age, checked (above 0, at most [`MAX_IDLE_S`] seconds), in ms.
+fn max_idle_ms(s: f64) -> ApiResult<i64> {
+    Ok(seconds("max_idle", s, MAX_IDLE_S)?.as_millis() as i64)
 }
 
 fn note(pool: &str) -> AuditNote {
@@ -154,20 +183,13 @@ pub async fn create(
     if let Some(t) = &req.template {
         Name::parse("template name", t).map_err(|e| ApiError::invalid(e.to_string()))?;
     }
-    if req.size == 0 || req.size > MAX_POOL_SIZE || req.size as usize > st.cfg.max_sandboxes {
-        return Err(ApiError::invalid(format!(
-            "size {} is out of range: a pool keeps 1 to {} ready sandboxes (and no more than the service's cap of {})",
-            req.size, MAX_POOL_SIZE, st.cfg.max_sandboxes
-        )));
-    }
-    let max_idle = seconds("max_idle", req.max_idle.unwrap_or(DEFAULT_MAX_IDLE_S), 7 * 24 * 3600)?;
     let def = PoolDef {
         name: name.clone(),
         snapshot,
         template: req.template,
-        size: req.size,
+        size: check_size(&st, req.size)?,
         paused: req.paused.unwrap_or(false),
-        max_idle_ms: max_idle.as_millis() as i64,
+        max_idle_ms: max_idle_ms(req.max_idle.unwrap_or(DEFAULT_MAX_IDLE_S))?,
         created_ms: now_ms(),
         created_by: caller.0,
     };
@@ -183,7 +205,7 @@ pub async fn create(
                     ));
                 }
             }
-            if !st.db().pool_insert(&def).map_err(db_err)? {
+            if !st.db().pool_insert(&def)? {
                 return Err(ApiError::new(
                     StatusCode::CONFLICT,
                     "conflict",
@@ -206,18 +228,19 @@ pub async fn create(
 pub async fn list(State(st): State<AppState>) -> ApiResult<Json<Vec<PoolInfo>>> {
     let out = st
         .blocking(|_, st| {
-            let defs = st.db().pools().map_err(db_err)?;
+            let defs = st.db().pools()?;
             defs.into_iter().map(|d| info(st, d)).collect()
         })
         .await?;
     Ok(Json(out))
 }
 
+fn missing(name: &str) -> ApiError {
+    ApiError::not_found(format!("pool {name:?} does not exist; GET /v1/pools lists them"))
+}
+
 fn find(st: &AppState, name: &str) -> ApiResult<PoolDef> {
-    st.db()
-        .pool(name)
-        .map_err(db_err)?
-        .ok_or_else(|| ApiError::not_found(format!("pool {name:?} does not exist; GET /v1/pools lists them")))
+    st.db().pool(name)?.ok_or_else(|| missing(name))
 }
 
 /// One pool.
@@ -240,11 +263,9 @@ pub async fn delete(
     st.blocking(move |engine, st| {
         let members = {
             let db = st.db();
-            let members = db.members(&name).map_err(db_err)?;
-            if !db.pool_delete(&name).map_err(db_err)? {
-                return Err(ApiError::not_found(format!(
-                    "pool {name:?} does not exist; GET /v1/pools lists them"
-                )));
+            let members = db.members(&name)?;
+            if !db.pool_delete(&name)? {
+                return Err(missing(&name));
             }
             members
         };
@@ -254,6 +275,42 @@ pub async fn delete(
     })
     .await?;
     Ok((StatusCode::NO_CONTENT, Extension(n)))
+}
+
+/// Changes a pool's size or idle age. Shrinking destroys the oldest ready sandboxes beyond the
+/// new size at once (claimed ones are the claimers' and stay); growing starts a refill. The
+/// change is kept in the service database, so it outlives a restart.
+#[utoipa::path(patch, path = "/v1/pools/{pool}", tag = "pools", params(("pool" = String, Path, description = "pool name")),
+    request_body = UpdatePool,
+    responses((status = 200, body = PoolInfo, description = "changed; ready sandboxes beyond a smaller size are gone"),
+              (status = "4XX", body = ErrorBody, description = "bad size or idle age (nothing changed), or no such pool")))]
+pub async fn update(
+    State(st): State<AppState>,
+    Path(name): Path<String>,
+    ApiJson(req): ApiJson<UpdatePool>,
+) -> ApiResult<(StatusCode, Extension<AuditNote>, Json<PoolInfo>)> {
+    let name = pool_name(&name)?;
+    if req.size.is_none() && req.max_idle.is_none() {
+        return Err(ApiError::invalid("name what to change: size, max_idle or both"));
+    }
+    let size = req.size.map(|s| check_size(&st, s)).transpose()?;
+    let max_idle = req.max_idle.map(max_idle_ms).transpose()?;
+    let n = AuditNote {
+        detail: Some(format!("pool {name}: size {size:?}, max_idle_ms {max_idle:?}")),
+        ..Default::default()
+    };
+    let out = st
+        .blocking(move |engine, st| {
+            if !st.db().pool_update(&name, size, max_idle)? {
+                return Err(missing(&name));
+            }
+            let def = find(st, &name)?;
+            pool::prune(engine, st, &def, &pool::liveness(engine)?)?;
+            info(st, def)
+        })
+        .await?;
+    st.pools.wake();
+    Ok((StatusCode::OK, Extension(n), Json(out)))
 }
 
 fn files(req: Option<Vec<ClaimFile>>) -> ApiResult<Vec<FileData>> {
@@ -299,8 +356,7 @@ pub async fn claim(
     ApiJson(req): ApiJson<ClaimRequest>,
 ) -> ApiResult<(StatusCode, Extension<AuditNote>, Json<Claimed>)> {
     let name = pool_name(&name)?;
-    let timeout =
-        seconds("timeout", req.timeout.unwrap_or(st.cfg.default_timeout_s as f64), st.cfg.max_timeout_s)?;
+    let meta = client_meta(&st, caller, req.timeout, req.on_timeout, req.metadata, req.envs)?;
     // The wait must end before the request's own time limit, so the client gets `pool_empty`.
     let max_wait = st.cfg.request_timeout.as_secs().saturating_sub(30).max(1);
     let wait = match req.wait {
@@ -308,20 +364,9 @@ pub async fn claim(
         Some(w) => seconds("wait", w, max_wait)?,
         None => Duration::from_secs_f64(DEFAULT_WAIT_S.min(max_wait as f64)),
     };
-    let metadata = req.metadata.unwrap_or_default();
-    let envs = req.envs.unwrap_or_default();
-    check_map("metadata", &metadata, false)?;
-    check_map("envs", &envs, true)?;
     let spec = ClaimSpec {
         pool: name.clone(),
-        meta: SandboxMeta {
-            metadata,
-            envs,
-            expires_ms: None,
-            on_timeout: req.on_timeout.unwrap_or_default(),
-            timeout_ms: timeout.as_millis() as i64,
-            created_by: caller.0,
-        },
+        meta,
         files: files(req.files)?,
         wait,
         allow_cold: req.allow_cold.unwrap_or(false),

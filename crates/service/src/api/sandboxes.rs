@@ -5,7 +5,7 @@ use super::extract::{check_map, sandbox_id, seconds, snapshot_ref, ApiJson, ApiQ
 use super::types::*;
 use super::AuditNote;
 use crate::auth::Caller;
-use crate::db::SandboxMeta;
+use crate::db::{OnTimeout, SandboxMeta};
 use crate::error::{ApiError, ApiResult, ErrorBody, ErrorDetail};
 use crate::state::AppState;
 use axum::extract::{Path, State};
@@ -31,12 +31,34 @@ pub(crate) fn info(engine: &Engine, st: &AppState, id: &SandboxId) -> ApiResult<
             "GET /v1/sandboxes lists them",
         ))
     })?;
-    let meta = st.db().get(id).map_err(db_err)?;
+    let meta = st.db().get(id)?;
     Ok(SandboxInfo::from_view(v, meta))
 }
 
-pub(crate) fn db_err(e: rusqlite::Error) -> ApiError {
-    ApiError::internal(format!("the service database failed: {e}"))
+/// The service's record of a sandbox a client creates or claims, from what the request names:
+/// its timeout (checked against the service's maximum; not yet running), labels and env.
+pub(crate) fn client_meta(
+    st: &AppState,
+    caller: Caller,
+    timeout: Option<f64>,
+    on_timeout: Option<OnTimeout>,
+    metadata: Option<BTreeMap<String, String>>,
+    envs: Option<BTreeMap<String, String>>,
+) -> ApiResult<SandboxMeta> {
+    let timeout =
+        seconds("timeout", timeout.unwrap_or(st.cfg.default_timeout_s as f64), st.cfg.max_timeout_s)?;
+    let metadata = metadata.unwrap_or_default();
+    let envs = envs.unwrap_or_default();
+    check_map("metadata", &metadata, false)?;
+    check_map("envs", &envs, true)?;
+    Ok(SandboxMeta {
+        metadata,
+        envs,
+        expires_ms: None,
+        on_timeout: on_timeout.unwrap_or_default(),
+        timeout_ms: timeout.as_millis() as i64,
+        created_by: caller.0,
+    })
 }
 
 fn limits(st: &AppState, r: &CreateSandbox) -> Option<Limits> {
@@ -80,25 +102,19 @@ pub async fn create(
             "a sandbox restored from a snapshot keeps the snapshot's image; leave out image",
         ));
     }
+    let network = super::network::requested(req.network.as_ref(), req.allow_internet_access)?;
+    if network.is_some() && (template.is_some() || snapshot.is_some()) {
+        return Err(ApiError::invalid(
+            "a network is given to a sandbox created from an image; one restored from a snapshot or template keeps \
+             the network its source had: leave out network and allow_internet_access",
+        ));
+    }
     let image = req.image.unwrap_or_else(|| branchbox_core::DEFAULT_IMAGE.to_string());
-    let timeout =
-        seconds("timeout", req.timeout.unwrap_or(st.cfg.default_timeout_s as f64), st.cfg.max_timeout_s)?;
-    let metadata = req.metadata.unwrap_or_default();
-    let envs = req.envs.unwrap_or_default();
-    check_map("metadata", &metadata, false)?;
-    check_map("envs", &envs, true)?;
+    let meta = client_meta(&st, caller, req.timeout, req.on_timeout, req.metadata, req.envs)?;
     let choice = match req.backend.unwrap_or_default() {
         BackendName::Auto => BackendChoice::Auto,
         BackendName::Gvisor => BackendChoice::Exactly(BackendKind::Gvisor),
         BackendName::Microvm => BackendChoice::Exactly(BackendKind::Microvm),
-    };
-    let meta = SandboxMeta {
-        metadata,
-        envs,
-        expires_ms: None,
-        on_timeout: req.on_timeout.unwrap_or_default(),
-        timeout_ms: timeout.as_millis() as i64,
-        created_by: caller.0,
     };
     let out = st
         .blocking(move |engine, st| {
@@ -106,10 +122,10 @@ pub async fn create(
             let sandbox = match (&template, &snapshot) {
                 (Some(t), _) => engine.create_from_template(t)?.sandbox,
                 (None, Some(s)) => engine.restore(s)?.sandbox,
-                (None, None) => engine.create_from(choice, lim, &image, &mut |_| {})?,
+                (None, None) => engine.create_networked(choice, lim, &image, network, &mut |_| {})?,
             };
             let meta = SandboxMeta { expires_ms: Some(now_ms() + meta.timeout_ms), ..meta };
-            st.db().put(&sandbox.id, &meta).map_err(db_err)?;
+            st.db().put(&sandbox.id, &meta)?;
             Ok(SandboxInfo::new(&sandbox, true, Some(meta)))
         })
         .await?;
@@ -142,10 +158,10 @@ pub async fn list(
             let views = engine.list()?;
             let db = st.db();
             // Ready sandboxes of warm pools are the service's until claimed.
-            let pooled = db.member_ids().map_err(db_err)?;
+            let pooled = db.member_ids()?;
             let mut out = Vec::new();
             for v in views.iter().filter(|v| !pooled.contains(v.sandbox.id.as_str())) {
-                let info = SandboxInfo::from_view(v, db.get(&v.sandbox.id).map_err(db_err)?);
+                let info = SandboxInfo::from_view(v, db.get(&v.sandbox.id)?);
                 let meta_ok = want.iter().all(|(k, val)| info.metadata.get(k) == Some(val));
                 if meta_ok && q.state.is_none_or(|s| s == info.state) {
                     out.push(info);
@@ -173,7 +189,7 @@ pub async fn kill(State(st): State<AppState>, Path(id): Path<String>) -> ApiResu
     st.blocking(move |engine, st| {
         st.exclusive(&id, || Ok(engine.kill(&id)?))?;
         st.forget(&id);
-        st.db().remove(id.as_str()).map_err(db_err)
+        st.db().remove(id.as_str()).map_err(ApiError::from)
     })
     .await?;
     Ok(StatusCode::NO_CONTENT)
@@ -188,7 +204,7 @@ pub async fn pause(State(st): State<AppState>, Path(id): Path<String>) -> Noted<
     let out = st
         .blocking(move |engine, st| {
             st.exclusive(&id, || Ok(engine.pause(&id)?))?;
-            st.db().set_expiry(&id, None, None).map_err(db_err)?;
+            st.db().set_expiry(&id, None, None)?;
             info(engine, st, &id)
         })
         .await?;
@@ -235,16 +251,16 @@ pub async fn connect(
 /// Restarts a sandbox's timeout from now (with `ms`, or the length it had).
 fn renew(st: &AppState, s: &Sandbox, ms: Option<i64>, default_ms: i64) -> ApiResult<()> {
     let db = st.db();
-    match db.get(&s.id).map_err(db_err)? {
+    match db.get(&s.id)? {
         Some(m) => {
             let len = ms.unwrap_or(m.timeout_ms);
-            db.set_expiry(&s.id, Some(now_ms() + len), Some(len)).map_err(db_err)
+            db.set_expiry(&s.id, Some(now_ms() + len), Some(len)).map_err(ApiError::from)
         }
         // A sandbox made outside the service (e.g. by the CLI) gets a record on first contact.
         None => {
             let len = ms.unwrap_or(default_ms);
             let m = SandboxMeta { expires_ms: Some(now_ms() + len), timeout_ms: len, ..Default::default() };
-            db.put(&s.id, &m).map_err(db_err)
+            db.put(&s.id, &m).map_err(ApiError::from)
         }
     }
 }
@@ -320,8 +336,7 @@ pub async fn fork(
             let default_ms = (st.cfg.default_timeout_s * 1000) as i64;
             let parent = st
                 .db()
-                .get(&id)
-                .map_err(db_err)?
+                .get(&id)?
                 .unwrap_or_else(|| SandboxMeta { timeout_ms: default_ms, ..Default::default() });
             let mut children = Vec::new();
             for c in &outcome.children {
@@ -332,7 +347,7 @@ pub async fn fork(
                             created_by: caller.0.clone(),
                             ..parent.clone()
                         };
-                        st.db().put(&started.sandbox.id, &meta).map_err(db_err)?;
+                        st.db().put(&started.sandbox.id, &meta)?;
                         ForkChild {
                             ok: true,
                             sandbox: Some(SandboxInfo::new(&started.sandbox, true, Some(meta))),

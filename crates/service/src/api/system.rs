@@ -1,7 +1,6 @@
 //! The service itself: health, metrics, the lineage graph and the audit log.
 
 use super::extract::{sandbox_id, ApiQuery};
-use super::sandboxes::db_err;
 use super::types::*;
 use crate::db::{AuditEntry, AuditFilter};
 use crate::error::{ApiError, ApiResult, ErrorBody};
@@ -176,7 +175,7 @@ pub async fn audit(
         return Err(ApiError::invalid("who and sandbox filters are at most 64 characters"));
     }
     let f = AuditFilter { sandbox: q.sandbox, who: q.who, after: q.after, limit };
-    let out = st.blocking(move |_, st| st.db().audit_log(&f).map_err(db_err)).await?;
+    let out = st.blocking(move |_, st| st.db().audit_log(&f).map_err(ApiError::from)).await?;
     Ok(Json(out))
 }
 

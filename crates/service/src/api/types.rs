@@ -200,6 +200,11 @@ pub struct CreateSandbox {
     pub cpus: Option<u32>,
     /// Process limit.
     pub pids: Option<u32>,
+    /// A network with this egress policy (gvisor only; docs/network.md). Without it, or
+    /// `allow_internet_access`, the sandbox has no network.
+    pub network: Option<crate::api::network::NetworkPolicy>,
+    /// E2B's switch: true is `network` `{"mode": "internet"}`, false `{"mode": "deny_all"}`.
+    pub allow_internet_access: Option<bool>,
 }
 
 /// Reconnects to a sandbox: resumes it when paused and restarts its timeout.
@@ -304,6 +309,9 @@ pub struct RunCommand {
     pub timeout: Option<f64>,
     /// Standard input, as text.
     pub stdin: Option<String>,
+    /// The image's account to run as (e.g. `user`); its home is then the default cwd. The
+    /// agent's (root, cwd `/`) when absent.
+    pub user: Option<String>,
 }
 
 /// How a command ended, with its output.
@@ -445,6 +453,9 @@ pub struct WriteQuery {
     pub mode: Option<String>,
     /// Create missing parent directories (default true).
     pub parents: Option<bool>,
+    /// The image's account that owns the file and the directories made for it (root when
+    /// absent).
+    pub user: Option<String>,
 }
 
 /// What to remove.
@@ -484,6 +495,8 @@ pub struct MakeDir {
     pub path: String,
     /// Create missing parents; no error if it exists (default true).
     pub parents: Option<bool>,
+    /// The image's account that owns the directories created (root when absent).
+    pub user: Option<String>,
 }
 
 /// A snapshot node of the lineage.

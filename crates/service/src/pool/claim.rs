@@ -8,7 +8,6 @@
 //! result says (`source: cold`).
 
 use super::{start, PoolDef};
-use crate::api::sandboxes::db_err;
 use crate::api::types::SandboxInfo;
 use crate::db::SandboxMeta;
 use crate::error::{ApiError, ApiResult};
@@ -16,8 +15,7 @@ use crate::state::AppState;
 use axum::http::StatusCode;
 use branchbox_core::Engine;
 use branchbox_model::{now_ms, SandboxId, SandboxState};
-use branchbox_protocol::{AfterFork, HookReport, Request, Response, StepOutcome};
-use rand::RngCore;
+use branchbox_protocol::{ClientError, HookReport, StepOutcome};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -101,25 +99,12 @@ fn hostname(id: &SandboxId) -> String {
 /// Runs the after-fork hook in a running sandbox: new machine-id, host clock, fresh entropy.
 fn refresh_identity(engine: &Engine, st: &AppState, id: &SandboxId) -> ApiResult<HookReport> {
     let mut conn = st.agent(engine, id, Duration::ZERO)?;
-    let mut machine = [0u8; 16];
-    rand::rngs::OsRng.fill_bytes(&mut machine);
-    let mut entropy = vec![0u8; 64];
-    rand::rngs::OsRng.fill_bytes(&mut entropy);
-    let after_fork = AfterFork {
-        sandbox_id: id.to_string(),
-        hostname: hostname(id),
-        machine_id: hex::encode(machine),
-        wall_clock_ns: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0),
-    };
-    match conn.call(Request::Thaw { after_fork: Some(after_fork) }, entropy)? {
-        Response::Thawed { hook: Some(report) } => Ok(report),
-        other => Err(ApiError::internal(format!(
-            "sandbox {id} answered the after-fork hook with {other:?}; it was not handed out"
-        ))),
-    }
+    conn.after_fork(id.as_str(), &hostname(id)).map_err(|e| match e {
+        ClientError::Unexpected(_) | ClientError::Entropy(_) => {
+            ApiError::internal(format!("sandbox {id}'s after-fork hook failed: {e}; it was not handed out"))
+        }
+        e => e.into(),
+    })
 }
 
 /// Why preparing a sandbox failed: the sandbox itself (try another), or the claim (stop).
@@ -148,7 +133,7 @@ fn hand_out(engine: &Engine, st: &AppState, id: &SandboxId, spec: &ClaimSpec) ->
             })?;
         }
         let meta = SandboxMeta { expires_ms: Some(now_ms() + spec.meta.timeout_ms), ..spec.meta.clone() };
-        st.db().put(id, &meta).map_err(|e| Failure::Claim(db_err(e)))?;
+        st.db().put(id, &meta).map_err(|e| Failure::Claim(e.into()))?;
         let s = engine.sandbox(id).map_err(|e| Failure::Sandbox(e.into()))?;
         Ok(Claimed {
             sandbox: SandboxInfo::new(&s, true, Some(meta)),
@@ -168,8 +153,7 @@ fn hand_out(engine: &Engine, st: &AppState, id: &SandboxId, spec: &ClaimSpec) ->
 
 fn pool_def(st: &AppState, name: &str) -> ApiResult<PoolDef> {
     st.db()
-        .pool(name)
-        .map_err(db_err)?
+        .pool(name)?
         .ok_or_else(|| ApiError::not_found(format!("pool {name:?} does not exist; GET /v1/pools lists them")))
 }
 
@@ -177,7 +161,7 @@ fn pool_def(st: &AppState, name: &str) -> ApiResult<PoolDef> {
 fn from_pool(engine: &Engine, st: &AppState, spec: &ClaimSpec) -> ApiResult<Option<Claimed>> {
     pool_def(st, &spec.pool)?;
     loop {
-        let Some(m) = st.db().member_take(&spec.pool).map_err(db_err)? else { return Ok(None) };
+        let Some(m) = st.db().member_take(&spec.pool)? else { return Ok(None) };
         st.pools.wake();
         let Ok(id) = SandboxId::parse(&m.id) else { continue };
         match hand_out(engine, st, &id, spec) {

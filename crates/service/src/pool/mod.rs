@@ -9,7 +9,6 @@
 pub mod claim;
 pub mod store;
 
-use crate::api::sandboxes::db_err;
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 use branchbox_core::Engine;
@@ -83,7 +82,7 @@ pub fn start(engine: &Engine, def: &PoolDef) -> ApiResult<SandboxId> {
 
 /// Destroys a pooled sandbox, unless a claim took it first.
 fn discard(engine: &Engine, st: &AppState, id: &str) -> ApiResult<()> {
-    if !st.db().member_remove(id).map_err(db_err)? {
+    if !st.db().member_remove(id)? {
         return Ok(());
     }
     let Ok(sid) = SandboxId::parse(id) else { return Ok(()) };
@@ -117,11 +116,10 @@ fn fill_one(engine: &Engine, st: &AppState, def: &PoolDef) -> ApiResult<()> {
     let kept = paused.and_then(|()| {
         // Under the database lock, so a pool deleted meanwhile never gets a member back.
         let db = st.db();
-        if db.pool(&def.name).map_err(db_err)?.is_none() {
+        if db.pool(&def.name)?.is_none() {
             return Ok(false);
         }
-        db.member_add(&Member { id: id.to_string(), pool: def.name.clone(), ready_ms: now_ms() })
-            .map_err(db_err)?;
+        db.member_add(&Member { id: id.to_string(), pool: def.name.clone(), ready_ms: now_ms() })?;
         Ok(true)
     });
     if !matches!(kept, Ok(true)) {
@@ -131,34 +129,61 @@ fn fill_one(engine: &Engine, st: &AppState, def: &PoolDef) -> ApiResult<()> {
     kept.map(|_| ())
 }
 
-/// One pass over every pool: discards members that died or idled too long, and adds at most
-/// one sandbox to each pool that is short. Returns true while some pool is still short.
+/// Every sandbox's id and whether its runtime is alive.
+pub fn liveness(engine: &Engine) -> ApiResult<BTreeMap<String, bool>> {
+    Ok(engine.list()?.into_iter().map(|v| (v.sandbox.id.to_string(), v.alive)).collect())
+}
+
+/// The members a pool of `size` holds beyond it, from `members` ordered oldest first: the
+/// oldest go, so those kept have the most of their idle age left.
+fn surplus(members: &[Member], size: u32) -> &[Member] {
+    &members[..members.len().saturating_sub(size as usize)]
+}
+
+/// Discards a pool's members that died or waited longer than its `max_idle`, then the oldest
+/// of those beyond its size (after a shrink); returns how many stay ready. Only members are
+/// touched: a claimed sandbox is no longer one, so it is never destroyed here.
+pub fn prune(
+    engine: &Engine,
+    st: &AppState,
+    def: &PoolDef,
+    alive: &BTreeMap<String, bool>,
+) -> ApiResult<u32> {
+    let now = now_ms();
+    // Read first: a `for` over `st.db()...` would hold the database lock through the loop,
+    // and `discard` takes it again.
+    let members = st.db().members(&def.name)?;
+    let mut kept = Vec::new();
+    for m in members {
+        let live = alive.get(&m.id).copied().unwrap_or(false);
+        if live && now.saturating_sub(m.ready_ms) <= def.max_idle_ms {
+            kept.push(m);
+        } else {
+            discard(engine, st, &m.id)?;
+            st.pools.with(&def.name, |s| s.discarded += 1);
+        }
+    }
+    let extra = surplus(&kept, def.size);
+    for m in extra {
+        discard(engine, st, &m.id)?;
+    }
+    Ok((kept.len() - extra.len()) as u32)
+}
+
+/// One pass over every pool: discards members that died, idled too long or stand beyond the
+/// pool's size ([`prune`]), and adds at most one sandbox to each pool that is short. Returns true while some pool is still short.
 pub fn refill_pass(engine: &Engine, st: &AppState) -> ApiResult<bool> {
-    let defs = st.db().pools().map_err(db_err)?;
+    let defs = st.db().pools()?;
     if defs.is_empty() {
         return Ok(false);
     }
-    let alive: BTreeMap<String, bool> =
-        engine.list()?.into_iter().map(|v| (v.sandbox.id.to_string(), v.alive)).collect();
+    let alive = liveness(engine)?;
     let mut short = false;
     for def in defs {
         if st.pools.with(&def.name, |s| s.retry_at.is_some_and(|t| Instant::now() < t)) {
             continue;
         }
-        let now = now_ms();
-        let mut ready = 0u32;
-        // Read first: a `for` over `st.db()...` would hold the database lock through the loop,
-        // and `discard` takes it again.
-        let members = st.db().members(&def.name).map_err(db_err)?;
-        for m in members {
-            let live = alive.get(&m.id).copied().unwrap_or(false);
-            if live && now.saturating_sub(m.ready_ms) <= def.max_idle_ms {
-                ready += 1;
-            } else {
-                discard(engine, st, &m.id)?;
-                st.pools.with(&def.name, |s| s.discarded += 1);
-            }
-        }
+        let ready = prune(engine, st, &def, &alive)?;
         if ready >= def.size {
             continue;
         }
@@ -204,16 +229,15 @@ pub async fn run(st: AppState) {
 /// their pools (re-adopted); the rest are destroyed and forgotten, and refills replace them.
 /// Returns (adopted, dropped).
 pub fn adopt(engine: &Engine, st: &AppState) -> ApiResult<(usize, usize)> {
-    let alive: BTreeMap<String, bool> =
-        engine.list()?.into_iter().map(|v| (v.sandbox.id.to_string(), v.alive)).collect();
-    let pools: Vec<String> = st.db().pools().map_err(db_err)?.into_iter().map(|p| p.name).collect();
+    let alive = liveness(engine)?;
+    let pools: Vec<String> = st.db().pools()?.into_iter().map(|p| p.name).collect();
     let (mut adopted, mut dropped) = (0, 0);
     let members: Vec<Member> = {
         let db = st.db();
-        let ids = db.member_ids().map_err(db_err)?;
+        let ids = db.member_ids()?;
         let mut all = Vec::new();
         for p in &pools {
-            all.extend(db.members(p).map_err(db_err)?);
+            all.extend(db.members(p)?);
         }
         // Members of pools that no longer exist (a crash between the two deletes).
         for id in ids {
@@ -257,9 +281,9 @@ pub fn sandbox_memory(id: &str) -> Option<u64> {
 /// The pools' lines of `/metrics`: size, ready members, their memory, and the counters.
 pub fn render_metrics(st: &AppState) -> ApiResult<String> {
     let mut rows = Vec::new();
-    let defs = st.db().pools().map_err(db_err)?;
+    let defs = st.db().pools()?;
     for def in defs {
-        let members = st.db().members(&def.name).map_err(db_err)?;
+        let members = st.db().members(&def.name)?;
         let memory: u64 = members.iter().filter_map(|m| sandbox_memory(&m.id)).sum();
         let label = def.name.replace('\\', "\\\\").replace('"', "\\\"");
         rows.push((label, def.size, members.len(), memory, st.pools.stats(&def.name)));
@@ -298,4 +322,23 @@ pub fn render_metrics(st: &AppState) -> ApiResult<String> {
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn members(n: i64) -> Vec<Member> {
+        (0..n).map(|i| Member { id: format!("sbx-{i}"), pool: "p".into(), ready_ms: i }).collect()
+    }
+
+    #[test]
+    fn a_shrink_retires_the_oldest_members_beyond_the_size() {
+        let all = members(5);
+        let ids = |ms: &[Member]| ms.iter().map(|m| m.id.clone()).collect::<Vec<_>>();
+        assert_eq!(ids(surplus(&all, 2)), ["sbx-0", "sbx-1", "sbx-2"]);
+        assert_eq!(ids(surplus(&all, 5)), Vec::<String>::new());
+        assert_eq!(ids(surplus(&all, 9)), Vec::<String>::new(), "a grown pool retires nothing");
+        assert_eq!(ids(surplus(&[], 1)), Vec::<String>::new());
+    }
 }

@@ -112,6 +112,16 @@ impl ServiceDb {
         rows.collect()
     }
 
+    /// Changes a pool's size and idle age (`None` keeps the one it has); false when there is
+    /// no such pool.
+    pub fn pool_update(&self, name: &str, size: Option<u32>, max_idle_ms: Option<i64>) -> DbResult<bool> {
+        let n = self.conn().execute(
+            "UPDATE pools SET size = COALESCE(?2, size), max_idle_ms = COALESCE(?3, max_idle_ms) WHERE name = ?1",
+            params![name, size, max_idle_ms],
+        )?;
+        Ok(n == 1)
+    }
+
     /// Forgets a pool and its members (the caller destroys their sandboxes); false when there
     /// was no such pool.
     pub fn pool_delete(&self, name: &str) -> DbResult<bool> {
@@ -194,6 +204,20 @@ mod tests {
         assert!(!db.pool_delete("a").unwrap());
         assert!(db.member_ids().unwrap().is_empty());
         assert_eq!(db.pools().unwrap(), vec![]);
+    }
+
+    #[test]
+    fn an_update_changes_only_what_it_names_and_only_an_existing_pool() {
+        let (_d, db) = db();
+        db.pool_insert(&pool("a")).unwrap();
+        db.pool_insert(&pool("b")).unwrap();
+        assert!(db.pool_update("a", Some(5), None).unwrap());
+        assert_eq!(db.pool("a").unwrap(), Some(PoolDef { size: 5, ..pool("a") }));
+        assert!(db.pool_update("a", None, Some(1_000)).unwrap());
+        assert_eq!(db.pool("a").unwrap(), Some(PoolDef { size: 5, max_idle_ms: 1_000, ..pool("a") }));
+        assert_eq!(db.pool("b").unwrap(), Some(pool("b")), "another pool is left alone");
+        assert!(!db.pool_update("missing", Some(1), None).unwrap());
+        assert_eq!(db.pool("missing").unwrap(), None);
     }
 
     #[test]

@@ -7,9 +7,10 @@
 
 use crate::disk::DiskRef;
 use crate::error::{Error, Result};
-use crate::snapshot::format::{codec, frame, plain_name, unframe, HEADER_LEN, MAX_PAYLOAD};
+use crate::snapshot::format::{
+    decode_payload, encode_framed, plain_name, read_bounded, unframe, MAX_PAYLOAD,
+};
 use crate::vstate::{VcpuState, VmState};
-use bincode::Options;
 use branchbox_arch::layout;
 use branchbox_devices::i8042::I8042State;
 use branchbox_devices::serial::SerialDeviceState;
@@ -19,7 +20,6 @@ use branchbox_virtio::rng::RngState;
 use branchbox_virtio::vmgenid::VmGenIdState;
 use branchbox_virtio::vsock::VsockState;
 use serde::{Deserialize, Serialize};
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 /// First bytes of a Linux guest's state file.
@@ -84,29 +84,20 @@ pub struct LinuxState {
 
 /// The bytes of a state file holding `state`.
 pub fn encode(state: &LinuxState) -> Result<Vec<u8>> {
-    let payload = codec()
-        .serialize(state)
-        .map_err(|e| Error::Config(format!("cannot encode the guest's state: {e}")))?;
-    Ok(frame(&LINUX_MAGIC, LINUX_FORMAT_VERSION, &payload))
+    encode_framed(&LINUX_MAGIC, LINUX_FORMAT_VERSION, state, "the guest's state")
 }
 
 /// Decodes and checks a state file's bytes; `path` only names it in errors.
 pub fn decode(path: &Path, bytes: &[u8]) -> Result<LinuxState> {
-    let corrupt = |reason: String| Error::SnapshotCorrupt { path: path.to_path_buf(), reason };
     let (_, payload) = unframe(path, bytes, &LINUX_MAGIC, &[LINUX_FORMAT_VERSION], MAX_PAYLOAD)?;
-    let state: LinuxState =
-        codec().deserialize(payload).map_err(|e| corrupt(format!("payload does not decode: {e}")))?;
-    validate(&state).map_err(corrupt)?;
+    let state: LinuxState = decode_payload(path, payload)?;
+    validate(&state).map_err(|reason| Error::SnapshotCorrupt { path: path.to_path_buf(), reason })?;
     Ok(state)
 }
 
 /// Reads and decodes the state file at `path`, refusing files larger than any valid one.
 pub fn read(path: &Path) -> Result<LinuxState> {
-    let io = |op| move |source| Error::SnapshotIo { path: path.to_path_buf(), op, source };
-    let file = std::fs::File::open(path).map_err(io("open"))?;
-    let mut bytes = Vec::new();
-    file.take(HEADER_LEN as u64 + MAX_PAYLOAD + 1).read_to_end(&mut bytes).map_err(io("read"))?;
-    decode(path, &bytes)
+    decode(path, &read_bounded(path)?)
 }
 
 fn validate(s: &LinuxState) -> std::result::Result<(), String> {
@@ -156,23 +147,12 @@ fn validate(s: &LinuxState) -> std::result::Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::snapshot::format::tests::{every_truncation_is_refused, flipped, vcpu};
     use crate::vstate::IrqchipState;
     use proptest::prelude::*;
 
     fn sample() -> LinuxState {
-        let vcpu = VcpuState {
-            id: 0,
-            cpuid: vec![Default::default(); 3],
-            mp_state: Default::default(),
-            regs: Default::default(),
-            sregs: Default::default(),
-            xsave: vec![0; 1024],
-            xcrs: Default::default(),
-            debugregs: Default::default(),
-            lapic: Some(Default::default()),
-            msrs: vec![Default::default(); 5],
-            events: Default::default(),
-        };
+        let vcpu = VcpuState { lapic: Some(Default::default()), ..vcpu() };
         LinuxState {
             kernel: "/k/vmlinux".into(),
             cmdline: "console=ttyS0".into(),
@@ -210,9 +190,7 @@ mod tests {
         let back = decode(p(), &bytes).unwrap();
         assert_eq!(back.memory, sample().memory);
         assert_eq!(back.vmgenid, sample().vmgenid);
-        for len in 0..bytes.len() {
-            assert!(decode(p(), &bytes[..len]).is_err(), "length {len} decoded");
-        }
+        every_truncation_is_refused(&bytes, |b| decode(p(), b));
     }
 
     #[test]
@@ -257,10 +235,7 @@ mod tests {
     proptest! {
         #[test]
         fn any_single_byte_change_is_detected(at in 0usize..100_000, flip in 1u8..=255) {
-            let mut bytes = encode(&sample()).unwrap();
-            let at = at % bytes.len();
-            bytes[at] ^= flip;
-            prop_assert!(decode(p(), &bytes).is_err());
+            prop_assert!(decode(p(), &flipped(encode(&sample()).unwrap(), at, flip)).is_err());
         }
 
         #[test]

@@ -42,7 +42,7 @@ pub const MAX_VCPUS: usize = 64;
 /// Largest guest RAM a snapshot may describe (the test guest's doorbell sits above it).
 pub const MAX_RAM: u64 = 3 << 30;
 
-pub(crate) fn codec() -> impl Options {
+fn codec() -> impl Options {
     bincode::DefaultOptions::new()
         .with_fixint_encoding()
         .with_little_endian()
@@ -52,9 +52,29 @@ pub(crate) fn codec() -> impl Options {
 
 /// Encodes `state` into the bytes of a state file.
 pub fn encode(state: &MachineState) -> Result<Vec<u8>> {
+    encode_framed(&MAGIC, FORMAT_VERSION, state, "VM state")
+}
+
+/// The bytes of a state file under `magic` and `version` holding `state`, encoded with
+/// [`codec`]; `what` names the state in errors.
+pub(crate) fn encode_framed<T: serde::Serialize>(
+    magic: &[u8; 8],
+    version: u32,
+    state: &T,
+    what: &str,
+) -> Result<Vec<u8>> {
     let payload =
-        codec().serialize(state).map_err(|e| Error::Config(format!("cannot encode VM state: {e}")))?;
-    Ok(frame(&MAGIC, FORMAT_VERSION, &payload))
+        codec().serialize(state).map_err(|e| Error::Config(format!("cannot encode {what}: {e}")))?;
+    Ok(frame(magic, version, &payload))
+}
+
+/// Decodes a payload that [`unframe`] checked, with the byte-limited [`codec`]; `path` only
+/// names the file in errors.
+pub(crate) fn decode_payload<T: serde::de::DeserializeOwned>(path: &Path, payload: &[u8]) -> Result<T> {
+    codec().deserialize(payload).map_err(|e| Error::SnapshotCorrupt {
+        path: path.to_path_buf(),
+        reason: format!("payload does not decode: {e}"),
+    })
 }
 
 /// The header (magic, version, length, checksum) and then `payload`: the layout every state
@@ -91,11 +111,10 @@ fn le_u64(b: &[u8], at: usize) -> u64 {
 pub fn decode(path: &Path, bytes: &[u8]) -> Result<MachineState> {
     let corrupt = |reason: String| Error::SnapshotCorrupt { path: path.to_path_buf(), reason };
     let (version, payload) = unframe(path, bytes, &MAGIC, &[FORMAT_VERSION, FORMAT_VERSION_V3], MAX_PAYLOAD)?;
-    let undecodable = |e: bincode::Error| corrupt(format!("payload does not decode: {e}"));
     let state: MachineState = if version == FORMAT_VERSION_V3 {
-        codec().deserialize::<StateV3>(payload).map_err(undecodable)?.into()
+        decode_payload::<StateV3>(path, payload)?.into()
     } else {
-        codec().deserialize(payload).map_err(undecodable)?
+        decode_payload(path, payload)?
     };
     validate(&state).map_err(corrupt)?;
     Ok(state)
@@ -245,15 +264,21 @@ pub fn plain_name(name: &str) -> bool {
 
 /// Reads and decodes a state file, refusing files larger than any valid one.
 pub fn read_state_file(path: &Path) -> Result<MachineState> {
+    decode(path, &read_bounded(path)?)
+}
+
+/// The bytes of the state file at `path`, reading no more than one byte past the largest
+/// valid file (so that [`unframe`] refuses it by name rather than this reading it whole).
+pub(crate) fn read_bounded(path: &Path) -> Result<Vec<u8>> {
     let io = |op| move |source| Error::SnapshotIo { path: path.to_path_buf(), op, source };
     let file = std::fs::File::open(path).map_err(io("open"))?;
     let mut bytes = Vec::new();
     file.take(HEADER_LEN as u64 + MAX_PAYLOAD + 1).read_to_end(&mut bytes).map_err(io("read"))?;
-    decode(path, &bytes)
+    Ok(bytes)
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::config::VmConfig;
     use crate::devices::{doorbell::DoorbellState, DeviceStates, Placed};
@@ -263,23 +288,42 @@ mod tests {
     use crate::vstate::{VcpuState, VmState};
     use proptest::prelude::*;
 
+    /// vCPU 0 with default registers and no LAPIC, for the tests of every state file.
+    pub(crate) fn vcpu() -> VcpuState {
+        VcpuState {
+            id: 0,
+            cpuid: vec![Default::default(); 3],
+            mp_state: Default::default(),
+            regs: Default::default(),
+            sregs: Default::default(),
+            xsave: vec![0; 1024],
+            xcrs: Default::default(),
+            debugregs: Default::default(),
+            lapic: None,
+            msrs: vec![Default::default(); 5],
+            events: Default::default(),
+        }
+    }
+
+    /// Checks that `decode` refuses every proper prefix of `bytes` (a valid state file).
+    pub(crate) fn every_truncation_is_refused<T>(bytes: &[u8], decode: impl Fn(&[u8]) -> Result<T>) {
+        for len in 0..bytes.len() {
+            assert!(decode(&bytes[..len]).is_err(), "length {len} decoded");
+        }
+    }
+
+    /// `bytes` with the byte at `at` (modulo the length) changed by xor with `flip`.
+    pub(crate) fn flipped(mut bytes: Vec<u8>, at: usize, flip: u8) -> Vec<u8> {
+        let at = at % bytes.len();
+        bytes[at] ^= flip;
+        bytes
+    }
+
     fn sample() -> MachineState {
         MachineState {
             config: VmConfig { mem_size: 8 << 20, vcpus: 1, irqchip: false },
             vm: VmState { clock: Default::default(), irqchip: None },
-            vcpus: vec![VcpuState {
-                id: 0,
-                cpuid: vec![Default::default(); 3],
-                mp_state: Default::default(),
-                regs: Default::default(),
-                sregs: Default::default(),
-                xsave: vec![0; 1024],
-                xcrs: Default::default(),
-                debugregs: Default::default(),
-                lapic: None,
-                msrs: vec![Default::default(); 5],
-                events: Default::default(),
-            }],
+            vcpus: vec![vcpu()],
             memory: MemoryState {
                 size: 8 << 20,
                 layers: vec![LayerRef { name: "mem.layer".into(), kind: LayerKind::Base { crc32: 1 } }],
@@ -345,10 +389,7 @@ mod tests {
 
     #[test]
     fn every_truncation_is_an_error() {
-        let bytes = encode(&sample()).unwrap();
-        for len in 0..bytes.len() {
-            assert!(decode(p(), &bytes[..len]).is_err(), "length {len} decoded");
-        }
+        every_truncation_is_refused(&encode(&sample()).unwrap(), |b| decode(p(), b));
     }
 
     #[test]
@@ -384,10 +425,7 @@ mod tests {
 
         #[test]
         fn any_single_byte_change_is_detected(at in 0usize..100_000, flip in 1u8..=255) {
-            let mut bytes = encode(&sample()).unwrap();
-            let at = at % bytes.len();
-            bytes[at] ^= flip;
-            prop_assert!(decode(p(), &bytes).is_err());
+            prop_assert!(decode(p(), &flipped(encode(&sample()).unwrap(), at, flip)).is_err());
         }
     }
 }

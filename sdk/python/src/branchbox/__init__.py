@@ -5,13 +5,16 @@
 service's files in the data directory).
 """
 
-from .async_sandbox import AsyncCommandHandle, AsyncSandbox
+from .async_sandbox import AsyncCommandHandle, AsyncSandbox, AsyncSandboxPaginator
+from ._compat import SandboxPaginator
+from ._streams import AsyncByteStream, ByteStream
 from ._names import MAX_NAME_BYTES, check_name
 from .exceptions import (
     AuthenticationError,
     BranchboxError,
     CapacityError,
     CommandExitException,
+    CommandTimeoutException,
     ConflictError,
     InvalidArgumentError,
     NotFoundError,
@@ -21,21 +24,26 @@ from .exceptions import (
     ServiceUnavailableError,
     TimeoutException,
 )
-from .models import CommandResult, EntryInfo, GcReport, Lineage, ProcessInfo, SandboxInfo, SnapshotInfo, WriteInfo
+from .models import (CommandResult, EntryInfo, GcReport, Lineage, NetworkInfo, ProcessInfo, SandboxInfo, SandboxMetrics,
+                     SnapshotInfo, WriteInfo)
 from .sandbox import CommandHandle, Sandbox
 from .templates import TemplateInfo, Templates
 from .pool import ClaimInfo, Pool, PoolInfo
 
 __all__ = [
     "AsyncCommandHandle",
+    "AsyncByteStream",
     "AsyncSandbox",
+    "AsyncSandboxPaginator",
     "AuthenticationError",
     "ClaimInfo",
     "Pool",
     "PoolInfo",
     "BranchboxError",
     "CapacityError",
+    "ByteStream",
     "CommandExitException",
+    "CommandTimeoutException",
     "CommandHandle",
     "CommandResult",
     "ConflictError",
@@ -43,12 +51,15 @@ __all__ = [
     "GcReport",
     "InvalidArgumentError",
     "Lineage",
+    "NetworkInfo",
     "NotFoundError",
     "PayloadTooLargeError",
     "PermissionDeniedError",
     "ProcessInfo",
     "Sandbox",
     "SandboxInfo",
+    "SandboxMetrics",
+    "SandboxPaginator",
     "ServerError",
     "ServiceUnavailableError",
     "SnapshotInfo",

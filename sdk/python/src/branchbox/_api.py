@@ -13,7 +13,8 @@ from urllib.parse import quote, urlencode
 import httpx
 
 from ._names import check_name, check_snapshot_ref
-from .exceptions import BranchboxError, CommandExitException, from_response
+from .exceptions import (BranchboxError, CommandExitException, CommandTimeoutException, InvalidArgumentError,
+                         from_response)
 from .models import CommandResult
 
 #: Extra seconds a command's HTTP request waits beyond the command's own timeout.
@@ -64,6 +65,11 @@ def gc(dry_run: bool) -> Call:
     return Call("GET" if dry_run else "POST", "/v1/gc")
 
 
+def compact(body: Dict[str, Any]) -> Dict[str, Any]:
+    """A request body without the fields left out (None): the service applies its defaults."""
+    return {k: v for k, v in body.items() if v is not None}
+
+
 def create(
     template: Optional[str],
     snapshot_id: Optional[str],
@@ -75,6 +81,9 @@ def create(
     memory_mib: Optional[int],
     cpus: Optional[int],
     pids: Optional[int],
+    image: Optional[str] = None,
+    network: Optional[Mapping[str, Any]] = None,
+    allow_internet_access: Optional[bool] = None,
 ) -> Call:
     if snapshot_id is not None:
         check_snapshot_ref(snapshot_id)
@@ -89,8 +98,25 @@ def create(
         "memory_mib": memory_mib,
         "cpus": cpus,
         "pids": pids,
+        "image": image,
+        "network": dict(network) if network is not None else None,
+        "allow_internet_access": allow_internet_access,
     }
-    return Call("POST", "/v1/sandboxes", json={k: v for k, v in body.items() if v is not None})
+    return Call("POST", "/v1/sandboxes", json=compact(body))
+
+
+def network_policy(mode: str, allow: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    """The service's policy object: `mode` "internet", "deny_all" or "allow_list" (with `allow`,
+    the IPv4 networks it may reach)."""
+    if mode not in ("internet", "deny_all", "allow_list"):
+        raise InvalidArgumentError(f"network mode {mode!r}: give 'internet', 'deny_all' or 'allow_list'")
+    return compact({"mode": mode, "allow": list(allow) if allow is not None else None})
+
+
+def host_path(sandbox_id: str, port: int) -> str:
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+        raise InvalidArgumentError(f"port {port!r}: give 1 to 65535")
+    return sandbox_path(sandbox_id, f"/hosts/{port}")
 
 
 def list_sandboxes(metadata: Optional[Mapping[str, str]], state: Optional[str]) -> Call:
@@ -108,8 +134,11 @@ def command_body(
     cwd: Optional[str],
     timeout: Optional[float],
     stdin: Optional[str] = None,
+    user: Optional[str] = None,
 ) -> Dict[str, Any]:
     body: Dict[str, Any] = {"cmd": cmd} if isinstance(cmd, str) else {"argv": list(cmd)}
+    if user is not None:
+        body["user"] = user
     if envs:
         body["envs"] = dict(envs)
     if cwd is not None:
@@ -151,7 +180,8 @@ def check_exit(result: CommandResult, cmd: Union[str, Sequence[str]]) -> Command
     else:
         why = f"exited with code {result.exit_code}"
     shown = cmd if isinstance(cmd, str) else " ".join(cmd)
-    raise CommandExitException(
+    kind = CommandTimeoutException if result.timed_out else CommandExitException
+    raise kind(
         f"command {shown[:200]!r} {why}: {result.stderr[-500:]}",
         stdout=result.stdout,
         stderr=result.stderr,

@@ -88,7 +88,8 @@ class ConnectionConfig:
         token: Optional[str] = None,
         request_timeout: Optional[float] = None,
     ) -> "ConnectionConfig":
-        """Settings from the arguments, `BRANCHBOX_URL`/`BRANCHBOX_TOKEN`, or the data directory."""
+        """Settings from the arguments, `BRANCHBOX_URL`/`BRANCHBOX_TOKEN`, the data directory,
+        or (the token only) `E2B_API_KEY`."""
         service = _data_dir() / "service"
         named_url = api_url or os.environ.get("BRANCHBOX_URL")
         file_url = None if named_url else _read_first_line(service / "url")
@@ -101,6 +102,10 @@ class ConnectionConfig:
                 # pass a proxy or tunnel that listens elsewhere.
                 expect = file_url.rstrip("/").removeprefix("http://") if file_url else None
                 verify_service(url, tok, expect)
+        if not tok:
+            # E2B's variable, last: a key meant for E2B's cloud is not sent to a service whose
+            # own token is at hand.
+            tok = os.environ.get("E2B_API_KEY") or None
         return ConnectionConfig(
             api_url=url,
             token=tok,

@@ -7,10 +7,16 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, 
 
 import httpx
 
-from . import _api
+from . import _api, _compat
+from . import pool as _pool
+from ._compat import SandboxPaginator, class_or_instance
+from ._streams import AsyncByteStream
 from ._config import ConnectionConfig
-from .exceptions import BranchboxError, NotFoundError, ServiceUnavailableError, TimeoutException, from_response
-from .models import CommandResult, EntryInfo, GcReport, Lineage, ProcessInfo, SandboxInfo, SnapshotInfo, WriteInfo
+from .exceptions import (BranchboxError, InvalidArgumentError, NotFoundError, ServiceUnavailableError, TimeoutException,
+                         from_response)
+from .pool import ClaimInfo
+from .models import (CommandResult, EntryInfo, GcReport, Lineage, NetworkInfo, ProcessInfo, SandboxInfo, SandboxMetrics,
+                     SnapshotInfo, WriteInfo)
 
 
 class _AsyncHttp:
@@ -100,16 +106,20 @@ class AsyncCommands:
         on_stdout: Optional[Callable[[str], Any]] = None,
         on_stderr: Optional[Callable[[str], Any]] = None,
         stdin: Optional[str] = None,
+        user: Optional[str] = None,
     ) -> Any:
         """As `Sandbox.commands.run`: a `CommandResult`, or an `AsyncCommandHandle` with `background=True`."""
         sid = self._s.sandbox_id
+        user = user or self._s.default_user
+        if cwd is not None:
+            cwd = _compat.resolve_path(cwd, user)
         if background:
-            body = _api.command_body(cmd, envs, cwd, None, None)
+            body = _api.command_body(cmd, envs, cwd, None, None, user)
             if timeout is not None:
                 body["timeout"] = timeout
             r = await self._s._http.call(_api.Call("POST", _api.sandbox_path(sid, "/processes"), json=body))
             return AsyncCommandHandle(self._s, r.json()["pid"], cmd)
-        body = _api.command_body(cmd, envs, cwd, timeout, stdin)
+        body = _api.command_body(cmd, envs, cwd, timeout, stdin, user)
         http_timeout = _api.command_http_timeout(timeout)
         if on_stdout is None and on_stderr is None:
             c = _api.Call("POST", _api.sandbox_path(sid, "/commands"), json=body, timeout=http_timeout)
@@ -141,7 +151,8 @@ class AsyncCommands:
 
 
 class AsyncFiles:
-    """Files in one sandbox."""
+    """Files in one sandbox; as `Sandbox.files` (relative paths under the user's home, files
+    made owned by the user)."""
 
     def __init__(self, sandbox: "AsyncSandbox") -> None:
         self._s = sandbox
@@ -149,68 +160,110 @@ class AsyncFiles:
     def _path(self, rest: str = "") -> str:
         return _api.sandbox_path(self._s.sandbox_id, f"/files{rest}")
 
-    async def read(self, path: str, format: str = "text") -> Union[str, bytes]:
-        """Reads a file as text (UTF-8) or, with `format="bytes"`, as bytes; streamed."""
+    def _abs(self, path: str, user: Optional[str]) -> str:
+        return _compat.resolve_path(path, user or self._s.default_user)
+
+    async def read(self, path: str, format: str = "text", user: Optional[str] = None) -> Any:
+        """As `Sandbox.files.read`; `format="stream"` gives an async iterator of byte chunks."""
+        if format not in ("text", "bytes", "stream"):
+            raise InvalidArgumentError(f"format {format!r} is not one of 'text', 'bytes', 'stream'")
+        c = _api.Call("GET", self._path(), params={"path": self._abs(path, user)})
+        if format == "stream":
+            cm = self._s._http.stream(c)
+            # Sent now, so that a missing file raises here as for the other formats.
+            r = await cm.__aenter__()
+            return AsyncByteStream(cm, r)
         parts = []
-        async with self._s._http.stream(_api.Call("GET", self._path(), params={"path": path})) as r:
+        async with self._s._http.stream(c) as r:
             async for chunk in r.aiter_bytes():
                 parts.append(chunk)
         data = b"".join(parts)
         return data if format == "bytes" else data.decode("utf-8", "replace")
 
-    async def write(self, path: str, data: Union[str, bytes], mode: Optional[int] = None) -> WriteInfo:
-        """Writes a file (replacing it atomically); creates missing parent directories."""
-        params: Dict[str, Any] = {"path": path}
+    async def write(self, path: Any, data: Any = None, mode: Optional[int] = None, user: Optional[str] = None) -> Any:
+        """As `Sandbox.files.write`: one file's `WriteInfo`, or a list for a list of
+        `{"path": ..., "data": ...}`."""
+        many, entries = _compat.write_entries(path, data)
+        out = [await self._write_one(p, d, mode, user) for p, d in entries]
+        return out if many else out[0]
+
+    async def write_files(self, files: Sequence[Mapping[str, Any]], user: Optional[str] = None) -> List[WriteInfo]:
+        """Writes several files; E2B's name for a list write."""
+        return await self.write(list(files), user=user)
+
+    async def _write_one(self, path: str, data: Union[str, bytes], mode: Optional[int], user: Optional[str]) -> WriteInfo:
+        owner = user or self._s.default_user
+        params: Dict[str, Any] = {"path": self._abs(path, owner)}
+        if owner:
+            params["user"] = owner
         if mode is not None:
             params["mode"] = format(mode, "o")
         content = data.encode() if isinstance(data, str) else bytes(data)
         r = await self._s._http.call(_api.Call("PUT", self._path(), params=params, content=content,
                                                headers={"content-type": "application/octet-stream"}))
-        d = r.json()
-        return WriteInfo(d["path"], int(d["size"]))
+        return WriteInfo.parse(r.json())
 
-    async def list(self, path: str) -> List[EntryInfo]:
+    async def list(self, path: str, user: Optional[str] = None) -> List[EntryInfo]:
         """Entries of a directory."""
-        r = await self._s._http.call(_api.Call("GET", self._path("/list"), params={"path": path}))
+        r = await self._s._http.call(_api.Call("GET", self._path("/list"), params={"path": self._abs(path, user)}))
         return [EntryInfo.parse(e) for e in r.json()]
 
-    async def get_info(self, path: str) -> EntryInfo:
+    async def get_info(self, path: str, user: Optional[str] = None) -> EntryInfo:
         """Metadata of a path."""
-        r = await self._s._http.call(_api.Call("GET", self._path("/stat"), params={"path": path}))
+        r = await self._s._http.call(_api.Call("GET", self._path("/stat"), params={"path": self._abs(path, user)}))
         return EntryInfo.parse(r.json())
 
-    async def exists(self, path: str) -> bool:
+    async def exists(self, path: str, user: Optional[str] = None) -> bool:
         """True when the path exists."""
         try:
-            await self.get_info(path)
+            await self.get_info(path, user)
             return True
         except NotFoundError:
             return False
 
-    async def remove(self, path: str, recursive: bool = True) -> None:
+    async def remove(self, path: str, recursive: bool = True, user: Optional[str] = None) -> None:
         """Removes a file or a directory (with its contents unless `recursive=False`)."""
-        await self._s._http.call(_api.Call("DELETE", self._path(), params={"path": path, "recursive": str(recursive).lower()}))
+        params = {"path": self._abs(path, user), "recursive": str(recursive).lower()}
+        await self._s._http.call(_api.Call("DELETE", self._path(), params=params))
 
-    async def rename(self, old_path: str, new_path: str) -> EntryInfo:
+    async def rename(self, old_path: str, new_path: str, user: Optional[str] = None) -> EntryInfo:
         """Renames a path; returns the renamed entry."""
-        await self._s._http.call(_api.Call("POST", self._path("/rename"), json={"from": old_path, "to": new_path}))
-        return await self.get_info(new_path)
+        old, new = self._abs(old_path, user), self._abs(new_path, user)
+        await self._s._http.call(_api.Call("POST", self._path("/rename"), json={"from": old, "to": new}))
+        return await self.get_info(new)
 
-    async def make_dir(self, path: str) -> bool:
-        """Creates a directory and its parents; False when it existed already."""
-        r = await self._s._http.call(_api.Call("POST", self._path("/mkdir"), json={"path": path, "parents": True}))
+    async def make_dir(self, path: str, user: Optional[str] = None) -> bool:
+        """Creates a directory and its parents, owned by `user`; False when it existed already."""
+        owner = user or self._s.default_user
+        body: Dict[str, Any] = {"path": self._abs(path, owner), "parents": True}
+        if owner:
+            body["user"] = owner
+        r = await self._s._http.call(_api.Call("POST", self._path("/mkdir"), json=body))
         return bool(r.json()["created"])
+
+
+class AsyncSandboxPaginator(SandboxPaginator):
+    """`AsyncSandbox.list()`: as `SandboxPaginator`, with `await next_items()` as in E2B's async SDK."""
+
+    async def next_items(self) -> List[SandboxInfo]:  # type: ignore[override]
+        return SandboxPaginator.next_items(self)
 
 
 class AsyncSandbox:
     """A sandbox behind a branchbox service, for asyncio. Use `await AsyncSandbox.create()`."""
 
-    def __init__(self, sandbox_id: str, http: _AsyncHttp, info: Optional[SandboxInfo] = None) -> None:
+    def __init__(self, sandbox_id: str, http: _AsyncHttp, info: Optional[SandboxInfo] = None, *,
+                 user: Optional[str] = None, template: Optional[str] = None, image: Optional[str] = None) -> None:
         self.sandbox_id = sandbox_id
         self._http = http
-        self._info = info
+        self._template = template
+        self._info = _compat.with_template(info, template) if info is not None else None
+        #: The account commands run as and files belong to unless a call names another.
+        self.default_user = _compat.default_user(user, template, image)
         self.commands = AsyncCommands(self)
         self.files = AsyncFiles(self)
+        #: How it was handed out, for a sandbox from `AsyncSandbox.claim` (else None).
+        self.claim_info: Optional[ClaimInfo] = None
 
     def __repr__(self) -> str:
         return f"AsyncSandbox({self.sandbox_id!r})"
@@ -225,6 +278,7 @@ class AsyncSandbox:
         backend: str = "auto",
         *,
         snapshot_id: Optional[str] = None,
+        image: Optional[str] = None,
         on_timeout: str = "kill",
         memory_mib: Optional[int] = None,
         cpus: Optional[int] = None,
@@ -232,32 +286,69 @@ class AsyncSandbox:
         api_url: Optional[str] = None,
         token: Optional[str] = None,
         request_timeout: Optional[float] = None,
+        api_key: Optional[str] = None,
+        user: Optional[str] = None,
+        allow_internet_access: Optional[bool] = None,
+        network: Optional[Mapping[str, Any]] = None,
     ) -> "AsyncSandbox":
         """As `Sandbox.create`."""
-        http = _AsyncHttp(ConnectionConfig.resolve(api_url, token, request_timeout))
-        c = _api.create(template, snapshot_id, timeout, on_timeout, metadata, envs, backend, memory_mib, cpus, pids)
+        http = _AsyncHttp(ConnectionConfig.resolve(api_url, _compat.token_of(api_key, token), request_timeout))
+        c = _api.create(_compat.template_name(template), snapshot_id, timeout, on_timeout, metadata, envs, backend,
+                        memory_mib, cpus, pids, image=image, network=network,
+                        allow_internet_access=allow_internet_access)
         info = SandboxInfo.parse((await http.call(c)).json())
-        return cls(info.sandbox_id, http, info)
+        return cls(info.sandbox_id, http, info, user=user, template=template, image=image)
+
+    @classmethod
+    async def claim(
+        cls,
+        pool: str,
+        envs: Optional[Mapping[str, str]] = None,
+        metadata: Optional[Mapping[str, str]] = None,
+        files: Optional[Mapping[str, Union[str, bytes]]] = None,
+        timeout: Optional[float] = None,
+        *,
+        on_timeout: Optional[str] = None,
+        wait: Optional[float] = None,
+        allow_cold: bool = False,
+        api_url: Optional[str] = None,
+        token: Optional[str] = None,
+        request_timeout: Optional[float] = None,
+    ) -> "AsyncSandbox":
+        """As `Sandbox.claim`: a ready sandbox from a warm pool, with `claim_info` saying how."""
+        http = _AsyncHttp(ConnectionConfig.resolve(api_url, token, request_timeout))
+        c = _pool.claim_call(pool, envs, metadata, files, timeout, on_timeout, wait, allow_cold)
+        return _pool.claimed(cls, http, (await http.call(c)).json())
 
     @classmethod
     async def connect(cls, sandbox_id: str, timeout: Optional[float] = None, *, api_url: Optional[str] = None,
-                      token: Optional[str] = None, request_timeout: Optional[float] = None) -> "AsyncSandbox":
+                      token: Optional[str] = None, request_timeout: Optional[float] = None,
+                      api_key: Optional[str] = None, user: Optional[str] = None) -> "AsyncSandbox":
         """As `Sandbox.connect`."""
-        http = _AsyncHttp(ConnectionConfig.resolve(api_url, token, request_timeout))
+        http = _AsyncHttp(ConnectionConfig.resolve(api_url, _compat.token_of(api_key, token), request_timeout))
         body = {} if timeout is None else {"timeout": timeout}
         r = await http.call(_api.Call("POST", _api.sandbox_path(sandbox_id, "/connect"), json=body))
         info = SandboxInfo.parse(r.json())
-        return cls(info.sandbox_id, http, info)
+        return cls(info.sandbox_id, http, info, user=user)
 
     @classmethod
     async def list(cls, metadata: Optional[Mapping[str, str]] = None, state: Optional[str] = None, *,
-                   api_url: Optional[str] = None, token: Optional[str] = None) -> List[SandboxInfo]:
-        """As `Sandbox.list`."""
-        http = _AsyncHttp(ConnectionConfig.resolve(api_url, token))
+                   query: Any = None, api_url: Optional[str] = None, token: Optional[str] = None,
+                   api_key: Optional[str] = None, **_paging: Any) -> AsyncSandboxPaginator:
+        """As `Sandbox.list`; the paginator's `next_items()` is awaited."""
+        metadata, state, states = _compat.list_filters(query, metadata, state)
+        http = _AsyncHttp(ConnectionConfig.resolve(api_url, _compat.token_of(api_key, token)))
         try:
-            return [SandboxInfo.parse(d) for d in (await http.call(_api.list_sandboxes(metadata, state))).json()]
+            found = [SandboxInfo.parse(d) for d in (await http.call(_api.list_sandboxes(metadata, state))).json()]
         finally:
             await http.client.aclose()
+        return AsyncSandboxPaginator(i for i in found if states is None or i.state in states)
+
+    @classmethod
+    def _by_id(cls, sandbox_id: str, api_url: Optional[str], token: Optional[str],
+               api_key: Optional[str]) -> "AsyncSandbox":
+        """A handle on `sandbox_id` without connecting (no resume, no timeout change)."""
+        return cls(sandbox_id, _AsyncHttp(ConnectionConfig.resolve(api_url, _compat.token_of(api_key, token))))
 
     @classmethod
     async def gc(cls, dry_run: bool = False, *, api_url: Optional[str] = None,
@@ -269,10 +360,45 @@ class AsyncSandbox:
         finally:
             await http.client.aclose()
 
+    @class_or_instance
     async def get_info(self) -> SandboxInfo:
-        """The sandbox's state, metadata and timeout now."""
-        self._info = SandboxInfo.parse((await self._http.call(_api.Call("GET", _api.sandbox_path(self.sandbox_id)))).json())
+        """The sandbox's state, metadata and timeout now; also `await AsyncSandbox.get_info(sandbox_id)`."""
+        info = SandboxInfo.parse((await self._http.call(_api.Call("GET", _api.sandbox_path(self.sandbox_id)))).json())
+        self._info = _compat.with_template(info, self._template)
         return self._info
+
+    @get_info.on_class
+    async def _get_info_by_id(cls, sandbox_id: str, *, api_url: Optional[str] = None, token: Optional[str] = None,
+                              api_key: Optional[str] = None) -> SandboxInfo:
+        s = cls._by_id(sandbox_id, api_url, token, api_key)
+        try:
+            return await s.get_info()
+        finally:
+            await s.close()
+
+    async def get_host(self, port: int) -> str:
+        """As `Sandbox.get_host`."""
+        return (await self._http.call(_api.Call("GET", _api.host_path(self.sandbox_id, port)))).json()["address"]
+
+    def proxy_url(self, port: int) -> str:
+        """As `Sandbox.proxy_url`."""
+        _api.host_path(self.sandbox_id, port)
+        return f"{self._http.cfg.api_url}{_api.sandbox_path(self.sandbox_id, f'/ports/{port}/')}"
+
+    async def get_network(self) -> NetworkInfo:
+        """As `Sandbox.get_network`."""
+        c = _api.Call("GET", _api.sandbox_path(self.sandbox_id, "/network"))
+        return NetworkInfo.parse((await self._http.call(c)).json())
+
+    async def set_network(self, mode: str, allow: Optional[Sequence[str]] = None) -> NetworkInfo:
+        """As `Sandbox.set_network`."""
+        c = _api.Call("PUT", _api.sandbox_path(self.sandbox_id, "/network"), json=_api.network_policy(mode, allow))
+        return NetworkInfo.parse((await self._http.call(c)).json())
+
+    async def get_metrics(self) -> List[SandboxMetrics]:
+        """As `Sandbox.get_metrics`."""
+        h = await self.commands.run(["/bin/sh", "-c", _compat.METRICS_SCRIPT], background=True, user="root", timeout=30)
+        return [_compat.parse_metrics((await h.wait(timeout=30)).stdout)]
 
     async def is_running(self) -> bool:
         """True while it is running."""
@@ -281,13 +407,23 @@ class AsyncSandbox:
         except NotFoundError:
             return False
 
+    @class_or_instance
     async def kill(self) -> bool:
-        """Destroys the sandbox; False when it was already gone."""
+        """Destroys the sandbox; False when it was already gone. Also `await AsyncSandbox.kill(sandbox_id)`."""
         try:
             await self._http.call(_api.Call("DELETE", _api.sandbox_path(self.sandbox_id)))
             return True
         except NotFoundError:
             return False
+
+    @kill.on_class
+    async def _kill_by_id(cls, sandbox_id: str, *, api_url: Optional[str] = None, token: Optional[str] = None,
+                          api_key: Optional[str] = None) -> bool:
+        s = cls._by_id(sandbox_id, api_url, token, api_key)
+        try:
+            return await s.kill()
+        finally:
+            await s.close()
 
     async def pause(self) -> SandboxInfo:
         """Pauses it; `AsyncSandbox.connect(id)` resumes it."""
@@ -300,9 +436,19 @@ class AsyncSandbox:
         r = await self._http.call(_api.Call("POST", _api.sandbox_path(self.sandbox_id, "/connect"), json=body))
         return SandboxInfo.parse(r.json())
 
+    @class_or_instance
     async def set_timeout(self, timeout: float) -> None:
-        """Sets the timeout to `timeout` seconds from now."""
+        """Sets the timeout to `timeout` seconds from now; also `await AsyncSandbox.set_timeout(sandbox_id, timeout)`."""
         await self._http.call(_api.Call("POST", _api.sandbox_path(self.sandbox_id, "/timeout"), json={"timeout": timeout}))
+
+    @set_timeout.on_class
+    async def _set_timeout_by_id(cls, sandbox_id: str, timeout: float, *, api_url: Optional[str] = None,
+                                 token: Optional[str] = None, api_key: Optional[str] = None) -> None:
+        s = cls._by_id(sandbox_id, api_url, token, api_key)
+        try:
+            await s.set_timeout(timeout)
+        finally:
+            await s.close()
 
     async def set_history(self, enabled: bool = True) -> None:
         """Step-history mode: every command ends with a checkpoint (``CommandResult.checkpoint``)."""
@@ -315,7 +461,7 @@ class AsyncSandbox:
         for c in r.json()["children"]:
             if c["ok"]:
                 info = SandboxInfo.parse(c["sandbox"])
-                out.append(AsyncSandbox(info.sandbox_id, self._http, info))
+                out.append(type(self)(info.sandbox_id, self._http, info, user=self.default_user, template=self._template))
             else:
                 err = c.get("error") or {}
                 out.append(from_response(500, err.get("code"), err.get("message", "the child did not start")))

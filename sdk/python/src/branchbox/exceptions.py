@@ -86,6 +86,12 @@ class CommandExitException(BranchboxError):
         return self.stderr
 
 
+class CommandTimeoutException(CommandExitException, TimeoutException):
+    """A command ran past its timeout and its process group was killed. Both a
+    `TimeoutException` (as E2B raises) and a `CommandExitException` (as this SDK raised
+    before), so either `except` clause catches it."""
+
+
 _BY_STATUS = {
     400: InvalidArgumentError,
     401: AuthenticationError,

@@ -30,10 +30,17 @@ class SandboxInfo:
     lost_reason: Optional[str] = None
     #: The host limit its answers broke, when they did (a sign of forged agent frames).
     flagged: Optional[str] = None
+    #: E2B's fields: the template it was made from when this client made it (else its image),
+    #: and that template's name.
+    template_id: str = ""
+    name: str = ""
 
     @staticmethod
     def parse(d: Dict[str, Any]) -> "SandboxInfo":
+        template = d.get("template") or d["image"]
         return SandboxInfo(
+            template_id=template,
+            name=template,
             sandbox_id=d["id"],
             state=d["state"],
             backend=d["backend"],
@@ -178,10 +185,54 @@ class EntryInfo:
 
 @dataclass(frozen=True)
 class WriteInfo:
-    """A file written."""
+    """A file written: its path and size, and E2B's `name` and `type` ("file")."""
 
     path: str
     size: int
+    name: str = ""
+    type: str = "file"
+
+    @staticmethod
+    def parse(d: Dict[str, Any]) -> "WriteInfo":
+        path = d["path"]
+        return WriteInfo(path, int(d["size"]), name=path.rstrip("/").rsplit("/", 1)[-1], type="file")
+
+
+@dataclass(frozen=True)
+class SandboxMetrics:
+    """Resource use measured in the sandbox (E2B's fields; bytes, and percent of the CPUs); a
+    figure the sandbox's kernel does not give is None."""
+
+    timestamp: datetime
+    cpu_count: Optional[int]
+    cpu_used_pct: Optional[float]
+    mem_total: Optional[int]
+    mem_used: Optional[int]
+    disk_total: Optional[int]
+    disk_used: Optional[int]
+
+
+@dataclass(frozen=True)
+class NetworkInfo:
+    """A networked sandbox's egress policy and counters (docs/network.md)."""
+
+    #: "internet" (public addresses; private ranges refused), "deny_all" or "allow_list".
+    mode: str
+    #: With "allow_list": the IPv4 networks it may reach.
+    allow: List[str]
+    #: Packets of new outbound flows the policy let through, and refused.
+    allowed_packets: int
+    denied_packets: int
+
+    @staticmethod
+    def parse(d: Dict[str, Any]) -> "NetworkInfo":
+        policy = d.get("policy") or {}
+        return NetworkInfo(
+            mode=str(policy.get("mode", "")),
+            allow=[str(c) for c in policy.get("allow") or []],
+            allowed_packets=int(d.get("allowed_packets", 0)),
+            denied_packets=int(d.get("denied_packets", 0)),
+        )
 
 
 @dataclass(frozen=True)

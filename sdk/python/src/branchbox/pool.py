@@ -102,16 +102,17 @@ def claim_call(
     }
     # The HTTP request outlives the claim's own wait.
     http_timeout = None if wait is None else wait + 60.0
-    return _api.Call("POST", _pool_path(pool, "/claim"), json={k: v for k, v in body.items() if v is not None},
+    return _api.Call("POST", _pool_path(pool, "/claim"), json=_api.compact(body),
                      timeout=http_timeout)
 
 
-def claimed(http: "_Http", d: Dict[str, Any]) -> "Sandbox":
+def claimed(cls: Any, http: Any, d: Dict[str, Any]) -> Any:
+    """The sandbox a claim's answer hands out, as a `cls` (`Sandbox` or `AsyncSandbox`) on
+    `http`, with `claim_info` saying how it was handed out."""
     from .models import SandboxInfo
-    from .sandbox import Sandbox
 
     info = SandboxInfo.parse(d["sandbox"])
-    s = Sandbox(info.sandbox_id, http, info)
+    s = cls(info.sandbox_id, http, info)
     s.claim_info = ClaimInfo(source=d["source"], pool=d["pool"], waited=d.get("waited_ms", 0) / 1000,
                              identity=dict(d.get("identity") or {}))
     return s
@@ -154,7 +155,7 @@ class Pool:
         body = {"name": name, "size": size, "snapshot": snapshot, "template": template, "max_idle": max_idle,
                 "paused": paused}
         http = cls._connect(api_url, token)
-        d = http.call(_api.Call("POST", "/v1/pools", json={k: v for k, v in body.items() if v is not None})).json()
+        d = http.call(_api.Call("POST", "/v1/pools", json=_api.compact(body))).json()
         return cls(name, http, PoolInfo.parse(d))
 
     @classmethod
@@ -177,6 +178,15 @@ class Pool:
         self._info = PoolInfo.parse(self._http.call(_api.Call("GET", _pool_path(self.name))).json())
         return self._info
 
+    def update(self, size: Optional[int] = None, max_idle: Optional[float] = None) -> PoolInfo:
+        """Changes the pool's size or idle age (what is left out stays). A smaller size destroys
+        the oldest ready sandboxes beyond it at once (claimed ones stay); a larger one starts a
+        refill. Bad values raise `InvalidArgumentError` and change nothing."""
+        body = {"size": size, "max_idle": max_idle}
+        d = self._http.call(_api.Call("PATCH", _pool_path(self.name), json=_api.compact(body)))
+        self._info = PoolInfo.parse(d.json())
+        return self._info
+
     def delete(self) -> None:
         """Deletes the pool and destroys its ready sandboxes (claimed ones stay)."""
         self._http.call(_api.Call("DELETE", _pool_path(self.name)))
@@ -197,8 +207,10 @@ class Pool:
         default is 30), then `ServiceUnavailableError` (code `pool_empty`); with
         `allow_cold=True` a sandbox is started at once instead, and `sandbox.claim_info.source`
         says "cold"."""
+        from .sandbox import Sandbox
+
         c = claim_call(self.name, envs, metadata, files, timeout, on_timeout, wait, allow_cold)
-        return claimed(self._http, self._http.call(c).json())
+        return claimed(Sandbox, self._http, self._http.call(c).json())
 
     def close(self) -> None:
         """Closes the connection pool (the pool stays on the service)."""

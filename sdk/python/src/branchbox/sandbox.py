@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import IO, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union, overload
+from typing import IO, Any, Callable, Dict, Iterator, List, Literal, Mapping, Optional, Sequence, Union, overload
 
 import httpx
 
-from . import _api
+from . import _api, _compat
 from . import pool as _pool
+from ._compat import SandboxPaginator, class_or_instance
+from ._streams import ByteStream
 from ._config import ConnectionConfig
-from .exceptions import BranchboxError, NotFoundError, ServiceUnavailableError, TimeoutException, from_response
+from .exceptions import (BranchboxError, InvalidArgumentError, NotFoundError, ServiceUnavailableError, TimeoutException,
+                         from_response)
 from .pool import ClaimInfo
-from .models import CommandResult, EntryInfo, GcReport, Lineage, ProcessInfo, SandboxInfo, SnapshotInfo, WriteInfo
+from .models import (CommandResult, EntryInfo, GcReport, Lineage, NetworkInfo, ProcessInfo, SandboxInfo, SandboxMetrics,
+                     SnapshotInfo, WriteInfo)
 
 #: How much of a file upload is sent per chunk.
 UPLOAD_CHUNK = 256 * 1024
@@ -99,25 +103,33 @@ class Commands:
     @overload
     def run(self, cmd: Union[str, Sequence[str]], background: None = None, envs: Optional[Mapping[str, str]] = None,
             cwd: Optional[str] = None, timeout: Optional[float] = 60.0, on_stdout: Optional[Callable[[str], Any]] = None,
-            on_stderr: Optional[Callable[[str], Any]] = None, stdin: Optional[str] = None) -> CommandResult: ...
+            on_stderr: Optional[Callable[[str], Any]] = None, stdin: Optional[str] = None,
+            user: Optional[str] = None) -> CommandResult: ...
 
     @overload
     def run(self, cmd: Union[str, Sequence[str]], background: bool = ..., envs: Optional[Mapping[str, str]] = None,
             cwd: Optional[str] = None, timeout: Optional[float] = 60.0, on_stdout: Optional[Callable[[str], Any]] = None,
-            on_stderr: Optional[Callable[[str], Any]] = None, stdin: Optional[str] = None) -> Union[CommandResult, CommandHandle]: ...
+            on_stderr: Optional[Callable[[str], Any]] = None, stdin: Optional[str] = None,
+            user: Optional[str] = None) -> Union[CommandResult, CommandHandle]: ...
 
-    def run(self, cmd, background=None, envs=None, cwd=None, timeout=60.0, on_stdout=None, on_stderr=None, stdin=None):
-        """Runs `cmd` (a shell line, or an argv list) and returns its result; raises
-        `CommandExitException` when it fails. With `on_stdout`/`on_stderr` the output streams to
+    def run(self, cmd, background=None, envs=None, cwd=None, timeout=60.0, on_stdout=None, on_stderr=None, stdin=None,
+            user=None):
+        """Runs `cmd` (a shell line, or an argv list) as `user` (the sandbox's default user,
+        `user` unless chosen at create) in its home unless `cwd` says otherwise, and returns its
+        result; raises `CommandExitException` when it fails (`CommandTimeoutException`, also a
+        `TimeoutException`, at its timeout). With `on_stdout`/`on_stderr` the output streams to
         the callbacks as it is produced; with `background=True` it returns a `CommandHandle`."""
         sid = self._s.sandbox_id
+        user = user or self._s.default_user
+        if cwd is not None:
+            cwd = _compat.resolve_path(cwd, user)
         if background:
-            body = _api.command_body(cmd, envs, cwd, None, None)
+            body = _api.command_body(cmd, envs, cwd, None, None, user)
             if timeout is not None and stdin is None:
                 body["timeout"] = timeout
             pid = self._s._http.call(_api.Call("POST", _api.sandbox_path(sid, "/processes"), json=body)).json()["pid"]
             return CommandHandle(self._s, pid, cmd)
-        body = _api.command_body(cmd, envs, cwd, timeout, stdin)
+        body = _api.command_body(cmd, envs, cwd, timeout, stdin, user)
         http_timeout = _api.command_http_timeout(timeout)
         if on_stdout is None and on_stderr is None:
             c = _api.Call("POST", _api.sandbox_path(sid, "/commands"), json=body, timeout=http_timeout)
@@ -149,7 +161,8 @@ class Commands:
 
 
 class Files:
-    """Files in one sandbox."""
+    """Files in one sandbox. Relative paths are under the user's home (`/home/user`), as in
+    E2B; files and directories made are owned by that user."""
 
     def __init__(self, sandbox: "Sandbox") -> None:
         self._s = sandbox
@@ -157,21 +170,62 @@ class Files:
     def _path(self, rest: str = "") -> str:
         return _api.sandbox_path(self._s.sandbox_id, f"/files{rest}")
 
-    @overload
-    def read(self, path: str, format: str = "text") -> str: ...
+    def _abs(self, path: str, user: Optional[str]) -> str:
+        return _compat.resolve_path(path, user or self._s.default_user)
 
     @overload
-    def read(self, path: str, format: str = "bytes") -> bytes: ...
+    def read(self, path: str, format: Literal["text"] = "text", user: Optional[str] = None) -> str: ...
 
-    def read(self, path: str, format: str = "text") -> Union[str, bytes]:
-        """Reads a file as text (UTF-8) or, with `format="bytes"`, as bytes; streamed."""
-        with self._s._http.stream(_api.Call("GET", self._path(), params={"path": path})) as r:
+    @overload
+    def read(self, path: str, format: Literal["bytes"], user: Optional[str] = None) -> bytes: ...
+
+    @overload
+    def read(self, path: str, format: Literal["stream"], user: Optional[str] = None) -> Iterator[bytes]: ...
+
+    def read(self, path: str, format: str = "text", user: Optional[str] = None) -> Union[str, bytes, Iterator[bytes]]:
+        """Reads a file as text (UTF-8), as bytes (`format="bytes"`), or as an iterator of byte
+        chunks (`format="stream"`, for files too large to hold; the stream closes when the
+        iterator is exhausted or closed)."""
+        if format not in ("text", "bytes", "stream"):
+            raise InvalidArgumentError(f"format {format!r} is not one of 'text', 'bytes', 'stream'")
+        c = _api.Call("GET", self._path(), params={"path": self._abs(path, user)})
+        if format == "stream":
+            return self._chunks(c)
+        with self._s._http.stream(c) as r:
             data = b"".join(r.iter_bytes())
         return data if format == "bytes" else data.decode("utf-8", "replace")
 
-    def write(self, path: str, data: Union[str, bytes, IO[bytes]], mode: Optional[int] = None) -> WriteInfo:
-        """Writes a file (replacing it atomically); creates missing parent directories."""
-        params: Dict[str, Any] = {"path": path}
+    def _chunks(self, c: _api.Call) -> Iterator[bytes]:
+        # The request is sent here, before the first chunk is asked for, so that a missing
+        # file raises at `read` as it does for the other formats.
+        return ByteStream(self._s._http.stream(c))
+
+    @overload
+    def write(self, path: str, data: Union[str, bytes, IO[bytes]], mode: Optional[int] = None,
+              user: Optional[str] = None) -> WriteInfo: ...
+
+    @overload
+    def write(self, path: Sequence[Mapping[str, Any]], data: None = None, mode: Optional[int] = None,
+              user: Optional[str] = None) -> List[WriteInfo]: ...
+
+    def write(self, path, data=None, mode=None, user=None):
+        """Writes a file (replacing it atomically), creating missing parent directories, owned
+        by `user`; returns its `WriteInfo` (`path`, `name`, `type`, `size`). Given a list of
+        `{"path": ..., "data": ...}` instead, writes each and returns the list of infos."""
+        many, entries = _compat.write_entries(path, data)
+        out = [self._write_one(p, d, mode, user) for p, d in entries]
+        return out if many else out[0]
+
+    def write_files(self, files: Sequence[Mapping[str, Any]], user: Optional[str] = None) -> List[WriteInfo]:
+        """Writes several files (`{"path": ..., "data": ...}` each); E2B's name for a list write."""
+        return self.write(list(files), user=user)
+
+    def _write_one(self, path: str, data: Union[str, bytes, IO[bytes]], mode: Optional[int],
+                   user: Optional[str]) -> WriteInfo:
+        owner = user or self._s.default_user
+        params: Dict[str, Any] = {"path": self._abs(path, owner)}
+        if owner:
+            params["user"] = owner
         if mode is not None:
             params["mode"] = format(mode, "o")
         if isinstance(data, str):
@@ -183,48 +237,68 @@ class Files:
             content = iter(lambda: src.read(UPLOAD_CHUNK), b"")
         r = self._s._http.call(_api.Call("PUT", self._path(), params=params, content=content,
                                          headers={"content-type": "application/octet-stream"}))
-        d = r.json()
-        return WriteInfo(d["path"], int(d["size"]))
+        return WriteInfo.parse(r.json())
 
-    def list(self, path: str) -> List[EntryInfo]:
+    def list(self, path: str, user: Optional[str] = None) -> List[EntryInfo]:
         """Entries of a directory."""
-        r = self._s._http.call(_api.Call("GET", self._path("/list"), params={"path": path}))
+        r = self._s._http.call(_api.Call("GET", self._path("/list"), params={"path": self._abs(path, user)}))
         return [EntryInfo.parse(e) for e in r.json()]
 
-    def get_info(self, path: str) -> EntryInfo:
+    def get_info(self, path: str, user: Optional[str] = None) -> EntryInfo:
         """Metadata of a path."""
-        return EntryInfo.parse(self._s._http.call(_api.Call("GET", self._path("/stat"), params={"path": path})).json())
+        c = _api.Call("GET", self._path("/stat"), params={"path": self._abs(path, user)})
+        return EntryInfo.parse(self._s._http.call(c).json())
 
-    def exists(self, path: str) -> bool:
+    def exists(self, path: str, user: Optional[str] = None) -> bool:
         """True when the path exists."""
         try:
-            self.get_info(path)
+            self.get_info(path, user)
             return True
         except NotFoundError:
             return False
 
-    def remove(self, path: str, recursive: bool = True) -> None:
+    def remove(self, path: str, recursive: bool = True, user: Optional[str] = None) -> None:
         """Removes a file or a directory (with its contents unless `recursive=False`)."""
-        self._s._http.call(_api.Call("DELETE", self._path(), params={"path": path, "recursive": str(recursive).lower()}))
+        params = {"path": self._abs(path, user), "recursive": str(recursive).lower()}
+        self._s._http.call(_api.Call("DELETE", self._path(), params=params))
 
-    def rename(self, old_path: str, new_path: str) -> EntryInfo:
+    def rename(self, old_path: str, new_path: str, user: Optional[str] = None) -> EntryInfo:
         """Renames a path; returns the renamed entry."""
-        self._s._http.call(_api.Call("POST", self._path("/rename"), json={"from": old_path, "to": new_path}))
-        return self.get_info(new_path)
+        old, new = self._abs(old_path, user), self._abs(new_path, user)
+        self._s._http.call(_api.Call("POST", self._path("/rename"), json={"from": old, "to": new}))
+        return self.get_info(new)
 
-    def make_dir(self, path: str) -> bool:
-        """Creates a directory and its parents; False when it existed already."""
-        r = self._s._http.call(_api.Call("POST", self._path("/mkdir"), json={"path": path, "parents": True}))
+    def make_dir(self, path: str, user: Optional[str] = None) -> bool:
+        """Creates a directory and its parents, owned by `user`; False when it existed already."""
+        owner = user or self._s.default_user
+        body: Dict[str, Any] = {"path": self._abs(path, owner), "parents": True}
+        if owner:
+            body["user"] = owner
+        r = self._s._http.call(_api.Call("POST", self._path("/mkdir"), json=body))
         return bool(r.json()["created"])
 
 
 class Sandbox:
-    """A sandbox behind a branchbox service. Use `Sandbox.create()` or `Sandbox.connect()`."""
+    """A sandbox behind a branchbox service. `Sandbox(...)` creates one, as in E2B's SDK, with
+    the arguments of `Sandbox.create(...)`; `Sandbox.connect(id)` attaches to one that exists."""
 
-    def __init__(self, sandbox_id: str, http: _Http, info: Optional[SandboxInfo] = None) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # `Sandbox(sandbox_id, http, info)` is the SDK's own handle on a sandbox that exists
+        # (connect, fork, claim); any other call creates one.
+        if len(args) >= 2 and isinstance(args[1], _Http):
+            self._bind(*args, **kwargs)
+            return
+        made = type(self).create(*args, **kwargs)
+        self._bind(made.sandbox_id, made._http, made._info, user=made.default_user, template=made._template)
+
+    def _bind(self, sandbox_id: str, http: _Http, info: Optional[SandboxInfo] = None, *,
+              user: Optional[str] = None, template: Optional[str] = None, image: Optional[str] = None) -> None:
         self.sandbox_id = sandbox_id
         self._http = http
-        self._info = info
+        self._template = template
+        self._info = _compat.with_template(info, template) if info is not None else None
+        #: The account commands run as and files belong to unless a call names another.
+        self.default_user = _compat.default_user(user, template, image)
         self.commands = Commands(self)
         self.files = Files(self)
         #: How it was handed out, for a sandbox from `Sandbox.claim` (else None).
@@ -243,6 +317,7 @@ class Sandbox:
         backend: str = "auto",
         *,
         snapshot_id: Optional[str] = None,
+        image: Optional[str] = None,
         on_timeout: str = "kill",
         memory_mib: Optional[int] = None,
         cpus: Optional[int] = None,
@@ -250,13 +325,28 @@ class Sandbox:
         api_url: Optional[str] = None,
         token: Optional[str] = None,
         request_timeout: Optional[float] = None,
+        api_key: Optional[str] = None,
+        user: Optional[str] = None,
+        allow_internet_access: Optional[bool] = None,
+        network: Optional[Mapping[str, Any]] = None,
     ) -> "Sandbox":
-        """Starts a sandbox from the template (or from `snapshot_id`); `timeout` seconds later it is
-        killed (or paused, with `on_timeout="pause"`) unless extended with `set_timeout`."""
-        http = _Http(ConnectionConfig.resolve(api_url, token, request_timeout))
-        c = _api.create(template, snapshot_id, timeout, on_timeout, metadata, envs, backend, memory_mib, cpus, pids)
+        """Starts a sandbox from the template (or from `snapshot_id`, or from the image named by
+        `image`: "default", "minimal" or an imported one); `timeout` seconds later it is killed
+        (or paused, with `on_timeout="pause"`) unless extended with `set_timeout`.
+        `template="base"` (E2B's name) is the default image; `api_key` is E2B's name for
+        `token`; `user` is the account commands and files use by default (`user`).
+        Without `allow_internet_access` or `network` it has no network; True gives it the public
+        internet (private ranges refused), False a network that reaches nothing but still serves
+        its ports, and `network` a policy (`{"mode": "allow_list", "allow": ["192.0.2.0/24"]}`);
+        gvisor only (docs/network.md)."""
+        http = _Http(ConnectionConfig.resolve(api_url, _compat.token_of(api_key, token), request_timeout))
+        c = _api.create(_compat.template_name(template), snapshot_id, timeout, on_timeout, metadata, envs, backend,
+                        memory_mib, cpus, pids, image=image, network=network,
+                        allow_internet_access=allow_internet_access)
         info = SandboxInfo.parse(http.call(c).json())
-        return cls(info.sandbox_id, http, info)
+        s = cls.__new__(cls)
+        s._bind(info.sandbox_id, http, info, user=user, template=template, image=image)
+        return s
 
     @classmethod
     def claim(
@@ -279,26 +369,42 @@ class Sandbox:
         silently cold-started; `allow_cold=True` starts one and `claim_info.source` says "cold"."""
         http = _Http(ConnectionConfig.resolve(api_url, token, request_timeout))
         c = _pool.claim_call(pool, envs, metadata, files, timeout, on_timeout, wait, allow_cold)
-        return _pool.claimed(http, http.call(c).json())
+        return _pool.claimed(cls, http, http.call(c).json())
 
     @classmethod
     def connect(cls, sandbox_id: str, timeout: Optional[float] = None, *, api_url: Optional[str] = None,
-                token: Optional[str] = None, request_timeout: Optional[float] = None) -> "Sandbox":
+                token: Optional[str] = None, request_timeout: Optional[float] = None, api_key: Optional[str] = None,
+                user: Optional[str] = None) -> "Sandbox":
         """Connects to an existing sandbox, resuming it when paused and restarting its timeout."""
-        http = _Http(ConnectionConfig.resolve(api_url, token, request_timeout))
+        http = _Http(ConnectionConfig.resolve(api_url, _compat.token_of(api_key, token), request_timeout))
         body = {} if timeout is None else {"timeout": timeout}
         info = SandboxInfo.parse(http.call(_api.Call("POST", _api.sandbox_path(sandbox_id, "/connect"), json=body)).json())
-        return cls(info.sandbox_id, http, info)
+        s = cls.__new__(cls)
+        s._bind(info.sandbox_id, http, info, user=user)
+        return s
 
     @classmethod
-    def list(cls, metadata: Optional[Mapping[str, str]] = None, state: Optional[str] = None, *,
-             api_url: Optional[str] = None, token: Optional[str] = None) -> List[SandboxInfo]:
-        """Sandboxes, optionally only those with all the given metadata pairs or in one state."""
-        http = _Http(ConnectionConfig.resolve(api_url, token))
+    def list(cls, metadata: Optional[Mapping[str, str]] = None, state: Optional[str] = None, *, query: Any = None,
+             api_url: Optional[str] = None, token: Optional[str] = None, api_key: Optional[str] = None,
+             **_paging: Any) -> SandboxPaginator:
+        """Sandboxes, optionally only those with all the given metadata pairs or in one state
+        (or E2B's `query=` with `metadata` and `state`). A list, and E2B's paginator too
+        (`has_next`, `next_items()`); the service answers in one page, so E2B's `limit` and
+        `next_token` are accepted and change nothing."""
+        metadata, state, states = _compat.list_filters(query, metadata, state)
+        http = _Http(ConnectionConfig.resolve(api_url, _compat.token_of(api_key, token)))
         try:
-            return [SandboxInfo.parse(d) for d in http.call(_api.list_sandboxes(metadata, state)).json()]
+            found = [SandboxInfo.parse(d) for d in http.call(_api.list_sandboxes(metadata, state)).json()]
         finally:
             http.client.close()
+        return SandboxPaginator(i for i in found if states is None or i.state in states)
+
+    @classmethod
+    def _by_id(cls, sandbox_id: str, api_url: Optional[str], token: Optional[str], api_key: Optional[str]) -> "Sandbox":
+        """A handle on `sandbox_id` without connecting (no resume, no timeout change)."""
+        s = cls.__new__(cls)
+        s._bind(sandbox_id, _Http(ConnectionConfig.resolve(api_url, _compat.token_of(api_key, token))))
+        return s
 
     @classmethod
     def list_snapshots(cls, *, api_url: Optional[str] = None, token: Optional[str] = None) -> List[SnapshotInfo]:
@@ -329,10 +435,50 @@ class Sandbox:
         finally:
             http.client.close()
 
+    @class_or_instance
     def get_info(self) -> SandboxInfo:
-        """The sandbox's state, metadata and timeout now."""
-        self._info = SandboxInfo.parse(self._http.call(_api.Call("GET", _api.sandbox_path(self.sandbox_id))).json())
+        """The sandbox's state, metadata and timeout now; also `Sandbox.get_info(sandbox_id)`."""
+        info = SandboxInfo.parse(self._http.call(_api.Call("GET", _api.sandbox_path(self.sandbox_id))).json())
+        self._info = _compat.with_template(info, self._template)
         return self._info
+
+    @get_info.on_class
+    def _get_info_by_id(cls, sandbox_id: str, *, api_url: Optional[str] = None, token: Optional[str] = None,
+                        api_key: Optional[str] = None) -> SandboxInfo:
+        s = cls._by_id(sandbox_id, api_url, token, api_key)
+        try:
+            return s.get_info()
+        finally:
+            s.close()
+
+    def get_host(self, port: int) -> str:
+        """`HOST:PORT` where the host branchboxd runs on reaches a server listening on `port` in
+        this networked sandbox (E2B's `get_host`; prefix `http://`). The same server answers
+        through the service at `proxy_url(port)`, behind its token."""
+        return self._http.call(_api.Call("GET", _api.host_path(self.sandbox_id, port))).json()["address"]
+
+    def proxy_url(self, port: int) -> str:
+        """The URL of `port` through branchboxd's proxy; send the service's token with it."""
+        _api.host_path(self.sandbox_id, port)
+        return f"{self._http.cfg.api_url}{_api.sandbox_path(self.sandbox_id, f'/ports/{port}/')}"
+
+    def get_network(self) -> NetworkInfo:
+        """The egress policy and counters of this networked sandbox."""
+        return NetworkInfo.parse(self._http.call(_api.Call("GET", _api.sandbox_path(self.sandbox_id, "/network"))).json())
+
+    def set_network(self, mode: str, allow: Optional[Sequence[str]] = None) -> NetworkInfo:
+        """Replaces the egress policy at once: "internet", "deny_all", or "allow_list" with
+        `allow`; snapshots and forks taken from now on carry it."""
+        body = _api.network_policy(mode, allow)
+        c = _api.Call("PUT", _api.sandbox_path(self.sandbox_id, "/network"), json=body)
+        return NetworkInfo.parse(self._http.call(c).json())
+
+    def get_metrics(self) -> List[SandboxMetrics]:
+        """Resource use now, measured in the sandbox (memory, CPUs and their use over 0.1 s,
+        disk), as a one-item list like E2B's. Runs a short command as a background process,
+        so step-history mode takes no checkpoint for it."""
+        h = self.commands.run(["/bin/sh", "-c", _compat.METRICS_SCRIPT], background=True, user="root", timeout=30)
+        return [_compat.parse_metrics(h.wait(timeout=30).stdout)]
 
     def is_running(self) -> bool:
         """True while it is running (not paused, lost or gone)."""
@@ -341,13 +487,23 @@ class Sandbox:
         except NotFoundError:
             return False
 
+    @class_or_instance
     def kill(self) -> bool:
-        """Destroys the sandbox; False when it was already gone."""
+        """Destroys the sandbox; False when it was already gone. Also `Sandbox.kill(sandbox_id)`."""
         try:
             self._http.call(_api.Call("DELETE", _api.sandbox_path(self.sandbox_id)))
             return True
         except NotFoundError:
             return False
+
+    @kill.on_class
+    def _kill_by_id(cls, sandbox_id: str, *, api_url: Optional[str] = None, token: Optional[str] = None,
+                    api_key: Optional[str] = None) -> bool:
+        s = cls._by_id(sandbox_id, api_url, token, api_key)
+        try:
+            return s.kill()
+        finally:
+            s.close()
 
     def pause(self) -> SandboxInfo:
         """Pauses it (its timeout stops); `Sandbox.connect(id)` resumes it."""
@@ -358,9 +514,19 @@ class Sandbox:
         body = {} if timeout is None else {"timeout": timeout}
         return SandboxInfo.parse(self._http.call(_api.Call("POST", _api.sandbox_path(self.sandbox_id, "/connect"), json=body)).json())
 
+    @class_or_instance
     def set_timeout(self, timeout: float) -> None:
-        """Sets the timeout to `timeout` seconds from now."""
+        """Sets the timeout to `timeout` seconds from now; also `Sandbox.set_timeout(sandbox_id, timeout)`."""
         self._http.call(_api.Call("POST", _api.sandbox_path(self.sandbox_id, "/timeout"), json={"timeout": timeout}))
+
+    @set_timeout.on_class
+    def _set_timeout_by_id(cls, sandbox_id: str, timeout: float, *, api_url: Optional[str] = None,
+                           token: Optional[str] = None, api_key: Optional[str] = None) -> None:
+        s = cls._by_id(sandbox_id, api_url, token, api_key)
+        try:
+            s.set_timeout(timeout)
+        finally:
+            s.close()
 
     def set_history(self, enabled: bool = True) -> None:
         """Step-history mode: every command ends with a checkpoint (``CommandResult.checkpoint``)."""
@@ -373,7 +539,9 @@ class Sandbox:
         for c in d["children"]:
             if c["ok"]:
                 info = SandboxInfo.parse(c["sandbox"])
-                out.append(Sandbox(info.sandbox_id, self._http, info))
+                child = Sandbox.__new__(type(self))
+                child._bind(info.sandbox_id, self._http, info, user=self.default_user, template=self._template)
+                out.append(child)
             else:
                 err = c.get("error") or {}
                 out.append(from_response(500, err.get("code"), err.get("message", "the child did not start")))

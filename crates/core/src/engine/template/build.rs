@@ -59,24 +59,25 @@ pub(super) struct BuildLock {
 
 impl BuildLock {
     pub(super) fn take(dir: &Path, name: &str) -> Result<BuildLock> {
-        use std::os::fd::AsRawFd;
         // Build logs hold command output, which may hold secrets: the directory is private.
         crate::engine::private_dir(dir).map_err(|e| Error::io(dir, e))?;
         let path = dir.join(format!("{name}.lock"));
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|e| Error::io(&path, e))?;
-        // SAFETY: flock on a descriptor we own; released when the file closes.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            return Err(Error::Conflict(format!(
+        match crate::engine::lock::flock(&path, libc::LOCK_EX | libc::LOCK_NB)? {
+            Some(file) => Ok(BuildLock { _file: file }),
+            None => Err(Error::Conflict(format!(
                 "template {name} is being built or removed by another command; wait for it to finish"
-            )));
+            ))),
         }
-        Ok(BuildLock { _file: file })
     }
+}
+
+/// The lock on the step cache (`step cache.lock` in the template directory: no template name
+/// holds a space, so no build lock is this file): builds hold it shared
+/// while they run, a release of unnamed steps exclusively. `None` when `op` has `LOCK_NB` and it
+/// is held.
+pub(super) fn steps_lock(dir: &Path, op: libc::c_int) -> Result<Option<std::fs::File>> {
+    crate::engine::private_dir(dir).map_err(|e| Error::io(dir, e))?;
+    crate::engine::lock::flock(&dir.join("step cache.lock"), op)
 }
 
 /// Where a build starts when nothing is cached.
@@ -133,6 +134,9 @@ impl Engine {
         spec.validate()?;
         let name = spec.name.clone();
         let _only = BuildLock::take(&self.template_dir(), &name)?;
+        // Held shared while this build's steps are cached but not yet named by its record, so
+        // no release (a `template rm`, another build's end) takes them meanwhile.
+        let building = steps_lock(&self.template_dir(), libc::LOCK_SH)?;
         let started = Instant::now();
         let previous = match self.template(&name) {
             Ok(t) => Some(t),
@@ -300,6 +304,7 @@ impl Engine {
             }
         };
         self.put_template(&record)?;
+        drop(building);
         self.release_steps()?;
         result.map(|()| record)
     }
@@ -361,7 +366,7 @@ impl Engine {
     /// The env and working directory an imported image's configuration names, as the
     /// defaults its templates start with; built-in images give none. Entries that could not
     /// be a variable (no name, a NUL) are left out rather than failing every command.
-    fn image_defaults(&self, name: &str) -> Result<ExecDefaults> {
+    pub(in crate::engine) fn image_defaults(&self, name: &str) -> Result<ExecDefaults> {
         let Some(imported) = branchbox_image::imported_image(&self.cfg.images_dir, name)
             .map_err(|e| Error::Backend(e.to_string()))?
         else {

@@ -1,6 +1,6 @@
-//! Templates in the engine: their records, sandboxes made from them, the exec defaults those
-//! sandboxes carry, and the release of cached steps no template refers to any more. Building
-//! is in `build.rs`.
+//! Templates in the engine: their records, sandboxes made from them, and the release of cached
+//! steps no template refers to any more. Building is in `build.rs`; the exec defaults those
+//! sandboxes carry, and their passing along the lineage, in `defaults.rs`.
 //!
 //! A template's record lists, for its last build, the chain key and snapshot of every step,
 //! and separately the last build that succeeded (what `create --template` starts). Cached
@@ -9,13 +9,14 @@
 //! leaves alone); `template rm` and rebuilds release the keys no record names.
 
 use super::{Engine, Started};
-use branchbox_model::{Error, Name, Result, SandboxId, SnapshotId};
+use branchbox_model::{Error, Name, Result, SnapshotId};
 use branchbox_template::{ExecDefaults, TemplateSpec};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 mod build;
+mod defaults;
 
 pub use build::BuildEvent;
 
@@ -150,7 +151,14 @@ impl Engine {
     /// Drops cached steps that no template record names, and deletes their snapshots unless a
     /// step that stays cached uses the same one. A snapshot that user snapshots descend from
     /// stays as an ordinary snapshot.
+    ///
+    /// While another build runs, nothing is released: its steps are cached before its record
+    /// names them, and a concurrent `template rm` deleted them so (CI, two image tests at once).
+    /// What is left is released by the next build's end or `template rm` with none running.
     fn release_steps(&self) -> Result<Vec<SnapshotId>> {
+        let Some(_alone) = build::steps_lock(&self.template_dir(), libc::LOCK_EX | libc::LOCK_NB)? else {
+            return Ok(Vec::new());
+        };
         let records = self.templates()?;
         let keep: BTreeSet<&str> = records.iter().flat_map(Template::keys).collect();
         let mut candidates = BTreeSet::new();
@@ -199,28 +207,8 @@ impl Engine {
             ))
         })?;
         let started = self.restore(built.snapshot.as_str())?;
-        if !built.defaults.is_empty() {
-            self.store.set_exec_defaults(started.sandbox.id.as_str(), &to_json(&built.defaults)?)?;
-        }
+        self.set_exec_defaults(&started.sandbox.id, &built.defaults)?;
         Ok(started)
-    }
-
-    /// The env, workdir and user a sandbox's commands get (from the template it came from).
-    pub fn exec_defaults(&self, id: &SandboxId) -> Result<Option<ExecDefaults>> {
-        match self.store.exec_defaults(id.as_str())? {
-            None => Ok(None),
-            Some(text) => serde_json::from_str(&text)
-                .map(Some)
-                .map_err(|e| Error::Store(format!("exec defaults of {id}: {e}"))),
-        }
-    }
-
-    /// Passes exec defaults on: sandbox to snapshot, snapshot to restored or forked child.
-    pub(super) fn inherit_defaults(&self, from: &str, to: &str) -> Result<()> {
-        match self.store.exec_defaults(from)? {
-            Some(d) => self.store.set_exec_defaults(to, &d),
-            None => Ok(()),
-        }
     }
 
     /// Refuses to delete a snapshot a template's cache holds.

@@ -1,0 +1,406 @@
+//! Networked gVisor sandboxes end to end (root, runsc): the uplinks end in the test's own
+//! internet namespace (documentation-range servers), never at the host's real interface.
+
+mod common;
+
+use branchbox_net::testing::{Internet, METADATA, PORT, PRIVATE, PUBLIC};
+use branchbox_net::{Names, NetConfig, Uplink};
+use common::{bb_in, eventually, private_dir, Daemon};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The test's data directory, internet and networking settings; kills every sandbox it made
+/// when dropped, passed or failed.
+struct Net {
+    dir: PathBuf,
+    inet: Internet,
+    state: PathBuf,
+    made: Vec<String>,
+}
+
+impl Net {
+    fn new(name: &str) -> Net {
+        let inet = Internet::start(&format!("bbt-{name}-{}", std::process::id())).unwrap();
+        let dir = private_dir(name);
+        let state = dir.join("netstate");
+        Net { dir, inet, state, made: Vec::new() }
+    }
+
+    fn bb(&self) -> Command {
+        let mut c = bb_in(&self.dir);
+        c.env("BRANCHBOX_NO_SERVICE", "1")
+            .env("BRANCHBOX_NET_UPLINK_NETNS", &self.inet.netns)
+            .env("BRANCHBOX_NET_STATE", &self.state);
+        c
+    }
+
+    fn ok(&mut self, args: &[&str]) -> String {
+        let out = self.bb().args(args).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(out.status.success(), "branchbox {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        text
+    }
+
+    fn create(&mut self, flags: &[&str]) -> String {
+        let mut args = vec!["create", "--backend", "gvisor"];
+        args.extend_from_slice(flags);
+        let id = self.ok(&args).lines().last().unwrap_or_default().to_string();
+        self.made.push(id.clone());
+        id
+    }
+
+    /// curl inside sandbox `id`: its output (`CODE LOCAL_IP`) and exit status.
+    fn fetch(&self, id: &str, addr: impl std::fmt::Display) -> (String, Output) {
+        let url = format!("http://{addr}:{PORT}/");
+        let out = self
+            .bb()
+            .args([
+                "exec",
+                id,
+                "--",
+                "curl",
+                "-s",
+                "-m",
+                "10",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code} %{local_ip}",
+                &url,
+            ])
+            .output()
+            .unwrap();
+        (String::from_utf8_lossy(&out.stdout).trim().to_string(), out)
+    }
+
+    fn config(&self) -> NetConfig {
+        NetConfig {
+            uplink: Uplink::Netns(self.inet.netns.clone()),
+            state_dir: self.state.clone(),
+            ..NetConfig::default()
+        }
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        if !self.made.is_empty() {
+            let mut c = self.bb();
+            let _ = c.arg("kill").args(&self.made).output();
+        }
+        for id in &self.made {
+            let _ = self.config().teardown(id);
+        }
+    }
+}
+
+/// curl's exit status for a refused connection: the policy rejects, it does not drop.
+const REFUSED: i32 = 7;
+
+fn nothing_left(net: &Net, ids: &[String]) {
+    let links = Command::new("ip").args(["-n", &net.inet.netns, "-o", "link"]).output().unwrap();
+    let links = String::from_utf8_lossy(&links.stdout);
+    for id in ids {
+        let n = Names::of(id).unwrap();
+        for ns in [&n.guest_ns, &n.router_ns] {
+            assert!(!Path::new("/run/netns").join(ns).exists(), "{ns} is left after kill");
+        }
+        assert!(!links.contains(&n.uplink_link), "{} is left after kill:\n{links}", n.uplink_link);
+    }
+    let slots = std::fs::read_dir(net.state.join("slots")).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(slots, 0, "uplink slots are left after kill");
+}
+
+#[test]
+fn a_networked_sandbox_reaches_allowed_hosts_only_and_its_forks_keep_its_address() {
+    let mut net = Net::new("net-e2e");
+    let a = net.create(&["--network"]);
+    let (text, out) = net.fetch(&a, PUBLIC);
+    assert!(
+        out.status.success(),
+        "no answer from the test internet: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(text, "200 10.200.0.2");
+    for blocked in [PRIVATE, METADATA] {
+        let (_, out) = net.fetch(&a, blocked);
+        assert_eq!(out.status.code(), Some(REFUSED), "{blocked} was not refused");
+    }
+
+    // Another sandbox is not reachable: its uplink address is refused by a's policy.
+    let b = net.create(&["--network"]);
+    let b_names = Names::of(&b).unwrap();
+    let addr = Command::new("ip")
+        .args(["-n", &b_names.router_ns, "-4", "-o", "addr", "show", "up0"])
+        .output()
+        .unwrap();
+    let addr = String::from_utf8_lossy(&addr.stdout);
+    let b_uplink = addr.split_whitespace().nth(3).and_then(|a| a.split('/').next()).unwrap().to_string();
+    let (_, out) = net.fetch(&a, &b_uplink);
+    assert_eq!(out.status.code(), Some(REFUSED), "a reached b at {b_uplink}");
+
+    // A deny-all sandbox reaches nothing; an allow-list only its list.
+    let d = net.create(&["--deny-all"]);
+    assert_eq!(net.fetch(&d, PUBLIC).1.status.code(), Some(REFUSED));
+    let l = net.create(&["--allow", "10.9.9.9/32"]);
+    assert_eq!(net.fetch(&l, PRIVATE).0, "200 10.200.0.2");
+    assert_eq!(net.fetch(&l, PUBLIC).1.status.code(), Some(REFUSED));
+
+    // The policy changes while the sandbox runs, and a fork taken after carries the new one.
+    let shown = net.ok(&["egress", &l, "--deny-all", "--json"]);
+    let shown: serde_json::Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(shown["policy"]["mode"], "deny_all", "{shown}");
+    assert!(shown["allowed_packets"].as_u64().unwrap() >= 1, "{shown}");
+    assert_eq!(net.fetch(&l, PRIVATE).1.status.code(), Some(REFUSED), "the change did not apply");
+    // The fork is of a sandbox that has made no connection: runsc 20240729 cannot checkpoint
+    // one whose connection has only just closed (docs/network.md), and forking `l` right
+    // after its fetches failed so in CI.
+    let f = net.create(&["--allow", "10.9.9.9/32"]);
+    net.ok(&["egress", &f, "--deny-all"]);
+    let child: String =
+        net.ok(&["fork", &f]).lines().find(|l| l.starts_with("sbx-")).unwrap_or_default().to_string();
+    net.made.push(child.clone());
+    assert_eq!(net.fetch(&child, PRIVATE).1.status.code(), Some(REFUSED), "the fork has the old policy");
+    net.ok(&["egress", &child, "--allow", "10.9.9.9/32"]);
+    assert_eq!(net.fetch(&child, PRIVATE).0, "200 10.200.0.2");
+    assert_eq!(net.fetch(&f, PRIVATE).1.status.code(), Some(REFUSED), "a child's change reached its source");
+    let plain = net.create(&[]);
+    let out = net.bb().args(["egress", &plain, "--deny-all"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has no network"), "{out:?}");
+
+    // Three children fetch with the source's address, each through its own router.
+    let children: Vec<String> = net
+        .ok(&["fork", &a, "-n", "3"])
+        .lines()
+        .filter(|l| l.starts_with("sbx-"))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(children.len(), 3, "{children:?}");
+    net.made.extend(children.iter().cloned());
+    for c in &children {
+        let (text, out) = net.fetch(c, PUBLIC);
+        assert_eq!(text, "200 10.200.0.2", "child {c}: {}", String::from_utf8_lossy(&out.stderr));
+        let counted = net.config().counters(c).unwrap();
+        assert!(counted.allowed_packets >= 1, "child {c} has no egress of its own: {counted:?}");
+    }
+
+    let all = net.made.clone();
+    let mut args = vec!["kill"];
+    args.extend(all.iter().map(String::as_str));
+    net.ok(&args);
+    nothing_left(&net, &all);
+    net.made.clear();
+}
+
+#[test]
+fn gc_removes_the_network_of_a_create_killed_with_sigkill() {
+    let mut net = Net::new("net-crash");
+    let mut create = net.bb().args(["create", "--backend", "gvisor", "--network"]).spawn().unwrap();
+    // Wait until the network exists (its policy record is written right after), then kill.
+    let sandboxes = net.dir.join("sandboxes");
+    let started = std::time::Instant::now();
+    let id = loop {
+        let found = std::fs::read_dir(&sandboxes).into_iter().flatten().flatten().find_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            e.path().join("network.json").exists().then_some(name)
+        });
+        if let Some(id) = found {
+            break id;
+        }
+        assert!(started.elapsed().as_secs() < 60, "the create never set up its network");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    create.kill().unwrap();
+    let _ = create.wait();
+    net.made.push(id.clone());
+    assert!(Path::new("/run/netns").join(Names::of(&id).unwrap().router_ns).exists());
+
+    net.ok(&["gc"]);
+    // Recorded after all when the kill came after the create finished: then kill cleans up.
+    if net.bb().args(["exec", &id, "--", "true"]).output().unwrap().status.success() {
+        net.ok(&["kill", &id]);
+    }
+    nothing_left(&net, &[id]);
+    net.made.clear();
+}
+
+/// Holds a TCP connection to the test server open until /tmp/release appears.
+const HOLDER: &str = r#"
+import os, socket, time
+s = socket.create_connection(('203.0.113.10', 8000))
+open('/tmp/conn-open', 'w').write('1')
+while not os.path.exists('/tmp/release'):
+    time.sleep(0.05)
+"#;
+
+#[test]
+fn a_fork_with_an_open_connection_fails_with_the_reason_and_the_source_runs_on() {
+    let mut net = Net::new("net-conn");
+    let a = net.create(&["--network"]);
+    let mut put = net
+        .bb()
+        .args(["files", "put", &a, "-", "/tmp/holder.py"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut put.stdin.take().unwrap(), HOLDER.as_bytes()).unwrap();
+    assert!(put.wait().unwrap().success());
+    net.ok(&["spawn", &a, "--", "python3", "/tmp/holder.py"]);
+    let started = std::time::Instant::now();
+    while !net
+        .bb()
+        .args(["exec", &a, "--", "test", "-e", "/tmp/conn-open"])
+        .output()
+        .unwrap()
+        .status
+        .success()
+    {
+        assert!(started.elapsed().as_secs() < 60, "the connection never opened");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let out = net.bb().args(["fork", &a]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "forked with an open connection: {text}");
+    assert!(text.contains("while one of its TCP connections is open"), "the error does not say why: {text}");
+    assert_eq!(net.fetch(&a, PUBLIC).0, "200 10.200.0.2", "the source lost its network");
+}
+
+#[test]
+fn network_flags_are_checked_before_anything_starts() {
+    let net = Net::new("net-flags");
+    let fails = |args: &[&str]| {
+        let out = net.bb().args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = fails(&["create", "--backend", "microvm", "--network"]);
+    assert!(e.contains("gvisor backend only") && e.contains("--backend gvisor"), "{e}");
+    let e = fails(&["create", "--backend", "gvisor", "--allow", "10.0.0.1/8"]);
+    assert!(e.contains("10.0.0.1/8") && e.contains("10.0.0.0/8"), "{e}");
+    let many: Vec<String> = (0..257).map(|i| format!("192.0.2.{}/32", i % 256)).collect();
+    let mut args = vec!["create", "--backend", "gvisor"];
+    for cidr in &many {
+        args.extend(["--allow", cidr.as_str()]);
+    }
+    let e = fails(&args);
+    assert!(e.contains("at most 256") && e.contains("257"), "{e}");
+    assert!(!net.state.join("slots").exists(), "a refused create reserved an uplink address");
+}
+
+/// Serves `/tmp/www` of sandbox `id` on `port` in the background, with a file naming `id`.
+fn serve(net: &mut Net, id: &str, port: u16) {
+    net.ok(&["exec", id, "-s", "--", &format!("mkdir -p /tmp/www && echo {id} > /tmp/www/whoami")]);
+    let port = port.to_string();
+    net.ok(&["spawn", id, "--", "python3", "-m", "http.server", &port, "--directory", "/tmp/www"]);
+}
+
+/// curl from the test's internet namespace (the uplinks' far side, where the host would be):
+/// the body of `url`, retried while the server starts.
+fn fetch_from_uplink(net: &Net, url: &str) -> String {
+    let started = std::time::Instant::now();
+    loop {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &net.inet.netns, "curl", "-s", "-f", "-m", "5", url])
+            .output()
+            .unwrap();
+        if out.status.success() {
+            return String::from_utf8_lossy(&out.stdout).trim().to_string();
+        }
+        assert!(started.elapsed().as_secs() < 60, "{url} never answered from the uplink side: {out:?}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn exposed_ports_answer_from_the_uplink_side_only_each_sandbox_at_its_own_address() {
+    let mut net = Net::new("net-ports");
+    // Inbound connections do not depend on the egress policy: replies are part of their flow.
+    let a = net.create(&["--deny-all"]);
+    // Forked before it serves: a connection it served stays in TIME_WAIT for a while, and
+    // runsc 20240729 cannot checkpoint a sandbox holding one.
+    let child: String =
+        net.ok(&["fork", &a]).lines().find(|l| l.starts_with("sbx-")).unwrap_or_default().to_string();
+    net.made.push(child.clone());
+    serve(&mut net, &a, 8080);
+    let host: serde_json::Value = serde_json::from_str(&net.ok(&["host", &a, "8080", "--json"])).unwrap();
+    let addr = host["address"].as_str().unwrap().to_string();
+    assert_eq!(addr, format!("{}:8080", net.config().address(&a).unwrap()), "{host}");
+    assert_eq!(fetch_from_uplink(&net, &format!("http://{addr}/whoami")), a);
+
+    // Another sandbox cannot reach it: the uplink pool is refused to every guest.
+    let b = net.create(&["--network"]);
+    let (_, out) = net.fetch(&b, host["host"].as_str().unwrap());
+    assert_eq!(out.status.code(), Some(REFUSED), "b reached a's router at {addr}");
+    let url = format!("http://{addr}/whoami");
+    let out = net.bb().args(["exec", &b, "--", "curl", "-s", "-m", "5", &url]).output().unwrap();
+    assert_eq!(out.status.code(), Some(REFUSED), "b reached a's exposed port: {out:?}");
+
+    // The child serves at its own address.
+    serve(&mut net, &child, 8081);
+    let child_addr = net.ok(&["host", &child, "8081"]);
+    assert_ne!(child_addr.split(':').next(), addr.split(':').next(), "the child shares its source's address");
+    assert_eq!(fetch_from_uplink(&net, &format!("http://{child_addr}/whoami")), child);
+
+    let plain = net.create(&[]);
+    let out = net.bb().args(["host", &plain, "8080"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has no network"), "{out:?}");
+    let out = net.bb().args(["host", &a, "0"]).output().unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("port 0"), "{out:?}");
+}
+
+#[test]
+fn the_service_creates_networked_sandboxes_and_proxies_their_ports_behind_its_token() {
+    let mut net = Net::new("net-service");
+    let state = net.state.to_string_lossy().into_owned();
+    // The service creates networks and connects to exposed ports from the uplink's far side,
+    // as `branchbox host` says: here the test's own namespace.
+    let d = Daemon::start(
+        &net.dir,
+        &[("BRANCHBOX_NET_UPLINK_NETNS", net.inet.netns.as_str()), ("BRANCHBOX_NET_STATE", state.as_str())],
+    );
+    let json = |(code, body): (u16, String), want: u16| -> serde_json::Value {
+        assert_eq!(code, want, "{body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
+    };
+    let both = r#"{"backend":"gvisor","network":{"mode":"internet"},"allow_internet_access":true}"#;
+    let v = json(d.request("POST", "/v1/sandboxes", both, true), 422);
+    assert!(v["error"]["message"].as_str().unwrap().contains("not both"), "{v}");
+    let v = json(
+        d.request("POST", "/v1/sandboxes", r#"{"backend":"gvisor","allow_internet_access":false}"#, true),
+        201,
+    );
+    let a = v["id"].as_str().unwrap().to_string();
+    net.made.push(a.clone());
+    let v = json(d.get(&format!("/v1/sandboxes/{a}/network"), true), 200);
+    assert_eq!(v["policy"], serde_json::json!({"mode": "deny_all"}), "{v}");
+    let (_, out) = net.fetch(&a, PUBLIC);
+    assert_eq!(out.status.code(), Some(REFUSED), "a deny-all sandbox reached {PUBLIC}: {out:?}");
+    let list = r#"{"mode":"allow_list","allow":["203.0.113.0/24"]}"#;
+    let v = json(d.request("PUT", &format!("/v1/sandboxes/{a}/network"), list, true), 200);
+    assert_eq!(v["policy"]["allow"], serde_json::json!(["203.0.113.0/24"]), "{v}");
+    // The policy the service set is the one the sandbox's router enforces.
+    let (code, out) = net.fetch(&a, PUBLIC);
+    assert!(out.status.success() && code.starts_with("200"), "{code}: {out:?}");
+
+    serve(&mut net, &a, 8080);
+    let v = json(d.get(&format!("/v1/sandboxes/{a}/hosts/8080"), true), 200);
+    assert_eq!(v["address"], format!("{}:8080", net.config().address(&a).unwrap()), "{v}");
+    let path = format!("{}whoami", v["proxy_path"].as_str().unwrap());
+    let mut last = (0, String::new());
+    eventually("the sandbox's server to answer through the proxy", || {
+        last = d.get(&path, true);
+        last.0 == 200
+    });
+    assert_eq!(last.1.trim(), a, "{last:?}");
+    let (code, body) = d.get(&path, false);
+    assert_eq!(code, 401, "the proxy answered without the token: {body}");
+    let v = json(d.get(&format!("/v1/sandboxes/{a}/ports/8099/"), true), 502);
+    assert_eq!(v["error"]["code"], "port_unreachable", "{v}");
+    let v = json(d.request("POST", "/v1/sandboxes", r#"{"backend":"gvisor"}"#, true), 201);
+    let plain = v["id"].as_str().unwrap().to_string();
+    net.made.push(plain.clone());
+    for path in [format!("/v1/sandboxes/{plain}/ports/8080/"), format!("/v1/sandboxes/{plain}/hosts/8080")] {
+        let v = json(d.get(&path, true), 422);
+        assert!(v["error"]["message"].as_str().unwrap().contains("has no network"), "{path}: {v}");
+    }
+}

@@ -1,0 +1,63 @@
+//! Reading and changing a networked sandbox's egress policy while it runs (docs/network.md).
+
+use super::Engine;
+use branchbox_model::{BackendKind, Error, Result, SandboxId};
+use branchbox_net::{Counters, Egress, NetConfig};
+use std::net::{Ipv4Addr, TcpStream};
+use std::time::Duration;
+
+fn net_error(e: branchbox_net::Error) -> Error {
+    match e {
+        branchbox_net::Error::Invalid(m) => Error::InvalidInput(m),
+        other => Error::Backend(format!("sandbox networking: {other}")),
+    }
+}
+
+impl Engine {
+    /// The policy of sandbox `id`, refused for a sandbox without a network.
+    fn networked(&self, id: &SandboxId) -> Result<Egress> {
+        let sandbox = self.store.sandbox(id)?;
+        let dir = self.sandbox_dir(id);
+        match (sandbox.backend, branchbox_gvisor::network::recorded(&dir)?) {
+            (BackendKind::Gvisor, Some(egress)) => Ok(egress),
+            _ => Err(Error::InvalidInput(format!(
+                "sandbox {id} has no network; create one with `branchbox create --backend gvisor --network`"
+            ))),
+        }
+    }
+
+    /// Sandbox `id`'s egress policy and counters.
+    pub fn egress(&self, id: &SandboxId) -> Result<(Egress, Counters)> {
+        let egress = self.networked(id)?;
+        let counters = NetConfig::from_env().map_err(net_error)?.counters(id.as_str()).map_err(net_error)?;
+        Ok((egress, counters))
+    }
+
+    /// The address at which sandbox `id`'s TCP servers are reached from the host: every port
+    /// a process in the sandbox listens on (on all addresses or on `10.200.0.2`) answers there.
+    pub fn address(&self, id: &SandboxId) -> Result<Ipv4Addr> {
+        self.networked(id)?;
+        NetConfig::from_env().map_err(net_error)?.address(id.as_str()).map_err(net_error)
+    }
+
+    /// A TCP connection to `port` of sandbox `id`, from where [`Engine::address`] answers
+    /// (the service's proxy to exposed ports). The inner error is the connection's own:
+    /// refused when nothing listens on the port.
+    pub fn connect_port(
+        &self,
+        id: &SandboxId,
+        port: u16,
+        timeout: Duration,
+    ) -> Result<std::io::Result<TcpStream>> {
+        self.networked(id)?;
+        NetConfig::from_env().map_err(net_error)?.connect(id.as_str(), port, timeout).map_err(net_error)
+    }
+
+    /// Replaces sandbox `id`'s egress policy at once (one nftables transaction) and records it,
+    /// so snapshots and forks taken from now on carry it.
+    pub fn set_egress(&self, id: &SandboxId, egress: &Egress) -> Result<()> {
+        self.networked(id)?;
+        NetConfig::from_env().map_err(net_error)?.set_egress(id.as_str(), egress).map_err(net_error)?;
+        branchbox_gvisor::network::record(&self.sandbox_dir(id), egress)
+    }
+}

@@ -1,0 +1,85 @@
+//! A gvisor sandbox's network (docs/network.md): its namespaces, links and policy come from
+//! `branchbox-net`; this module records the policy beside the sandbox and its snapshots, so
+//! children and restores get the network their checkpoint was taken with.
+
+use branchbox_model::{Error, Result};
+use branchbox_net::{Egress, NetConfig};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// The policy record in a sandbox's or a snapshot's directory.
+const POLICY_FILE: &str = "network.json";
+/// The largest policy record read back (an allow-list of 256 CIDRs is about 6 KiB).
+const MAX_POLICY_BYTES: u64 = 64 * 1024;
+
+fn map(e: branchbox_net::Error) -> Error {
+    match e {
+        branchbox_net::Error::Invalid(m) => Error::InvalidInput(m),
+        other => Error::Backend(format!("sandbox networking: {other}")),
+    }
+}
+
+/// What the bundle needs of a networked sandbox.
+pub struct Attached {
+    /// The guest namespace.
+    pub netns: PathBuf,
+    /// The resolver file, when resolvers are configured.
+    pub resolv_conf: Option<PathBuf>,
+}
+
+/// Creates sandbox `id`'s network with `egress` and records the policy in `dir`.
+pub fn attach(id: &str, dir: &Path, egress: &Egress) -> Result<Attached> {
+    let cfg = NetConfig::from_env().map_err(map)?;
+    let attached = cfg.setup(id, egress).map_err(map)?;
+    record(dir, egress)?;
+    let resolv_conf = if cfg.resolvers.is_empty() {
+        None
+    } else {
+        let path = dir.join("resolv.conf");
+        let text: String = cfg.resolvers.iter().map(|r| format!("nameserver {r}\n")).collect();
+        std::fs::write(&path, text).map_err(|e| Error::io(&path, e))?;
+        Some(path)
+    };
+    Ok(Attached { netns: attached.guest_ns_path, resolv_conf })
+}
+
+/// Records `egress` as the policy of the sandbox or snapshot in `dir` (replaced whole, by
+/// rename, so a reader never sees half of it).
+pub fn record(dir: &Path, egress: &Egress) -> Result<()> {
+    let path = dir.join(POLICY_FILE);
+    let tmp = dir.join(format!("{POLICY_FILE}.tmp"));
+    let text = serde_json::to_vec(egress).map_err(|e| Error::Backend(e.to_string()))?;
+    std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))
+}
+
+/// The policy recorded in `dir`, or `None` for a sandbox or snapshot without a network.
+pub fn recorded(dir: &Path) -> Result<Option<Egress>> {
+    let path = dir.join(POLICY_FILE);
+    let file = match std::fs::File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(&path, e)),
+    };
+    let mut bytes = Vec::new();
+    file.take(MAX_POLICY_BYTES).read_to_end(&mut bytes).map_err(|e| Error::io(&path, e))?;
+    serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+        Error::Backend(format!(
+            "{} is not a network policy ({e}); the snapshot cannot be restored",
+            path.display()
+        ))
+    })
+}
+
+/// Copies sandbox `dir`'s policy record, if any, into the snapshot directory `dest`.
+pub fn carry(dir: &Path, dest: &Path) -> Result<()> {
+    match recorded(dir)? {
+        None => Ok(()),
+        Some(egress) => record(dest, &egress),
+    }
+}
+
+/// Removes sandbox `id`'s namespaces, links, rules and uplink slot; nothing there is fine.
+pub fn detach(id: &str) -> Result<()> {
+    NetConfig::from_env().unwrap_or_default().teardown(id).map_err(map)
+}

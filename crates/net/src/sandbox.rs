@@ -1,0 +1,383 @@
+//! Creating, changing and removing one sandbox's namespaces, links, addresses and rules.
+
+use crate::exec::{in_netns, run, sysctl_in};
+use crate::policy::{self, DEFAULT_POOL, GUEST_SIDE, TABLE, UPLINK_SIDE};
+use crate::slots::{self, Slot};
+use crate::{Cidr, Egress, Error, Names, Result};
+use serde::Deserialize;
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Where iproute2 keeps named network namespaces.
+pub const NETNS_DIR: &str = "/run/netns";
+/// The guest's address, the same in every sandbox (forked children keep it).
+pub const GUEST_ADDR: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 2);
+/// The guest's gateway: the router namespace's end of the guest link.
+pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 1);
+/// The guest link's prefix length.
+pub const GUEST_PREFIX: u8 = 30;
+/// The guest's MAC address, the same in every sandbox.
+pub const GUEST_MAC: &str = "02:62:62:00:00:02";
+/// The guest's interface name.
+const GUEST_IF: &str = "eth0";
+/// Most resolvers a guest is given (glibc reads three; the rest are for other resolvers).
+const MAX_RESOLVERS: usize = 8;
+/// Where slot files live unless `BRANCHBOX_NET_STATE` says otherwise.
+const DEFAULT_STATE: &str = "/run/branchbox/net";
+/// The host-namespace table that masquerades the pool (the product's host uplink).
+const HOST_TABLE: &str = "branchbox-uplink";
+
+/// Where a sandbox's uplink ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Uplink {
+    /// The host's own namespace: the host masquerades the pool out of its routes.
+    Host,
+    /// A named namespace (under /run/netns) that routes the pool itself; tests give their own
+    /// "internet" namespace here, so nothing reaches the host's real interface.
+    Netns(String),
+}
+
+/// How sandboxes are networked on this host.
+#[derive(Debug, Clone)]
+pub struct NetConfig {
+    /// Where uplinks end.
+    pub uplink: Uplink,
+    /// The uplink addresses: one `/31` per sandbox; refused to every guest.
+    pub pool: Cidr,
+    /// Slot files (`<state>/slots`).
+    pub state_dir: PathBuf,
+    /// Resolvers the guests may ask (port 53, whatever the policy).
+    pub resolvers: Vec<Ipv4Addr>,
+}
+
+/// What a networked sandbox's runtime needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attached {
+    /// The guest namespace's path (the OCI bundle's network namespace).
+    pub guest_ns_path: PathBuf,
+    /// The router's uplink address: what the sandbox's traffic comes from, seen upstream.
+    pub egress_addr: Ipv4Addr,
+}
+
+/// Packets and bytes the egress policy let through and refused.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Packets of new flows allowed.
+    pub allowed_packets: u64,
+    /// Packets refused.
+    pub denied_packets: u64,
+}
+
+fn valid_ns_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "{name:?} is not a network namespace name (letters, digits, '-', '_', '.', at most 64)"
+        )))
+    }
+}
+
+impl Default for NetConfig {
+    /// The host uplink, the default pool and state directory, no resolvers.
+    fn default() -> NetConfig {
+        NetConfig {
+            uplink: Uplink::Host,
+            pool: DEFAULT_POOL,
+            state_dir: PathBuf::from(DEFAULT_STATE),
+            resolvers: Vec::new(),
+        }
+    }
+}
+
+impl NetConfig {
+    /// The configuration from the environment: `BRANCHBOX_NET_UPLINK_NETNS` (a namespace to
+    /// end uplinks in; unset: the host), `BRANCHBOX_NET_POOL` (a CIDR of at most /30),
+    /// `BRANCHBOX_NET_STATE` (default /run/branchbox/net), `BRANCHBOX_NET_RESOLVERS`
+    /// (comma-separated IPv4 addresses).
+    pub fn from_env() -> Result<NetConfig> {
+        let uplink = match std::env::var("BRANCHBOX_NET_UPLINK_NETNS") {
+            Ok(ns) if !ns.is_empty() => {
+                valid_ns_name(&ns)?;
+                Uplink::Netns(ns)
+            }
+            _ => Uplink::Host,
+        };
+        let pool = match std::env::var("BRANCHBOX_NET_POOL") {
+            Ok(p) if !p.is_empty() => p.parse::<Cidr>()?,
+            _ => DEFAULT_POOL,
+        };
+        if pool.prefix_len() > 30 {
+            return Err(Error::Invalid(format!(
+                "BRANCHBOX_NET_POOL {pool} holds no two /31s; give a /30 or larger"
+            )));
+        }
+        let state_dir = std::env::var_os("BRANCHBOX_NET_STATE")
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE));
+        let mut resolvers = Vec::new();
+        if let Ok(list) = std::env::var("BRANCHBOX_NET_RESOLVERS") {
+            let items: Vec<&str> = list.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+            if items.len() > MAX_RESOLVERS {
+                return Err(Error::Invalid(format!(
+                    "BRANCHBOX_NET_RESOLVERS names {} resolvers; at most {MAX_RESOLVERS} are used",
+                    items.len()
+                )));
+            }
+            for item in items {
+                resolvers.push(item.parse::<Ipv4Addr>().map_err(|_| {
+                    Error::Invalid(format!("BRANCHBOX_NET_RESOLVERS: {item:?} is not an IPv4 address"))
+                })?);
+            }
+        }
+        Ok(NetConfig { uplink, pool, state_dir, resolvers })
+    }
+
+    fn uplink_ns(&self) -> Option<&str> {
+        match &self.uplink {
+            Uplink::Host => None,
+            Uplink::Netns(ns) => Some(ns),
+        }
+    }
+
+    /// Creates sandbox `id`'s namespaces, links, addresses, routes, NAT and `egress` policy.
+    /// On failure everything created is removed again.
+    pub fn setup(&self, id: &str, egress: &Egress) -> Result<Attached> {
+        let names = Names::of(id)?;
+        if let Some(ns) = self.uplink_ns() {
+            valid_ns_name(ns)?;
+            if !std::path::Path::new(NETNS_DIR).join(ns).exists() {
+                return Err(Error::Invalid(format!(
+                    "the uplink namespace {ns:?} does not exist; create it (`ip netns add {ns}`) or unset BRANCHBOX_NET_UPLINK_NETNS"
+                )));
+            }
+        }
+        // A crash may have left a half of this id behind.
+        self.teardown(id)?;
+        let slot = slots::reserve(&self.state_dir, self.pool, id)?;
+        match self.build(&names, slot, egress) {
+            Ok(()) => Ok(Attached { guest_ns_path: names.guest_ns_path(), egress_addr: slot.router }),
+            Err(e) => {
+                let _ = self.teardown(id);
+                Err(e)
+            }
+        }
+    }
+
+    fn build(&self, n: &Names, slot: Slot, egress: &Egress) -> Result<()> {
+        let uplink_netns = match self.uplink_ns() {
+            Some(ns) => format!(" netns {ns}"),
+            None => String::new(),
+        };
+        let root = format!(
+            "netns add {g}\nnetns add {r}\nlink add {GUEST_IF} netns {g} type veth peer name {GUEST_SIDE} netns {r}\nlink add {UPLINK_SIDE} netns {r} type veth peer name {u}{uplink_netns}\n",
+            g = n.guest_ns,
+            r = n.router_ns,
+            u = n.uplink_link,
+        );
+        run("ip", &["-batch", "-"], &root, None, "create the sandbox's namespaces and links")?;
+        let guest = format!(
+            "link set lo up\nlink set {GUEST_IF} address {GUEST_MAC}\naddr add {GUEST_ADDR}/{GUEST_PREFIX} dev {GUEST_IF}\nlink set {GUEST_IF} up\nroute add default via {GATEWAY}\n"
+        );
+        run("ip", &["-n", &n.guest_ns, "-batch", "-"], &guest, None, "address the guest's interface")?;
+        let router = format!(
+            "link set lo up\naddr add {GATEWAY}/{GUEST_PREFIX} dev {GUEST_SIDE}\nlink set {GUEST_SIDE} up\naddr add {r}/31 dev {UPLINK_SIDE}\nlink set {UPLINK_SIDE} up\nroute add default via {u}\n",
+            r = slot.router,
+            u = slot.uplink,
+        );
+        run("ip", &["-n", &n.router_ns, "-batch", "-"], &router, None, "address the router's links")?;
+        let far = format!("addr add {}/31 dev {u}\nlink set {u} up\n", slot.uplink, u = n.uplink_link);
+        match self.uplink_ns() {
+            Some(ns) => run("ip", &["-n", ns, "-batch", "-"], &far, None, "address the uplink")?,
+            None => run("ip", &["-batch", "-"], &far, None, "address the uplink")?,
+        };
+        sysctl_in(&n.router_ns, "/proc/sys/net/ipv4/ip_forward", "1")?;
+        let table = policy::router_table(egress, self.pool, &self.resolvers, GUEST_ADDR);
+        run("nft", &["-f", "-"], &table, Some(&n.router_ns), "load the sandbox's egress policy")?;
+        if self.uplink == Uplink::Host {
+            self.host_uplink()?;
+        }
+        Ok(())
+    }
+
+    /// The host's side of the product uplink: masquerade the pool out of every other
+    /// interface, refuse traffic between two sandbox uplinks and from them into the host, and
+    /// let no other machine open a connection into an uplink (the host's own connections to a
+    /// sandbox's exposed ports do not pass the forward hook).
+    /// Created once (the table is replaced whole, so repeating it is harmless).
+    fn host_uplink(&self) -> Result<()> {
+        let table = format!(
+            "table ip {HOST_TABLE} {{}}\ndelete table ip {HOST_TABLE}\ntable ip {HOST_TABLE} {{
+  chain postrouting {{
+    type nat hook postrouting priority srcnat; policy accept;
+    ip saddr {pool} oifname != \"bbx*\" masquerade
+  }}
+  chain forward {{
+    type filter hook forward priority filter; policy accept;
+    iifname \"bbx*\" oifname \"bbx*\" drop
+    oifname \"bbx*\" ct state new drop
+  }}
+  chain input {{
+    type filter hook input priority filter; policy accept;
+    iifname \"bbx*\" ct state established,related accept
+    iifname \"bbx*\" drop
+  }}
+}}
+",
+            pool = self.pool
+        );
+        run("nft", &["-f", "-"], &table, None, "load the host's uplink NAT")?;
+        std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
+            .map_err(|e| Error::Io { path: PathBuf::from("/proc/sys/net/ipv4/ip_forward"), source: e })
+    }
+
+    /// Replaces sandbox `id`'s egress policy in one nftables transaction.
+    pub fn set_egress(&self, id: &str, egress: &Egress) -> Result<()> {
+        let n = Names::of(id)?;
+        let change = policy::change(egress, self.pool, &self.resolvers);
+        run("nft", &["-f", "-"], &change, Some(&n.router_ns), "change the sandbox's egress policy").map(drop)
+    }
+
+    /// The address at which sandbox `id`'s TCP servers are reached from the uplink's far side
+    /// (the host, or the named uplink namespace): its router's uplink address, which passes
+    /// every TCP port on to the guest.
+    pub fn address(&self, id: &str) -> Result<Ipv4Addr> {
+        Names::of(id)?;
+        slots::find(&self.state_dir, self.pool, id).map(|s| s.router).ok_or_else(|| {
+            Error::Invalid(format!(
+                "sandbox {id} holds no uplink address in {}; is it networked, and is BRANCHBOX_NET_STATE the one it was created with?",
+                self.state_dir.display()
+            ))
+        })
+    }
+
+    /// A TCP connection to `port` of sandbox `id`, opened from the uplink's far side (the
+    /// host, or inside the named uplink namespace), where its router passes the port on to the
+    /// guest. The outer error is about the sandbox's network (no uplink address); the inner
+    /// one is the connection's own (refused: nothing listens there; timed out).
+    pub fn connect(&self, id: &str, port: u16, timeout: Duration) -> Result<std::io::Result<TcpStream>> {
+        let to = SocketAddr::from((self.address(id)?, port));
+        match &self.uplink {
+            Uplink::Host => Ok(TcpStream::connect_timeout(&to, timeout)),
+            Uplink::Netns(ns) => in_netns(ns, move || TcpStream::connect_timeout(&to, timeout)),
+        }
+    }
+
+    /// Sandbox `id`'s egress counters.
+    pub fn counters(&self, id: &str) -> Result<Counters> {
+        let n = Names::of(id)?;
+        let json = run(
+            "nft",
+            &["-j", "list", "counters", "table", "inet", TABLE],
+            "",
+            Some(&n.router_ns),
+            "read the sandbox's counters",
+        )?;
+        parse_counters(&json)
+    }
+
+    /// Removes everything of sandbox `id`: its links (at once, so their names and addresses are
+    /// free on return), both namespaces (their rules go with them) and its uplink slot.
+    /// Idempotent: nothing left is success.
+    pub fn teardown(&self, id: &str) -> Result<()> {
+        let n = Names::of(id)?;
+        let router = std::path::Path::new(NETNS_DIR).join(&n.router_ns);
+        if router.exists() {
+            // Deleting one end of a veth deletes both, synchronously; the namespace's own
+            // interfaces would only go when the kernel gets to the namespace's cleanup. The
+            // uplink's far end is never deleted by name: it cannot outlive this namespace,
+            // and its name, a hash of the id, is not proof that it is ours.
+            let links = format!("link del {UPLINK_SIDE}\nlink del {GUEST_SIDE}\n");
+            let _ =
+                run("ip", &["-force", "-n", &n.router_ns, "-batch", "-"], &links, None, "remove the links");
+        }
+        for ns in [&n.guest_ns, &n.router_ns] {
+            if std::path::Path::new(NETNS_DIR).join(ns).exists() {
+                run("ip", &["netns", "del", ns], "", None, "remove the sandbox's namespace")?;
+            }
+        }
+        slots::release(&self.state_dir, id)
+    }
+}
+
+#[derive(Deserialize)]
+struct NftList {
+    nftables: Vec<serde_json::Value>,
+}
+
+fn parse_counters(json: &str) -> Result<Counters> {
+    let list: NftList = serde_json::from_str(json)
+        .map_err(|e| Error::Command(format!("nft printed counters this version does not read: {e}")))?;
+    let mut c = Counters::default();
+    for item in &list.nftables {
+        let Some(counter) = item.get("counter") else { continue };
+        let packets = counter.get("packets").and_then(|p| p.as_u64()).unwrap_or(0);
+        match counter.get("name").and_then(|n| n.as_str()) {
+            Some("allowed") => c.allowed_packets = packets,
+            Some("denied") => c.denied_packets = packets,
+            _ => {}
+        }
+    }
+    Ok(c)
+}
+
+/// Sandbox ids (the 16 hex digits) that have a namespace of this crate's form on this host:
+/// what a sweep compares with the sandboxes it knows.
+pub fn leftovers() -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(NETNS_DIR) else { return Vec::new() };
+    let mut ids: Vec<String> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().map(str::to_string))
+        .filter_map(|name| {
+            let hex = name.strip_prefix("bbg-").or_else(|| name.strip_prefix("bbr-"))?;
+            Names::of(hex).ok().map(|_| hex.to_string())
+        })
+        .collect();
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_read_from_nfts_json() {
+        let json = r#"{"nftables":[{"metainfo":{"version":"1.0.6"}},{"counter":{"family":"inet","name":"allowed","table":"branchbox","handle":1,"packets":3,"bytes":180}},{"counter":{"family":"inet","name":"denied","table":"branchbox","handle":2,"packets":7,"bytes":420}}]}"#;
+        assert_eq!(parse_counters(json).unwrap(), Counters { allowed_packets: 3, denied_packets: 7 });
+        assert!(parse_counters("not json").is_err());
+    }
+
+    #[test]
+    fn the_environment_is_parsed_strictly() {
+        // One test touches these variables, so no other test sees them change.
+        std::env::set_var("BRANCHBOX_NET_RESOLVERS", "192.0.2.53, 198.51.100.53");
+        std::env::set_var("BRANCHBOX_NET_POOL", "100.127.0.0/31");
+        assert!(NetConfig::from_env().unwrap_err().to_string().contains("/30"));
+        std::env::set_var("BRANCHBOX_NET_POOL", "100.126.0.0/16");
+        let cfg = NetConfig::from_env().unwrap();
+        assert_eq!(cfg.resolvers, vec![Ipv4Addr::new(192, 0, 2, 53), Ipv4Addr::new(198, 51, 100, 53)]);
+        assert_eq!(cfg.pool.to_string(), "100.126.0.0/16");
+        std::env::set_var("BRANCHBOX_NET_RESOLVERS", ["192.0.2.53"; 9].join(","));
+        assert!(NetConfig::from_env().unwrap_err().to_string().contains("at most 8"));
+        std::env::set_var("BRANCHBOX_NET_RESOLVERS", "resolver.example");
+        assert!(NetConfig::from_env().unwrap_err().to_string().contains("resolver.example"));
+        std::env::remove_var("BRANCHBOX_NET_RESOLVERS");
+        std::env::remove_var("BRANCHBOX_NET_POOL");
+    }
+
+    #[test]
+    fn namespace_names_from_the_environment_are_checked() {
+        for bad in ["", "../x", ".hidden", "a b", "x;y"] {
+            assert!(valid_ns_name(bad).is_err(), "{bad:?} accepted");
+        }
+        valid_ns_name("bbtest-inet.1").unwrap();
+    }
+}

@@ -1,0 +1,93 @@
+//! A stand-in internet for tests: a network namespace of the test's own, holding addresses of
+//! the documentation range (and private and metadata addresses, to show they are refused)
+//! with an HTTP server on each. Sandboxes' uplinks end in it (`Uplink::Netns`), so no test
+//! traffic can reach the host's real interface. Dropping it stops the server and removes the
+//! namespace, also when the test fails.
+
+use crate::exec::run;
+use crate::{Error, Result};
+use std::net::Ipv4Addr;
+use std::process::{Child, Command, Stdio};
+
+/// The "public" test server's address (TEST-NET-3).
+pub const PUBLIC: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
+/// A second public address, for allow-lists that name only one of the two.
+pub const OTHER_PUBLIC: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 20);
+/// A private address the default policy refuses.
+pub const PRIVATE: Ipv4Addr = Ipv4Addr::new(10, 9, 9, 9);
+/// The cloud metadata address.
+pub const METADATA: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);
+/// The port every test server listens on.
+pub const PORT: u16 = 8000;
+
+/// The test's internet namespace and its HTTP server.
+pub struct Internet {
+    /// The namespace's name (give it to `Uplink::Netns`).
+    pub netns: String,
+    server: Option<Child>,
+}
+
+impl Internet {
+    /// Creates namespace `netns` (removed first if a failed run left it) with the test
+    /// addresses on its loopback and an HTTP server on all of them; returns once it answers.
+    pub fn start(netns: &str) -> Result<Internet> {
+        if std::path::Path::new(crate::sandbox::NETNS_DIR).join(netns).exists() {
+            run("ip", &["netns", "del", netns], "", None, "remove a stale test namespace")?;
+        }
+        run("ip", &["netns", "add", netns], "", None, "create the test internet")?;
+        let mut me = Internet { netns: netns.to_string(), server: None };
+        let addrs = format!(
+            "link set lo up\naddr add {PUBLIC}/32 dev lo\naddr add {OTHER_PUBLIC}/32 dev lo\naddr add {PRIVATE}/32 dev lo\naddr add {METADATA}/32 dev lo\n"
+        );
+        run("ip", &["-n", netns, "-batch", "-"], &addrs, None, "address the test internet")?;
+        let server = Command::new("ip")
+            .args(["netns", "exec", netns, "python3", "-m", "http.server", "--bind", "0.0.0.0"])
+            .arg(PORT.to_string())
+            .current_dir("/")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                Error::Command(format!("cannot start python3's http.server: {e}; install python3"))
+            })?;
+        me.server = Some(server);
+        for _ in 0..500 {
+            if me.fetch_from_inside(PUBLIC).is_ok() {
+                return Ok(me);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Err(Error::Command("the test HTTP server did not answer within 10 s".into()))
+    }
+
+    fn fetch_from_inside(&self, addr: Ipv4Addr) -> Result<String> {
+        curl_in(&self.netns, addr)
+    }
+}
+
+/// `curl` of `http://addr:PORT/` from inside namespace `netns`: the HTTP status on success,
+/// else curl's exit code in the error (7: refused, 28: timed out).
+pub fn curl_in(netns: &str, addr: Ipv4Addr) -> Result<String> {
+    let out = Command::new("ip")
+        .args(["netns", "exec", netns, "curl", "-s", "-o", "/dev/null", "-m", "10", "-w", "%{http_code}"])
+        .arg(format!("http://{addr}:{PORT}/"))
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| Error::Command(format!("cannot run curl: {e}")))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(Error::Command(format!("curl exit {}", out.status.code().unwrap_or(-1))))
+    }
+}
+
+impl Drop for Internet {
+    fn drop(&mut self) {
+        if let Some(mut s) = self.server.take() {
+            let _ = s.kill();
+            let _ = s.wait();
+        }
+        let _ = run("ip", &["netns", "del", &self.netns], "", None, "remove the test internet");
+    }
+}

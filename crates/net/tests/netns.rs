@@ -1,0 +1,107 @@
+//! Creates sandbox networks for real (root): namespaces, veths, NAT and nftables, with the
+//! uplinks ending in the test's own internet namespace. A plain process in the guest namespace
+//! stands in for the guest (the gvisor end-to-end test runs runsc there).
+
+use branchbox_net::testing::{curl_in, Internet, METADATA, OTHER_PUBLIC, PRIVATE, PUBLIC};
+use branchbox_net::{AllowList, Egress, NetConfig, Uplink};
+use std::path::PathBuf;
+
+/// Tears the sandboxes' networks down when the test ends, passed or failed.
+struct Sandboxes<'a> {
+    cfg: &'a NetConfig,
+    ids: Vec<String>,
+}
+
+impl Drop for Sandboxes<'_> {
+    fn drop(&mut self) {
+        for id in &self.ids {
+            let _ = self.cfg.teardown(id);
+        }
+        let _ = std::fs::remove_dir_all(&self.cfg.state_dir);
+    }
+}
+
+fn config(inet: &Internet, tag: &str) -> NetConfig {
+    NetConfig {
+        uplink: Uplink::Netns(inet.netns.clone()),
+        pool: "100.127.0.0/16".parse().unwrap(),
+        state_dir: PathBuf::from(format!("/tmp/bbnet-test-{tag}-{}", std::process::id())),
+        resolvers: Vec::new(),
+    }
+}
+
+fn id(n: u32) -> String {
+    format!("sbx-{:08x}{:08x}", std::process::id(), n)
+}
+
+fn guest(id: &str) -> String {
+    format!("bbg-{}", &id[4..])
+}
+
+/// curl's failure code for a refused connection (a reject, not a silent drop).
+const REFUSED: &str = "curl exit 7";
+
+#[test]
+fn the_policy_allows_public_refuses_private_and_changes_at_runtime() {
+    let inet = Internet::start(&format!("bbt-inet-{}", std::process::id())).unwrap();
+    let cfg = config(&inet, "policy");
+    let (a, b) = (id(1), id(2));
+    let guard = Sandboxes { cfg: &cfg, ids: vec![a.clone(), b.clone()] };
+    cfg.setup(&a, &Egress::Internet).unwrap();
+    let b_net = cfg.setup(&b, &Egress::Internet).unwrap();
+
+    assert_eq!(curl_in(&guest(&a), PUBLIC).unwrap(), "200");
+    assert_eq!(curl_in(&guest(&b), OTHER_PUBLIC).unwrap(), "200");
+    for blocked in [PRIVATE, METADATA, b_net.egress_addr] {
+        let e = curl_in(&guest(&a), blocked).unwrap_err().to_string();
+        assert_eq!(e, REFUSED, "{blocked} was not refused at once");
+    }
+    let counted = cfg.counters(&a).unwrap();
+    assert!(counted.allowed_packets >= 1 && counted.denied_packets >= 3, "{counted:?}");
+
+    cfg.set_egress(&a, &Egress::DenyAll).unwrap();
+    assert_eq!(curl_in(&guest(&a), PUBLIC).unwrap_err().to_string(), REFUSED);
+    assert_eq!(curl_in(&guest(&b), PUBLIC).unwrap(), "200", "b's policy changed with a's");
+
+    let list =
+        AllowList::new(vec!["10.9.9.9/32".parse().unwrap(), "203.0.113.0/24".parse().unwrap()]).unwrap();
+    cfg.set_egress(&a, &Egress::AllowList(list)).unwrap();
+    assert_eq!(curl_in(&guest(&a), PRIVATE).unwrap(), "200", "a listed private address is allowed");
+    assert_eq!(curl_in(&guest(&a), PUBLIC).unwrap(), "200");
+    assert_eq!(curl_in(&guest(&a), OTHER_PUBLIC).unwrap_err().to_string(), REFUSED);
+    assert_eq!(curl_in(&guest(&a), METADATA).unwrap_err().to_string(), REFUSED);
+    drop(guard);
+}
+
+#[test]
+fn teardown_leaves_no_namespace_link_rule_or_slot_and_can_repeat() {
+    let inet = Internet::start(&format!("bbt-inet2-{}", std::process::id())).unwrap();
+    let cfg = config(&inet, "teardown");
+    let a = id(3);
+    let guard = Sandboxes { cfg: &cfg, ids: vec![a.clone()] };
+    cfg.setup(&a, &Egress::Internet).unwrap();
+    let hex = &a[4..];
+    let link = branchbox_net::Names::of(&a).unwrap().uplink_link;
+    let links = |ns: &str| {
+        let out = std::process::Command::new("ip").args(["-n", ns, "-o", "link"]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(links(&inet.netns).contains(&link));
+    assert!(branchbox_net::leftovers().contains(&hex.to_string()));
+
+    cfg.teardown(&a).unwrap();
+    assert!(!links(&inet.netns).contains(&link), "the uplink is left:\n{}", links(&inet.netns));
+    for ns in [format!("bbg-{hex}"), format!("bbr-{hex}")] {
+        assert!(!std::path::Path::new("/run/netns").join(&ns).exists(), "{ns} is left");
+    }
+    assert!(!branchbox_net::leftovers().contains(&hex.to_string()));
+    let slots = std::fs::read_dir(cfg.state_dir.join("slots")).unwrap().count();
+    assert_eq!(slots, 0, "a slot is left");
+    cfg.teardown(&a).unwrap();
+
+    // Set up again after teardown: every name and address is free again.
+    cfg.setup(&a, &Egress::Internet).unwrap();
+    assert_eq!(curl_in(&guest(&a), PUBLIC).unwrap(), "200");
+    drop(guard);
+    assert!(!branchbox_net::leftovers().contains(&hex.to_string()));
+}

@@ -1,0 +1,294 @@
+"""The lineage console at /ui, in a real browser: Playwright for Python driving Debian's chromium
+headless against a live branchboxd with real gVisor sandboxes. Screenshots of each page go to the
+test's temporary directory; each is decoded in the browser and checked for its size and for
+more than one colour, and the page's text is checked for what the screenshot should show.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import struct
+from pathlib import Path
+from typing import Dict, Iterator
+
+import httpx
+import pytest
+
+from conftest import Service
+
+playwright_api = pytest.importorskip("playwright.sync_api", reason="pip install -r sdk/python/requirements-test.txt")
+
+CHROMIUM = Path("/usr/bin/chromium")
+VIEW = {"width": 1280, "height": 800}
+WAIT_MS = 60_000
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    if not CHROMIUM.is_file():
+        pytest.fail(f"{CHROMIUM} is missing: run scripts/setup.sh --test (apt-get install chromium)")
+    with playwright_api.sync_playwright() as p:
+        # As root, chromium refuses to start with its own sandbox.
+        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+def png_facts(browser, path: Path) -> Dict[str, int]:
+    """The PNG's size from its header, and its size and distinct colours as the browser decodes it."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    assert data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    page = browser.new_page()
+    try:
+        decoded = page.evaluate(
+            """async (b64) => {
+                const img = new Image();
+                img.src = "data:image/png;base64," + b64;
+                await img.decode();
+                const c = document.createElement("canvas");
+                c.width = img.naturalWidth; c.height = img.naturalHeight;
+                const g = c.getContext("2d");
+                g.drawImage(img, 0, 0);
+                const px = new Uint32Array(g.getImageData(0, 0, c.width, c.height).data.buffer);
+                const colours = new Set();
+                for (let i = 0; i < px.length && colours.size < 64; i += 7) colours.add(px[i]);
+                return { w: c.width, h: c.height, colours: colours.size };
+            }""",
+            base64.b64encode(data).decode(),
+        )
+    finally:
+        page.close()
+    assert (decoded["w"], decoded["h"]) == (width, height)
+    return {"width": width, "height": height, "colours": decoded["colours"]}
+
+
+def shot(browser, page, path: Path, must_show: str) -> None:
+    """Screenshots the viewport and checks the image and that the page shows `must_show`."""
+    assert must_show in page.inner_text("body"), f"{must_show!r} is not on the page"
+    page.screenshot(path=str(path))
+    facts = png_facts(browser, path)
+    assert (facts["width"], facts["height"]) == (VIEW["width"], VIEW["height"]), facts
+    assert facts["colours"] > 1, f"{path} is one colour"
+
+
+def result(page, starts: str) -> str:
+    """Waits for the status line to report `starts` done (or failed) and returns it."""
+    # Playwright's expect polls with its own selector engine; wait_for_function would eval a
+    # string in the page, which the console's CSP (script-src 'self', no 'unsafe-eval') refuses.
+    playwright_api.expect(page.locator("#result")).to_have_text(
+        re.compile("^" + re.escape(starts) + "(:| failed)"), timeout=WAIT_MS)
+    text = page.inner_text("#result")
+    assert not text.startswith(starts + " failed"), text
+    return text
+
+
+def sign_in(page, svc: Service) -> None:
+    page.goto(svc.url + "/ui")
+    page.fill("#token", svc.token)
+    page.click("#signin-form button")
+    page.wait_for_selector("#page-sandboxes:not([hidden])")
+
+
+def in_page(page, method: str, path: str, csrf: object) -> int:
+    """The status of a request the page itself sends (with its cookie), with `csrf` as the
+    X-CSRF-Token header (`None`: without one)."""
+    return page.evaluate(
+        """async ([method, path, csrf]) => {
+            const headers = { "content-type": "application/json" };
+            if (csrf !== null) headers["x-csrf-token"] = csrf;
+            const r = await fetch(path, { method, headers, body: JSON.stringify({ timeout: 300 }) });
+            return r.status;
+        }""",
+        [method, path, csrf],
+    )
+
+
+def test_console_signs_in_branches_and_signs_out(service: Service, browser, tmp_path: Path) -> None:
+    api = service.client()
+    a = api.post("/v1/sandboxes", json={"timeout": 600, "metadata": {"console": "e2e"}}).json()["id"]
+    page = browser.new_page(viewport=VIEW)
+    page.goto(service.url + "/ui")
+    page.wait_for_selector("#page-signin:not([hidden])")
+    page.fill("#token", "bbx_not-the-token-000000")
+    page.click("#signin-form button")
+    playwright_api.expect(page.locator("#signin-error")).to_contain_text("not valid", timeout=WAIT_MS)
+    shot(browser, page, tmp_path / "signin.png", "Service token")
+
+    # Sign in: the cookie holds a session id, not the token, out of the page's reach.
+    sign_in(page, service)
+    cookie = next(c for c in page.context.cookies() if c["name"] == "bbx_session")
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and service.token not in cookie["value"]
+    assert page.evaluate("document.cookie") == ""
+    page.wait_for_selector(f'#sandboxes-table tr[data-id="{a}"]', timeout=WAIT_MS)
+    page.fill("#filter", "console=e2e")
+    assert page.locator("#sandboxes-table tbody tr").count() == 1
+    assert "running" in page.inner_text(f'#sandboxes-table tr[data-id="{a}"]')
+    shot(browser, page, tmp_path / "sandboxes.png", a)
+    page.fill("#filter", "console=nothing-has-this")
+    assert page.locator("#sandboxes-table tbody tr").count() == 0
+    page.fill("#filter", "")
+    # A change made elsewhere (here by the API) reaches the open page over the event stream.
+    assert api.post(f"/v1/sandboxes/{a}/timeout", json={"timeout": 7200}).status_code == 200
+    playwright_api.expect(page.locator(f"#sandboxes-table tr[data-id='{a}'] td:nth-child(7)")).to_have_text(
+        re.compile(r"^(1h 59m|2h 0m)$"), timeout=WAIT_MS)
+
+    # Checkpoint from the sandbox's page; the node appears in the lineage.
+    page.click(f'#sandboxes-table a[href="#/node/{a}"]')
+    page.wait_for_selector("#do-checkpoint")
+    page.fill("#checkpoint-name", "console-start")
+    page.click("#do-checkpoint")
+    c1 = re.search(r"snap-[0-9a-f]{16}", result(page, "checkpoint")).group(0)
+    page.goto(service.url + "/ui#/lineage")
+    page.wait_for_selector(f'#tree li[data-id="{c1}"]', timeout=WAIT_MS)
+    assert "console-start" in page.inner_text(f'#tree li[data-id="{c1}"]')
+    assert api.get(f"/v1/snapshots/{c1}/diff").json()["error"]["code"] == "no_parent"
+
+    # Roll back, after confirming, undoes a file written since the checkpoint.
+    assert api.put(f"/v1/sandboxes/{a}/files", params={"path": "/root/later.txt"}, content=b"x").status_code == 200
+    page.goto(service.url + f"/ui#/node/{a}")
+    page.wait_for_selector(f'#rollback-to option[value="{c1}"]', state="attached", timeout=WAIT_MS)
+    page.once("dialog", lambda d: d.accept())
+    page.click("#do-rollback")
+    assert f"is back at {c1}" in result(page, "rollback")
+    assert api.get(f"/v1/sandboxes/{a}/files", params={"path": "/root/later.txt"}).status_code == 404
+
+    # A named snapshot, and a new sandbox restored from it on the snapshot's page.
+    page.fill("#snapshot-name", "console-snap")
+    page.click("#do-snapshot")
+    snap = re.search(r"snap-[0-9a-f]{16}", result(page, "snapshot")).group(0)
+    assert api.get("/v1/snapshots/console-snap").json()["id"] == snap
+    page.goto(service.url + f"/ui#/node/{snap}")
+    page.wait_for_selector("#do-restore")
+    page.click("#do-restore")
+    restored = re.search(r"started (sbx-[0-9a-f]{16})", result(page, "restore")).group(1)
+    assert api.get(f"/v1/sandboxes/{restored}").json()["parent_snapshot"] == snap
+    assert api.delete(f"/v1/sandboxes/{restored}").status_code == 204
+    page.goto(service.url + f"/ui#/node/{a}")
+    page.wait_for_selector("#do-fork")
+
+    # Fork two; the tree gains a fork point with both children under it.
+    assert api.put(f"/v1/sandboxes/{a}/files", params={"path": "/root/fork.txt"}, content=b"y").status_code == 200
+    page.fill("#fork-count", "2")
+    page.click("#do-fork")
+    text = result(page, "fork")
+    fork_point = re.search(r"fork point (snap-[0-9a-f]{16})", text).group(1)
+    children = re.findall(r"sbx-[0-9a-f]{16}", text)
+    assert len(children) == 2 and a not in children, text
+    page.goto(service.url + "/ui#/lineage")
+    for child in children:
+        page.wait_for_selector(f'#tree li[data-id="{fork_point}"] li[data-id="{child}"]', timeout=WAIT_MS)
+    assert page.locator(f'#tree li[data-id="{c1}"] li[data-id="{fork_point}"]').count() == 1
+    shot(browser, page, tmp_path / "lineage.png", fork_point)
+
+    # The fork point's diff against its parent (the checkpoint) shows the file written between.
+    page.goto(service.url + f"/ui#/node/{fork_point}")
+    page.wait_for_selector(f'#diff-against option[value="{c1}"]', state="attached", timeout=WAIT_MS)
+    page.click("#do-diff")
+    result(page, "diff")
+    assert "/root/fork.txt" in page.inner_text("#diff-added")
+    assert "/root/later.txt" not in page.inner_text("#node-diff")
+    shot(browser, page, tmp_path / "node.png", "/root/fork.txt")
+
+    # Kill asks first: dismissed, the child lives; accepted, it is gone from the list.
+    page.goto(service.url + f"/ui#/node/{children[0]}")
+    page.wait_for_selector("#do-kill")
+    page.once("dialog", lambda d: d.dismiss())
+    page.click("#do-kill")
+    assert api.get(f"/v1/sandboxes/{children[0]}").json()["state"] == "running"
+    page.once("dialog", lambda d: d.accept())
+    page.click("#do-kill")
+    result(page, "kill")
+    page.wait_for_selector("#page-sandboxes:not([hidden])")
+    page.wait_for_selector(f'#sandboxes-table tr[data-id="{children[0]}"]', state="detached", timeout=WAIT_MS)
+    assert api.get(f"/v1/sandboxes/{children[0]}").status_code == 404
+
+    # State changes need the session's CSRF token; without the cookie there is no session.
+    timeout_path = f"/v1/sandboxes/{a}/timeout"
+    csrf = page.evaluate("fetch('/ui/api/session').then(r => r.json()).then(s => s.csrf)")
+    assert in_page(page, "POST", timeout_path, None) == 403
+    assert in_page(page, "POST", timeout_path, "00" * 32) == 403
+    assert in_page(page, "POST", timeout_path, csrf) == 200
+    jar = {"bbx_session": cookie["value"]}
+    with httpx.Client(base_url=service.url, cookies=jar) as raw:
+        assert raw.post(timeout_path, json={"timeout": 300}, headers={"x-csrf-token": csrf[::-1]}).status_code == 403
+        assert raw.get("/v1/sandboxes").status_code == 200
+    assert httpx.post(service.url + timeout_path, json={"timeout": 300}, headers={"x-csrf-token": csrf}).status_code == 401
+
+    # Sign out ends the session: the page and the old cookie are both refused.
+    page.click("#signout")
+    page.wait_for_selector("#page-signin:not([hidden])")
+    assert page.evaluate("fetch('/v1/sandboxes').then(r => r.status)") == 401
+    with httpx.Client(base_url=service.url, cookies=jar) as raw:
+        assert raw.get("/v1/sandboxes").status_code == 401
+    page.close()
+    for sid in [a, children[1]]:
+        api.delete(f"/v1/sandboxes/{sid}")
+    api.close()
+
+
+def generated_lineage(n: int) -> dict:
+    """`n` nodes: a ternary tree of snapshots with sandboxes hanging off it."""
+    snaps, boxes = [], []
+    n_snaps = n * 4 // 5
+    for i in range(n_snaps):
+        snaps.append({
+            "id": f"snap-{i:016x}",
+            "parent": f"snap-{(i - 1) // 3:016x}" if i else None,
+            "source": None,
+            "kind": ["checkpoint", "snapshot", "fork_point"][i % 3],
+            "name": f"gen-{i}",
+            "created_ms": 1_700_000_000_000 + i,
+            "deleted": False,
+        })
+    for j in range(n - n_snaps):
+        boxes.append({"id": f"sbx-{j:016x}", "parent_snapshot": f"snap-{(j * 7) % n_snaps:016x}", "state": "running"})
+    return {"snapshots": snaps, "sandboxes": boxes}
+
+
+def test_lineage_of_a_thousand_nodes_opens_lazily(service: Service, browser, tmp_path: Path) -> None:
+    """Creating 1,000 real snapshots would take far longer than this test may, so the page is
+    given a generated lineage of 1,000 nodes in place of GET /v1/lineage (and no live stream)."""
+    n = 1000
+    body = generated_lineage(n)
+    page = browser.new_page(viewport=VIEW)
+    page.route("**/ui/api/events", lambda r: r.abort())
+    page.route("**/v1/lineage", lambda r: r.fulfill(status=200, content_type="application/json", json=body))
+    sign_in(page, service)
+    page.goto(service.url + "/ui#/lineage")
+    playwright_api.expect(page.locator("#lineage-count")).to_have_text(re.compile("^1000 nodes"), timeout=WAIT_MS)
+    # Past the size that opens fully, only the root is built.
+    assert page.locator("#tree li").count() == 1
+    expand_ms = page.evaluate(
+        "() => { const t = performance.now(); document.getElementById('expand-all').click();"
+        " return performance.now() - t; }"
+    )
+    assert page.locator("#tree li").count() == n
+    collapse_ms = page.evaluate(
+        "() => { const t = performance.now(); document.getElementById('collapse-all').click();"
+        " return performance.now() - t; }"
+    )
+    assert page.locator("#tree li").count() == 1
+    # Find opens only the path to the node: its ancestors and their children.
+    deep = "snap-00000000000002f0"
+    page.fill("#find", deep)
+    page.press("#find", "Enter")
+    page.wait_for_selector(f'#tree li.found[data-id="{deep}"]')
+    shown = page.locator("#tree li").count()
+    assert 1 < shown < 100, shown
+    page.click("#zoom-in")
+    assert page.evaluate("document.getElementById('tree').style.fontSize") == "1.1em"
+    shot(browser, page, tmp_path / "lineage-1000.png", deep)
+    print(f"\nlineage of {n} nodes: expand all {expand_ms:.0f} ms, collapse all {collapse_ms:.0f} ms, find shows {shown}")
+    page.close()
+
+
+def test_console_requests_without_a_session_are_refused(service: Service) -> None:
+    """Without a cookie the console's own routes answer 401, and the pages carry the policy."""
+    for path in ["/ui/api/session", "/ui/api/events"]:
+        assert httpx.get(service.url + path).status_code == 401
+    r = httpx.get(service.url + "/ui")
+    assert r.status_code == 200 and "default-src 'self'" in r.headers["content-security-policy"]
+    assert httpx.delete(service.url + "/ui/api/session").status_code == 401
