@@ -155,12 +155,16 @@ fn ten_branches_in_a_row_from_one_live_source_all_work() {
 /// The program every sandbox of the random walk runs in the background: a string that lives only
 /// in its memory. Requests arrive as lines on the FIFO /tmp/req: `a TOKEN` appends TOKEN, `q`
 /// answers the string, as one line, on the FIFO /tmp/resp. It blocks in `read` between requests
-/// (no polling), so asking it costs no more than any other exec. The request FIFO is opened
-/// read-write so that it always has a writer: a read blocks instead of seeing end-of-file, and no
-/// request is lost between one client closing the FIFO and the next opening it.
+/// (no polling), so asking it costs no more than any other exec. It holds both FIFOs open
+/// read-write for its whole life, so neither end ever waits in `open` for the other and neither
+/// sees end-of-file: no request is lost between one client closing the FIFO and the next
+/// opening it, and an answer waits in /tmp/resp for its reader (which reads one line, as the
+/// shell's `read` takes a byte at a time). With an open per answer instead, a check now and then
+/// (once in CI, once in 12 walks here) waited 30 s on the FIFOs while the process sat idle.
 const MEMORY: &str = r#"
 import os
 req = os.open('/tmp/req', os.O_RDWR)
+out = os.open('/tmp/resp', os.O_RDWR)
 mem = ''
 buf = b''
 while True:
@@ -171,11 +175,9 @@ while True:
         if line.startswith('a '):
             mem += line[2:]
         elif line == 'q':
-            out = os.open('/tmp/resp', os.O_WRONLY)
             data = (mem + '\n').encode()
             while data:
                 data = data[os.write(out, data):]
-            os.close(out)
 "#;
 
 /// One shell line, of builtins only (every process started under gVisor costs milliseconds),
@@ -183,8 +185,8 @@ while True:
 /// `file=…\nmem=…\n`.
 const REPORT: &str =
     "s=; if [ -f /root/state ]; then while IFS= read -r l; do s=\"$s$l\n\"; done < /root/state; \
-     s=\"$s$l\"; else s='(no /root/state)'; fi; echo q > /tmp/req; IFS= read -r m < /tmp/resp; \
-     printf 'file=%s\\nmem=%s\\n' \"$s\" \"$m\"";
+     s=\"$s$l\"; else s='(no /root/state)'; fi; printf 'file=%s\\n' \"$s\"; echo q > /tmp/req; \
+     IFS= read -r m < /tmp/resp; printf 'mem=%s\\n' \"$m\"";
 
 /// Starts the memory process of [`MEMORY`] in `s`, with an empty /root/state beside it.
 fn start_memory(s: &Sandbox) {
@@ -260,9 +262,10 @@ fn check_branches(branches: &[Branch], step: &str, first: Option<(usize, &str)>,
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),
-            "{who}: the check failed ({}): stdout {text:?}, stderr {:?}\nlast steps:\n  {recent}",
+            "{who}: the check failed ({}): stdout {text:?}, stderr {:?}\nlast steps:\n  {recent}\n{}",
             out.status,
-            String::from_utf8_lossy(&out.stderr)
+            String::from_utf8_lossy(&out.stderr),
+            post_mortem(&b.sandbox)
         );
         let (file, mem) = text
             .strip_prefix("file=")
@@ -279,6 +282,31 @@ fn check_branches(branches: &[Branch], step: &str, first: Option<(usize, &str)>,
             verdict(&b.mem, mem),
         );
     }
+}
+
+/// What a failed check leaves to go on: the sandbox's processes (pid, state, command line, from
+/// its `/proc`, with shell builtins only) and the end of its shim's log, where the agent and the
+/// runtime write.
+fn post_mortem(s: &Sandbox) -> String {
+    let procs = s.sh_output(
+        "for p in /proc/[0-9]*; do read -r st < $p/stat; echo \"${st%% (*} ${st##*) }: $(tr '\\0' ' ' < $p/cmdline)\"; \
+         done; echo 'unread answers in /tmp/resp:'; timeout 3 cat /tmp/resp; echo \"(cat: $?)\"",
+    );
+    let again = s.sh_output(&format!(
+        "timeout 10 sh -c '{}'; echo \"(asked again: $?)\"",
+        REPORT.replace('\'', "'\\''")
+    ));
+    let log = std::fs::read_to_string(s.1.join("sandboxes").join(&s.0).join("shim.log")).unwrap_or_default();
+    let tail: Vec<&str> = log.lines().rev().take(40).collect();
+    format!(
+        "its processes (pid, state and stat fields, command line):\n{}{}\nasked again: {}{}\nthe last {} lines of its shim.log:\n  {}",
+        String::from_utf8_lossy(&procs.stdout),
+        String::from_utf8_lossy(&procs.stderr),
+        String::from_utf8_lossy(&again.stdout),
+        String::from_utf8_lossy(&again.stderr),
+        tail.len(),
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n  ")
+    )
 }
 
 /// " (same)", or where `seen` first departs from `expected`.
