@@ -61,8 +61,9 @@ pub struct CreateArgs {
     /// link-local and the cloud metadata address refused (docs/network.md).
     #[arg(long)]
     pub network: bool,
-    /// A network that reaches only this CIDR (repeatable, at most 256); implies --network.
-    #[arg(long = "allow", value_name = "CIDR", conflicts_with = "deny_all")]
+    /// A network that reaches only this CIDR or host name (`pypi.org`, `*.github.com`: what
+    /// the sandbox's resolver answers for it); repeatable, at most 256; implies --network.
+    #[arg(long = "allow", value_name = "CIDR|HOST", conflicts_with = "deny_all")]
     pub allow: Vec<String>,
     /// A network that reaches nothing (its policy can be changed later); implies --network.
     #[arg(long)]
@@ -150,8 +151,8 @@ pub enum Cmd {
         /// Allow every public destination (private ranges stay refused).
         #[arg(long, conflicts_with_all = ["allow", "deny_all"])]
         internet: bool,
-        /// Allow only this CIDR (repeatable, at most 256).
-        #[arg(long = "allow", value_name = "CIDR", conflicts_with = "deny_all")]
+        /// Allow only this CIDR or host name (repeatable, at most 256).
+        #[arg(long = "allow", value_name = "CIDR|HOST", conflicts_with = "deny_all")]
         allow: Vec<String>,
         /// Allow nothing.
         #[arg(long)]

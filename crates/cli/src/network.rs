@@ -5,7 +5,7 @@ use crate::output::print;
 use anyhow::{anyhow, Result};
 use branchbox_core::Engine;
 use branchbox_model::SandboxId;
-use branchbox_net::{AllowList, Cidr, Egress};
+use branchbox_net::{AllowList, Egress};
 
 /// The network policy the create flags ask for, if any.
 pub(crate) fn egress(c: &CreateArgs) -> Result<Option<Egress>> {
@@ -18,11 +18,8 @@ pub(crate) fn policy(internet: bool, allow: &[String], deny_all: bool) -> Result
         return Ok(Some(Egress::DenyAll));
     }
     if !allow.is_empty() {
-        let cidrs = allow
-            .iter()
-            .map(|s| s.parse::<Cidr>().map_err(|e| anyhow!("--allow {s}: {e}")))
-            .collect::<Result<Vec<_>>>()?;
-        return Ok(Some(Egress::AllowList(AllowList::new(cidrs).map_err(|e| anyhow!("--allow: {e}"))?)));
+        let list = AllowList::parse(allow).map_err(|e| anyhow!("--allow: {e}"))?;
+        return Ok(Some(Egress::AllowList(list)));
     }
     Ok(internet.then_some(Egress::Internet))
 }
@@ -41,10 +38,7 @@ pub(crate) fn egress_cmd(engine: &Engine, id: &SandboxId, change: Option<Egress>
         let mode = match &egress {
             Egress::Internet => "internet (private ranges refused)".to_string(),
             Egress::DenyAll => "deny-all".to_string(),
-            Egress::AllowList(list) => {
-                let cidrs: Vec<String> = list.cidrs().iter().map(|c| c.to_string()).collect();
-                format!("allow-list {}", cidrs.join(" "))
-            }
+            Egress::AllowList(list) => format!("allow-list {}", list.entries().join(" ")),
         };
         format!(
             "policy: {mode}\nnew flows allowed: {} packets, refused: {} packets",

@@ -3,7 +3,7 @@
 
 mod common;
 
-use branchbox_net::testing::{Internet, METADATA, PORT, PRIVATE, PUBLIC};
+use branchbox_net::testing::{Dns, Internet, DNS_SERVER, METADATA, OTHER_PUBLIC, PORT, PRIVATE, PUBLIC};
 use branchbox_net::{Names, NetConfig, Uplink};
 use common::{bb_in, eventually, private_dir, Daemon};
 use std::path::{Path, PathBuf};
@@ -263,6 +263,78 @@ fn a_fork_with_an_open_connection_fails_with_the_reason_and_the_source_runs_on()
     assert!(!out.status.success(), "forked with an open connection: {text}");
     assert!(text.contains("while one of its TCP connections is open"), "the error does not say why: {text}");
     assert_eq!(net.fetch(&a, PUBLIC).0, "200 10.200.0.2", "the source lost its network");
+}
+
+#[test]
+fn an_allow_list_of_host_names_reaches_what_the_resolver_answered_for_them_only() {
+    let mut net = Net::new("net-dns");
+    let dns = Dns::start(
+        &net.inet.netns,
+        &[("allowed.test", PUBLIC), ("other.test", OTHER_PUBLIC), ("rebind.test", METADATA)],
+    )
+    .unwrap();
+    let resolvers = DNS_SERVER.to_string();
+    let sh = |net: &Net, id: &str, line: &str| {
+        net.bb()
+            .env("BRANCHBOX_NET_RESOLVERS", &resolvers)
+            .args(["exec", id, "-s", "--", line])
+            .output()
+            .unwrap()
+    };
+    let create = |net: &mut Net, flags: &[&str]| {
+        let mut args = vec!["create", "--backend", "gvisor"];
+        args.extend_from_slice(flags);
+        let out = net.bb().env("BRANCHBOX_NET_RESOLVERS", &resolvers).args(&args).output().unwrap();
+        assert!(out.status.success(), "create {flags:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let id = String::from_utf8_lossy(&out.stdout).trim().lines().last().unwrap_or_default().to_string();
+        net.made.push(id.clone());
+        id
+    };
+    let curl = format!("curl -s -m 10 -o /dev/null -w '%{{http_code}}' http://allowed.test:{PORT}/");
+
+    // Every networked sandbox's resolver is its gateway, which answers from upstream.
+    let open = create(&mut net, &["--network"]);
+    let out = sh(&net, &open, "cat /etc/resolv.conf; getent hosts other.test");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("nameserver 10.200.0.1"), "{out:?}");
+    assert!(text.contains(&OTHER_PUBLIC.to_string()), "{text}");
+
+    let l = create(&mut net, &["--allow", "allowed.test", "--allow", "rebind.test"]);
+    let out = sh(&net, &l, &curl);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "200", "a listed name: {out:?}");
+    // The name's answer opened its address only: another public address stays refused.
+    let (_, out) = net.fetch(&l, OTHER_PUBLIC);
+    assert_eq!(out.status.code(), Some(REFUSED), "an address no listed name resolved to");
+    // A name off the list gets no answer, and never reaches upstream.
+    let out = sh(&net, &l, "getent hosts other.test");
+    assert!(!out.status.success(), "a name off the list resolved: {out:?}");
+    let before = dns.asked().iter().filter(|n| *n == "other.test").count();
+    let _ = sh(&net, &l, "getent hosts other.test");
+    assert_eq!(
+        dns.asked().iter().filter(|n| *n == "other.test").count(),
+        before,
+        "a refused name went upstream"
+    );
+    // A listed name that answers a private address (the metadata service) opens nothing.
+    let out = sh(&net, &l, &format!("curl -s -m 10 -o /dev/null http://rebind.test:{PORT}/"));
+    assert_eq!(out.status.code(), Some(REFUSED), "a listed name opened the metadata address: {out:?}");
+
+    // A change at runtime applies to names at once, and drops what the old list resolved.
+    net.ok(&["egress", &l, "--allow", "other.test"]);
+    let out = sh(&net, &l, "getent hosts other.test");
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&OTHER_PUBLIC.to_string()), "{out:?}");
+    let (code, _) = net.fetch(&l, OTHER_PUBLIC);
+    assert_eq!(code, "200 10.200.0.2");
+    let (_, out) = net.fetch(&l, PUBLIC);
+    assert_eq!(out.status.code(), Some(REFUSED), "the old list's address stayed allowed");
+    let out = sh(&net, &l, "getent hosts allowed.test");
+    assert!(!out.status.success(), "a name of the old list still resolved: {out:?}");
+
+    // deny-all answers no name at all.
+    let d = create(&mut net, &["--deny-all"]);
+    let asked = dns.asked().len();
+    assert!(!sh(&net, &d, "getent hosts allowed.test").status.success());
+    assert_eq!(dns.asked().len(), asked, "deny-all asked upstream");
 }
 
 #[test]

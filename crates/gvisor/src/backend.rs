@@ -81,9 +81,8 @@ impl GvisorBackend {
             Some(egress) => Some(crate::network::attach(plan.id.as_str(), &plan.dir, egress)?),
             None => None,
         };
-        let bundle_net = net
-            .as_ref()
-            .map(|n| crate::bundle::Network { netns: &n.netns, resolv_conf: n.resolv_conf.as_deref() });
+        let bundle_net =
+            net.as_ref().map(|n| crate::bundle::Network { netns: &n.netns, resolv_conf: &n.resolv_conf });
         crate::bundle::write(
             &plan.dir.join("bundle"),
             &plan.rootfs,

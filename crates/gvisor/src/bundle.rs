@@ -47,8 +47,9 @@ pub const HOST_TASKS_BASE: u64 = 8192;
 pub struct Network<'a> {
     /// The guest network namespace runsc's netstack takes its interface from.
     pub netns: &'a Path,
-    /// A resolver file to mount read-only at `/etc/resolv.conf`, when resolvers are set.
-    pub resolv_conf: Option<&'a Path>,
+    /// The resolver file to mount read-only at `/etc/resolv.conf` (naming the sandbox's DNS
+    /// forwarder).
+    pub resolv_conf: &'a Path,
 }
 
 /// Writes `config.json` into `bundle`.
@@ -88,8 +89,8 @@ pub fn write(
     let mut netns = json!({"type": "network"});
     if let Some(net) = network {
         netns["path"] = json!(net.netns);
-        if let (Some(file), Some(list)) = (net.resolv_conf, mounts.as_array_mut()) {
-            list.push(json!({"destination": "/etc/resolv.conf", "type": "bind", "source": file, "options": ["rbind", "ro"]}));
+        if let Some(list) = mounts.as_array_mut() {
+            list.push(json!({"destination": "/etc/resolv.conf", "type": "bind", "source": net.resolv_conf, "options": ["rbind", "ro"]}));
         }
     }
     let config = json!({
@@ -162,8 +163,7 @@ mod tests {
     #[test]
     fn a_networked_bundle_names_the_guest_namespace_and_mounts_the_resolver_file() {
         let dir = tempfile::tempdir().unwrap();
-        let net =
-            Network { netns: Path::new("/run/netns/bbg-0"), resolv_conf: Some(Path::new("/d/resolv.conf")) };
+        let net = Network { netns: Path::new("/run/netns/bbg-0"), resolv_conf: Path::new("/d/resolv.conf") };
         write(dir.path(), Path::new("/rootfs"), "bb-1", &Limits::default(), "/branchbox/x", Some(net))
             .unwrap();
         let spec: serde_json::Value =

@@ -23,8 +23,8 @@ fn map(e: branchbox_net::Error) -> Error {
 pub struct Attached {
     /// The guest namespace.
     pub netns: PathBuf,
-    /// The resolver file, when resolvers are configured.
-    pub resolv_conf: Option<PathBuf>,
+    /// The resolver file: the sandbox's DNS forwarder, on its gateway (`branchbox_net::dns`).
+    pub resolv_conf: PathBuf,
 }
 
 /// Creates sandbox `id`'s network with `egress` and records the policy in `dir`.
@@ -32,15 +32,18 @@ pub fn attach(id: &str, dir: &Path, egress: &Egress) -> Result<Attached> {
     let cfg = NetConfig::from_env().map_err(map)?;
     let attached = cfg.setup(id, egress).map_err(map)?;
     record(dir, egress)?;
-    let resolv_conf = if cfg.resolvers.is_empty() {
-        None
-    } else {
-        let path = dir.join("resolv.conf");
-        let text: String = cfg.resolvers.iter().map(|r| format!("nameserver {r}\n")).collect();
-        std::fs::write(&path, text).map_err(|e| Error::io(&path, e))?;
-        Some(path)
-    };
-    Ok(Attached { netns: attached.guest_ns_path, resolv_conf })
+    let path = dir.join("resolv.conf");
+    let text = format!("nameserver {}\n", branchbox_net::GATEWAY);
+    std::fs::write(&path, text).map_err(|e| Error::io(&path, e))?;
+    Ok(Attached { netns: attached.guest_ns_path, resolv_conf: path })
+}
+
+/// Serves sandbox `id`'s resolver from this process (its shim) until it exits: the policy of
+/// each query is the one recorded in `dir` then.
+pub fn serve_dns(id: &str, dir: &Path) -> Result<()> {
+    let cfg = NetConfig::from_env().map_err(map)?;
+    let dir = dir.to_path_buf();
+    branchbox_net::dns::start(cfg, id, Box::new(move || recorded(&dir).ok().flatten())).map_err(map)
 }
 
 /// Records `egress` as the policy of the sandbox or snapshot in `dir` (replaced whole, by

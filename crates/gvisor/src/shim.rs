@@ -492,6 +492,10 @@ pub fn run(cfg: ShimConfig) -> Result<(), String> {
         Start::Fresh => None,
         Start::Restore(image) => Some(image.clone()),
     };
+    if cfg.runsc.network {
+        // Before the container: its first lookup finds the resolver there.
+        crate::network::serve_dns(&cfg.id, &cfg.dir).map_err(|e| format!("the sandbox's resolver: {e}"))?;
+    }
     let (container, stdout) =
         spawn_container(&cfg, 1, image.as_deref()).map_err(|e| format!("cannot start runsc: {e}"))?;
     let shim = Arc::new(Shim {

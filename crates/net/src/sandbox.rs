@@ -21,7 +21,7 @@ pub const GUEST_PREFIX: u8 = 30;
 pub const GUEST_MAC: &str = "02:62:62:00:00:02";
 /// The guest's interface name.
 const GUEST_IF: &str = "eth0";
-/// Most resolvers a guest is given (glibc reads three; the rest are for other resolvers).
+/// Most upstream resolvers a forwarder is given (it asks them in turn).
 const MAX_RESOLVERS: usize = 8;
 /// Where slot files live unless `BRANCHBOX_NET_STATE` says otherwise.
 const DEFAULT_STATE: &str = "/run/branchbox/net";
@@ -47,7 +47,8 @@ pub struct NetConfig {
     pub pool: Cidr,
     /// Slot files (`<state>/slots`).
     pub state_dir: PathBuf,
-    /// Resolvers the guests may ask (port 53, whatever the policy).
+    /// The resolvers each sandbox's DNS forwarder asks (from the host, or from inside the
+    /// uplink namespace); empty: the host's own, from `/etc/resolv.conf`.
     pub resolvers: Vec<Ipv4Addr>,
 }
 
@@ -139,7 +140,9 @@ impl NetConfig {
         Ok(NetConfig { uplink, pool, state_dir, resolvers })
     }
 
-    fn uplink_ns(&self) -> Option<&str> {
+    /// The uplink namespace's name, or `None` for the host's: where exposed ports are
+    /// reached from and the DNS forwarders' upstream sockets are opened.
+    pub fn uplink_ns(&self) -> Option<&str> {
         match &self.uplink {
             Uplink::Host => None,
             Uplink::Netns(ns) => Some(ns),
@@ -198,7 +201,7 @@ impl NetConfig {
             None => run("ip", &["-batch", "-"], &far, None, "address the uplink")?,
         };
         sysctl_in(&n.router_ns, "/proc/sys/net/ipv4/ip_forward", "1")?;
-        let table = policy::router_table(egress, self.pool, &self.resolvers, GUEST_ADDR);
+        let table = policy::router_table(egress, self.pool, GATEWAY, GUEST_ADDR);
         run("nft", &["-f", "-"], &table, Some(&n.router_ns), "load the sandbox's egress policy")?;
         if self.uplink == Uplink::Host {
             self.host_uplink()?;
@@ -240,8 +243,30 @@ impl NetConfig {
     /// Replaces sandbox `id`'s egress policy in one nftables transaction.
     pub fn set_egress(&self, id: &str, egress: &Egress) -> Result<()> {
         let n = Names::of(id)?;
-        let change = policy::change(egress, self.pool, &self.resolvers);
+        let change = policy::change(egress, self.pool);
         run("nft", &["-f", "-"], &change, Some(&n.router_ns), "change the sandbox's egress policy").map(drop)
+    }
+
+    /// Lets sandbox `id` reach `addrs` for `ttl` seconds: what its forwarder resolved for a
+    /// host name of its allow-list.
+    pub fn allow_resolved(&self, id: &str, addrs: &[Ipv4Addr], ttl: u32) -> Result<()> {
+        let n = Names::of(id)?;
+        if addrs.is_empty() {
+            return Ok(());
+        }
+        let add = policy::resolved(addrs, ttl);
+        run("nft", &["-f", "-"], &add, Some(&n.router_ns), "allow a resolved address").map(drop)
+    }
+
+    /// The resolvers a forwarder asks: [`NetConfig::resolvers`], else the IPv4 name servers of
+    /// the host's `/etc/resolv.conf` (at most [`MAX_RESOLVERS`]). Asked from the host's own
+    /// namespace, a host resolver on loopback (`127.0.0.53`) works.
+    pub fn upstreams(&self) -> Vec<Ipv4Addr> {
+        if !self.resolvers.is_empty() {
+            return self.resolvers.clone();
+        }
+        let text = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+        name_servers(&text)
     }
 
     /// The address at which sandbox `id`'s TCP servers are reached from the uplink's far side
@@ -304,6 +329,18 @@ impl NetConfig {
         }
         slots::release(&self.state_dir, id)
     }
+}
+
+/// The IPv4 `nameserver` lines of a resolv.conf text, at most [`MAX_RESOLVERS`].
+fn name_servers(text: &str) -> Vec<Ipv4Addr> {
+    text.lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            (words.next()? == "nameserver").then_some(())?;
+            words.next()?.parse::<Ipv4Addr>().ok()
+        })
+        .take(MAX_RESOLVERS)
+        .collect()
 }
 
 #[derive(Deserialize)]
@@ -371,6 +408,13 @@ mod tests {
         assert!(NetConfig::from_env().unwrap_err().to_string().contains("resolver.example"));
         std::env::remove_var("BRANCHBOX_NET_RESOLVERS");
         std::env::remove_var("BRANCHBOX_NET_POOL");
+    }
+
+    #[test]
+    fn name_servers_are_read_from_resolv_conf() {
+        let text = "# generated\nsearch example\nnameserver 127.0.0.53\nnameserver ::1\nnameserver  192.0.2.53 \nnameserverx 1.1.1.1\n";
+        assert_eq!(name_servers(text), vec![Ipv4Addr::new(127, 0, 0, 53), Ipv4Addr::new(192, 0, 2, 53)]);
+        assert_eq!(name_servers(&"nameserver 192.0.2.1\n".repeat(20)).len(), MAX_RESOLVERS);
     }
 
     #[test]

@@ -23,8 +23,11 @@ def test_a_networked_sandbox_serves_at_get_host_and_through_the_proxy(networked)
     with Sandbox.create(allow_internet_access=False, backend="gvisor", timeout=300, **networked.sdk()) as sbx:
         info = sbx.get_network()
         assert (info.mode, info.allow) == ("deny_all", [])
-        info = sbx.set_network("allow_list", ["192.0.2.0/24"])
-        assert (info.mode, info.allow) == ("allow_list", ["192.0.2.0/24"])
+        info = sbx.set_network("allow_list", ["pypi.org", "192.0.2.0/24"])
+        assert (info.mode, info.allow) == ("allow_list", ["192.0.2.0/24", "pypi.org"])
+        with pytest.raises(InvalidArgumentError, match="not a host name"):
+            sbx.set_network("allow_list", ["pypi.org; flush ruleset"])
+        assert sbx.get_network().allow == ["192.0.2.0/24", "pypi.org"], "a refused change applied"
         sbx.commands.run(f"mkdir -p /tmp/www && echo {sbx.sandbox_id} > /tmp/www/whoami")
         sbx.commands.run("python3 -m http.server 8080 --directory /tmp/www", background=True)
         host = sbx.get_host(8080)

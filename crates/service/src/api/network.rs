@@ -6,7 +6,7 @@ use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::state::AppState;
 use axum::extract::{Path, State};
 use axum::Json;
-use branchbox_net::{AllowList, Cidr, Egress};
+use branchbox_net::{AllowList, Egress};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -18,7 +18,7 @@ pub enum NetworkMode {
     Internet,
     /// Nothing (its exposed ports still answer).
     DenyAll,
-    /// Only the networks in `allow` (private ones too, when listed).
+    /// Only the networks and host names in `allow` (private networks too, when listed).
     AllowList,
 }
 
@@ -28,8 +28,9 @@ pub enum NetworkMode {
 pub struct NetworkPolicy {
     /// The mode.
     pub mode: NetworkMode,
-    /// With `allow_list`: the IPv4 networks (`192.0.2.0/24`; at most 256); refused with any
-    /// other mode.
+    /// With `allow_list`: IPv4 networks (`192.0.2.0/24`) and host names (`pypi.org`,
+    /// `*.github.com`: what the sandbox's resolver answers for them), at most 256 in all;
+    /// refused with any other mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow: Option<Vec<String>>,
 }
@@ -40,18 +41,12 @@ impl NetworkPolicy {
         match (self.mode, &self.allow) {
             (NetworkMode::Internet, None) => Ok(Egress::Internet),
             (NetworkMode::DenyAll, None) => Ok(Egress::DenyAll),
-            (NetworkMode::AllowList, Some(list)) => {
-                let cidrs = list
-                    .iter()
-                    .map(|s| s.parse::<Cidr>().map_err(|e| ApiError::invalid(format!("allow {s:?}: {e}"))))
-                    .collect::<ApiResult<Vec<_>>>()?;
-                Ok(Egress::AllowList(
-                    AllowList::new(cidrs).map_err(|e| ApiError::invalid(format!("allow: {e}")))?,
-                ))
-            }
-            (NetworkMode::AllowList, None) => {
-                Err(ApiError::invalid("mode allow_list needs allow, the networks it may reach"))
-            }
+            (NetworkMode::AllowList, Some(list)) => Ok(Egress::AllowList(
+                AllowList::parse(list).map_err(|e| ApiError::invalid(format!("allow: {e}")))?,
+            )),
+            (NetworkMode::AllowList, None) => Err(ApiError::invalid(
+                "mode allow_list needs allow, the networks and host names it may reach",
+            )),
             (_, Some(_)) => Err(ApiError::invalid("allow is only taken with mode allow_list")),
         }
     }
@@ -61,10 +56,9 @@ impl NetworkPolicy {
         match egress {
             Egress::Internet => NetworkPolicy { mode: NetworkMode::Internet, allow: None },
             Egress::DenyAll => NetworkPolicy { mode: NetworkMode::DenyAll, allow: None },
-            Egress::AllowList(list) => NetworkPolicy {
-                mode: NetworkMode::AllowList,
-                allow: Some(list.cidrs().iter().map(Cidr::to_string).collect()),
-            },
+            Egress::AllowList(list) => {
+                NetworkPolicy { mode: NetworkMode::AllowList, allow: Some(list.entries()) }
+            }
         }
     }
 }

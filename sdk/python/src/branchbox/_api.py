@@ -107,7 +107,7 @@ def create(
 
 def network_policy(mode: str, allow: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """The service's policy object: `mode` "internet", "deny_all" or "allow_list" (with `allow`,
-    the IPv4 networks it may reach)."""
+    the IPv4 networks and host names it may reach, at most 256)."""
     if mode not in ("internet", "deny_all", "allow_list"):
         raise InvalidArgumentError(f"network mode {mode!r}: give 'internet', 'deny_all' or 'allow_list'")
     return compact({"mode": mode, "allow": list(allow) if allow is not None else None})

@@ -218,7 +218,7 @@ class NetworkInfo:
 
     #: "internet" (public addresses; private ranges refused), "deny_all" or "allow_list".
     mode: str
-    #: With "allow_list": the IPv4 networks it may reach.
+    #: With "allow_list": the IPv4 networks and host names ("pypi.org", "*.github.com") it may reach.
     allow: List[str]
     #: Packets of new outbound flows the policy let through, and refused.
     allowed_packets: int
