@@ -14,9 +14,24 @@ pub const PROC_TAIL: usize = 1024 * 1024;
 pub const MAX_WALK_ENTRIES: u64 = 2_000_000;
 /// Longest JSON line of one walk entry: a path of 4096 bytes, every byte escaped (`\u00XX`),
 /// plus the other fields.
-pub const MAX_WALK_LINE: usize = 6 * 4096 + 256;
+pub const MAX_WALK_LINE: usize = 6 * MAX_GUEST_PATH + 256;
 /// Most bytes of a whole walk held by the host.
 pub const MAX_WALK_BYTES: u64 = 256 * 1024 * 1024;
+/// Longest path inside a sandbox a client may name (Linux's `PATH_MAX`).
+pub const MAX_GUEST_PATH: usize = 4096;
+
+/// Checks a path inside a sandbox as every host entry point takes one (the service, MCP):
+/// absolute, at most [`MAX_GUEST_PATH`] bytes, no NUL. The error quotes at most 64 characters.
+pub fn check_guest_path(p: &str) -> Result<(), String> {
+    if !p.starts_with('/') || p.len() > MAX_GUEST_PATH || p.contains('\0') {
+        return Err(format!(
+            "path {:?} must be absolute (start with /), at most {MAX_GUEST_PATH} bytes, without NUL",
+            p.chars().take(64).collect::<String>()
+        ));
+    }
+    Ok(())
+}
+
 /// Room left in a request header for the shim, which replaces the client's request id with
 /// its own (at most 20 digits).
 pub const SHIM_HEADER_ROOM: usize = 64;
@@ -50,5 +65,21 @@ impl Default for Limits {
             walk_entries: MAX_WALK_ENTRIES,
             walk_bytes: MAX_WALK_BYTES,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_paths_are_absolute_bounded_and_without_nul() {
+        assert!(check_guest_path("/root/a").is_ok());
+        assert!(check_guest_path(&format!("/{}", "a".repeat(MAX_GUEST_PATH - 1))).is_ok());
+        for bad in ["root/a", "", "/a\0b", &format!("/{}", "a".repeat(MAX_GUEST_PATH))] {
+            assert!(check_guest_path(bad).is_err(), "{bad:?}");
+        }
+        let e = check_guest_path(&format!("x{}", "a".repeat(5000))).unwrap_err();
+        assert!(e.len() < 200, "the error quotes the whole path: {e}");
     }
 }

@@ -67,14 +67,9 @@ pub fn snapshot_ref(s: &str) -> Result<String, ApiError> {
     Ok(s.to_string())
 }
 
-/// Checks a path inside a sandbox: absolute, at most 4096 bytes, no NUL.
+/// Checks a path inside a sandbox (`branchbox_protocol::limits::check_guest_path`).
 pub fn sandbox_path(p: &str) -> Result<String, ApiError> {
-    if !p.starts_with('/') || p.len() > 4096 || p.contains('\0') {
-        return Err(ApiError::invalid(format!(
-            "path {:?} must be absolute (start with /), at most 4096 bytes, without NUL",
-            p.chars().take(64).collect::<String>()
-        )));
-    }
+    branchbox_protocol::limits::check_guest_path(p).map_err(ApiError::invalid)?;
     Ok(p.to_string())
 }
 
