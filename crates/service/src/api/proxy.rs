@@ -96,14 +96,30 @@ fn unreachable(port: u16, e: &dyn std::fmt::Display) -> ApiError {
     )
 }
 
+/// True when `headers` ask to switch the connection to WebSocket (RFC 6455 section 4.1): the
+/// one upgrade passed on; any other (h2c, TLS) is dropped with the hop-by-hop headers.
+fn wants_websocket(headers: &HeaderMap) -> bool {
+    let upgrade = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    upgrade && headers.get(header::UPGRADE).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"))
+}
+
 /// Sends `req` over `stream` (to the HTTP server on `port` of the sandbox) as a request for
-/// `/rest` (with the original query), streaming both bodies.
+/// `/rest` (with the original query), streaming both bodies. A WebSocket handshake is passed
+/// on as one: when the server switches protocols, the two connections are joined byte for
+/// byte until either side closes.
 pub async fn forward(
     stream: tokio::net::TcpStream,
     port: u16,
     rest: &str,
-    req: Request,
+    mut req: Request,
 ) -> Result<Response, ApiError> {
+    let websocket = wants_websocket(req.headers());
+    let client_side = websocket.then(|| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
     let path = match parts.uri.query() {
         Some(q) => format!("/{rest}?{q}"),
@@ -113,6 +129,10 @@ pub async fn forward(
         ApiError::bad_request("invalid_path", format!("{path:?} is not a path to pass on: {e}"))
     })?;
     strip(&mut parts.headers);
+    if websocket {
+        parts.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        parts.headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    }
     if let Some(host) = stream.peer_addr().ok().and_then(|a| HeaderValue::from_str(&a.to_string()).ok()) {
         parts.headers.insert(header::HOST, host);
     }
@@ -122,17 +142,44 @@ pub async fn forward(
         .map_err(|e| unreachable(port, &e))?;
     tokio::spawn(async move {
         // Ends when either side is done; its error is the response's, reported below.
-        let _ = conn.await;
+        let _ = conn.with_upgrades().await;
     });
-    let answer = sender.send_request(axum::http::Request::from_parts(parts, body)).await.map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_GATEWAY,
-            "port_failed",
-            format!("the server on port {port} of the sandbox did not answer with HTTP: {e}"),
-        )
-    })?;
+    let mut answer =
+        sender.send_request(axum::http::Request::from_parts(parts, body)).await.map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "port_failed",
+                format!("the server on port {port} of the sandbox did not answer with HTTP: {e}"),
+            )
+        })?;
+    let switched = answer.status() == StatusCode::SWITCHING_PROTOCOLS;
+    let joined = match client_side {
+        Some(client_side) if switched => {
+            let server_side = hyper::upgrade::on(&mut answer);
+            tokio::spawn(async move {
+                if let (Ok(client), Ok(server)) = (client_side.await, server_side.await) {
+                    let _ =
+                        tokio::io::copy_bidirectional(&mut TokioIo::new(client), &mut TokioIo::new(server))
+                            .await;
+                }
+            });
+            true
+        }
+        _ => false,
+    };
     let (mut parts, body) = answer.into_parts();
     strip(&mut parts.headers);
+    if joined {
+        parts.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        parts.headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    } else if switched {
+        // A switch nobody asked for (or to another protocol) cannot be passed on.
+        return Err(ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "port_failed",
+            format!("the server on port {port} of the sandbox switched protocols unasked; only WebSocket upgrades pass"),
+        ));
+    }
     // What the sandbox serves comes from the service's own origin, beside the console: as a
     // page of its own origin it could read the console with a signed-in user's cookie. The
     // policy gives it an opaque origin instead (its scripts run, but what they ask of the
@@ -225,5 +272,92 @@ mod tests {
         assert_eq!((e.status, e.code), (StatusCode::BAD_GATEWAY, "port_failed"));
         assert!(e.message.contains(&format!("port {}", addr.port())), "{}", e.message);
         server.await.unwrap();
+    }
+
+    /// A server that takes one WebSocket handshake (checking it arrived as one, without the
+    /// client's credentials), switches protocols, then echoes what it reads in upper case.
+    async fn websocket_upstream() -> (SocketAddr, tokio::task::JoinHandle<String>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = s.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the handshake ended early");
+                head.extend_from_slice(&buf[..n]);
+            }
+            s.write_all(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\nsec-websocket-accept: x\r\n\r\n").await.unwrap();
+            loop {
+                let n = s.read(&mut buf).await.unwrap();
+                if n == 0 {
+                    break;
+                }
+                s.write_all(&buf[..n].to_ascii_uppercase()).await.unwrap();
+            }
+            String::from_utf8_lossy(&head).into_owned()
+        });
+        (addr, task)
+    }
+
+    #[tokio::test]
+    async fn a_websocket_handshake_is_passed_on_and_the_connections_joined() {
+        let (up, seen) = websocket_upstream().await;
+        // The service side: a real HTTP server, whose connections hyper can hand over.
+        let app = Router::new().route(
+            "/{*rest}",
+            any(move |req: Request| async move {
+                let stream = tokio::net::TcpStream::connect(up).await.unwrap();
+                forward(stream, up.port(), "ws", req).await.unwrap_or_else(IntoResponse::into_response)
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let front = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let mut c = tokio::net::TcpStream::connect(front).await.unwrap();
+        c.write_all(
+            b"GET /ws HTTP/1.1\r\nhost: x\r\nconnection: keep-alive, Upgrade\r\nupgrade: websocket\r\n\
+                      sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\
+                      authorization: Bearer secret-token\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = c.read(&mut buf).await.unwrap();
+            assert!(n > 0, "no answer to the handshake");
+            got.extend_from_slice(&buf[..n]);
+        }
+        let head = String::from_utf8_lossy(&got).to_ascii_lowercase();
+        assert!(head.starts_with("http/1.1 101"), "{head}");
+        assert!(head.contains("upgrade: websocket") && head.contains("sec-websocket-accept: x"), "{head}");
+        c.write_all(b"frames").await.unwrap();
+        let mut echo = [0u8; 6];
+        tokio::time::timeout(Duration::from_secs(10), c.read_exact(&mut echo))
+            .await
+            .expect("no echo within 10 s: the connections were not joined")
+            .unwrap();
+        assert_eq!(&echo, b"FRAMES", "bytes did not cross the joined connections");
+        drop(c);
+        let asked = seen.await.unwrap().to_ascii_lowercase();
+        assert!(asked.starts_with("get /ws http/1.1\r\n"), "{asked}");
+        assert!(asked.contains("upgrade: websocket") && asked.contains("connection: upgrade"), "{asked}");
+        assert!(asked.contains("sec-websocket-key: dghlihnhbxbszsbub25jzq=="), "{asked}");
+        assert!(!asked.contains("secret"), "the client's credentials reached the sandbox: {asked}");
+    }
+
+    #[test]
+    fn only_websocket_upgrades_count() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, Upgrade"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("WebSocket"));
+        assert!(wants_websocket(&h));
+        h.insert(header::UPGRADE, HeaderValue::from_static("h2c"));
+        assert!(!wants_websocket(&h));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
+        assert!(!wants_websocket(&h), "an Upgrade header without Connection: upgrade");
     }
 }
