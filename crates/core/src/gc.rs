@@ -30,6 +30,9 @@ pub struct GcReport {
     /// Cached Linux root disks (`<images>/disk/<hash>`) of images no sandbox or snapshot uses
     /// (same rule as images).
     pub unused_disks: Vec<String>,
+    /// Sandbox networks on this host whose sandbox directory is gone, in any data directory
+    /// (`branchbox_net::NetConfig::sweep`): their namespaces, links and uplink slots.
+    pub orphan_networks: Vec<String>,
     /// Bytes freed (or that would be freed).
     pub freed_bytes: u64,
 }
@@ -137,6 +140,9 @@ pub fn collect(engine: &Engine, dry_run: bool) -> Result<GcReport> {
         }
         r.orphan_sandbox_dirs.push(name);
     }
+    r.orphan_networks = branchbox_net::NetConfig::from_env()
+        .and_then(|net| net.sweep(dry_run))
+        .map_err(|e| Error::Backend(format!("sweeping sandbox networks: {e}")))?;
     collect_images(engine, dry_run, &mut r)?;
     Ok(r)
 }

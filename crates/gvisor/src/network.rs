@@ -30,7 +30,7 @@ pub struct Attached {
 /// Creates sandbox `id`'s network with `egress` and records the policy in `dir`.
 pub fn attach(id: &str, dir: &Path, egress: &Egress) -> Result<Attached> {
     let cfg = NetConfig::from_env().map_err(map)?;
-    let attached = cfg.setup(id, egress).map_err(map)?;
+    let attached = cfg.setup(id, egress, dir).map_err(map)?;
     record(dir, egress)?;
     let path = dir.join("resolv.conf");
     let text = format!("nameserver {}\n", branchbox_net::GATEWAY);

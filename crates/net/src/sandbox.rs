@@ -6,7 +6,8 @@ use crate::slots::{self, Slot};
 use crate::{Cidr, Egress, Error, Names, Result};
 use serde::Deserialize;
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::path::PathBuf;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Where iproute2 keeps named network namespaces.
@@ -149,9 +150,10 @@ impl NetConfig {
         }
     }
 
-    /// Creates sandbox `id`'s namespaces, links, addresses, routes, NAT and `egress` policy.
-    /// On failure everything created is removed again.
-    pub fn setup(&self, id: &str, egress: &Egress) -> Result<Attached> {
+    /// Creates sandbox `id`'s namespaces, links, addresses, routes, NAT and `egress` policy,
+    /// recording `owner` (the sandbox's directory) as the one that holds them, for
+    /// [`NetConfig::sweep`]. On failure everything created is removed again.
+    pub fn setup(&self, id: &str, egress: &Egress, owner: &Path) -> Result<Attached> {
         let names = Names::of(id)?;
         if let Some(ns) = self.uplink_ns() {
             valid_ns_name(ns)?;
@@ -164,7 +166,8 @@ impl NetConfig {
         // A crash may have left a half of this id behind.
         self.teardown(id)?;
         let slot = slots::reserve(&self.state_dir, self.pool, id)?;
-        match self.build(&names, slot, egress) {
+        let built = self.record_owner(&names, owner).and_then(|()| self.build(&names, slot, egress));
+        match built {
             Ok(()) => Ok(Attached { guest_ns_path: names.guest_ns_path(), egress_addr: slot.router }),
             Err(e) => {
                 let _ = self.teardown(id);
@@ -327,7 +330,50 @@ impl NetConfig {
                 run("ip", &["netns", "del", ns], "", None, "remove the sandbox's namespace")?;
             }
         }
-        slots::release(&self.state_dir, id)
+        slots::release(&self.state_dir, id)?;
+        match std::fs::remove_file(self.owner_file(&n)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(Error::Io { path: self.owner_file(&n), source: e })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Where sandbox `n`'s owner record lives: `<state>/owners/<16 hex>`.
+    fn owner_file(&self, n: &Names) -> PathBuf {
+        self.state_dir.join("owners").join(&n.guest_ns[4..])
+    }
+
+    fn record_owner(&self, n: &Names, owner: &Path) -> Result<()> {
+        let path = self.owner_file(n);
+        let dir = self.state_dir.join("owners");
+        std::fs::create_dir_all(&dir).map_err(|e| Error::Io { path: dir, source: e })?;
+        let owner =
+            std::path::absolute(owner).map_err(|e| Error::Io { path: owner.to_path_buf(), source: e })?;
+        std::fs::write(&path, owner.as_os_str().as_bytes()).map_err(|e| Error::Io { path, source: e })
+    }
+
+    /// Tears down the networks on this host whose owner (the sandbox directory recorded at
+    /// [`NetConfig::setup`]) is gone: what a data directory deleted under running sandboxes,
+    /// or a teardown that failed, leaves. Networks whose owner still exists are their store's
+    /// to clean (its `gc`), and those with no owner record are never touched: nothing proves
+    /// whose they are. With `dry_run`, only lists them. Returns their sandbox ids.
+    pub fn sweep(&self, dry_run: bool) -> Result<Vec<String>> {
+        let mut swept = Vec::new();
+        for hex in leftovers() {
+            let id = format!("sbx-{hex}");
+            let n = Names::of(&id)?;
+            let Ok(owner) = std::fs::read(self.owner_file(&n)) else { continue };
+            let owner = PathBuf::from(std::ffi::OsString::from_vec(owner));
+            if owner.as_os_str().is_empty() || owner.exists() {
+                continue;
+            }
+            if !dry_run {
+                self.teardown(&id)?;
+            }
+            swept.push(id);
+        }
+        Ok(swept)
     }
 }
 

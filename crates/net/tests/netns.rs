@@ -47,8 +47,8 @@ fn the_policy_allows_public_refuses_private_and_changes_at_runtime() {
     let cfg = config(&inet, "policy");
     let (a, b) = (id(1), id(2));
     let guard = Sandboxes { cfg: &cfg, ids: vec![a.clone(), b.clone()] };
-    cfg.setup(&a, &Egress::Internet).unwrap();
-    let b_net = cfg.setup(&b, &Egress::Internet).unwrap();
+    cfg.setup(&a, &Egress::Internet, &cfg.state_dir).unwrap();
+    let b_net = cfg.setup(&b, &Egress::Internet, &cfg.state_dir).unwrap();
 
     assert_eq!(curl_in(&guest(&a), PUBLIC).unwrap(), "200");
     assert_eq!(curl_in(&guest(&b), OTHER_PUBLIC).unwrap(), "200");
@@ -78,7 +78,7 @@ fn teardown_leaves_no_namespace_link_rule_or_slot_and_can_repeat() {
     let cfg = config(&inet, "teardown");
     let a = id(3);
     let guard = Sandboxes { cfg: &cfg, ids: vec![a.clone()] };
-    cfg.setup(&a, &Egress::Internet).unwrap();
+    cfg.setup(&a, &Egress::Internet, &cfg.state_dir).unwrap();
     let hex = &a[4..];
     let link = branchbox_net::Names::of(&a).unwrap().uplink_link;
     let links = |ns: &str| {
@@ -99,8 +99,37 @@ fn teardown_leaves_no_namespace_link_rule_or_slot_and_can_repeat() {
     cfg.teardown(&a).unwrap();
 
     // Set up again after teardown: every name and address is free again.
-    cfg.setup(&a, &Egress::Internet).unwrap();
+    cfg.setup(&a, &Egress::Internet, &cfg.state_dir).unwrap();
     assert_eq!(curl_in(&guest(&a), PUBLIC).unwrap(), "200");
     drop(guard);
     assert!(!branchbox_net::leftovers().contains(&hex.to_string()));
+}
+
+#[test]
+fn a_sweep_removes_networks_whose_sandbox_directory_is_gone_and_nothing_else() {
+    let inet = Internet::start(&format!("bbt-inet3-{}", std::process::id())).unwrap();
+    let cfg = config(&inet, "sweep");
+    let (gone, kept, foreign) = (id(4), id(5), id(6));
+    let guard = Sandboxes { cfg: &cfg, ids: vec![gone.clone(), kept.clone(), foreign.clone()] };
+    let dirs = PathBuf::from(format!("/tmp/bbnet-sweep-{}", std::process::id()));
+    let (gone_dir, kept_dir) = (dirs.join("sandboxes").join(&gone), dirs.join("sandboxes").join(&kept));
+    std::fs::create_dir_all(&gone_dir).unwrap();
+    std::fs::create_dir_all(&kept_dir).unwrap();
+    cfg.setup(&gone, &Egress::Internet, &gone_dir).unwrap();
+    cfg.setup(&kept, &Egress::Internet, &kept_dir).unwrap();
+    // A network another tool (or an older branchbox) made, with no owner record.
+    cfg.setup(&foreign, &Egress::Internet, &kept_dir).unwrap();
+    std::fs::remove_file(cfg.state_dir.join("owners").join(&foreign[4..])).unwrap();
+
+    std::fs::remove_dir_all(&gone_dir).unwrap();
+    assert_eq!(cfg.sweep(true).unwrap(), vec![gone.clone()], "the dry run");
+    assert!(branchbox_net::leftovers().contains(&gone[4..].to_string()), "a dry run removed something");
+    assert_eq!(cfg.sweep(false).unwrap(), vec![gone.clone()]);
+    let left = branchbox_net::leftovers();
+    assert!(!left.contains(&gone[4..].to_string()), "the orphan's namespaces are left");
+    assert!(left.contains(&kept[4..].to_string()) && left.contains(&foreign[4..].to_string()), "{left:?}");
+    assert_eq!(curl_in(&guest(&kept), PUBLIC).unwrap(), "200", "a live sandbox lost its network");
+    assert_eq!(cfg.sweep(false).unwrap(), Vec::<String>::new(), "a second sweep found more");
+    drop(guard);
+    let _ = std::fs::remove_dir_all(&dirs);
 }

@@ -34,6 +34,8 @@ pub struct GcResult {
     pub unused_images: Vec<String>,
     /// Cached Linux root disks made from images nothing uses (same rule as images).
     pub unused_disks: Vec<String>,
+    /// Sandbox networks on this host whose sandbox directory is gone (any data directory).
+    pub orphan_networks: Vec<String>,
     /// Unrecorded complete children of an interrupted fork, now recorded (reconciliation).
     pub adopted: Vec<String>,
     /// Unrecorded sandboxes whose processes were stopped (reconciliation).
@@ -61,6 +63,7 @@ impl From<&GcReport> for GcResult {
             orphan_sandbox_dirs: r.orphan_sandbox_dirs.clone(),
             unused_images: r.unused_images.clone(),
             unused_disks: r.unused_disks.clone(),
+            orphan_networks: r.orphan_networks.clone(),
             adopted,
             reaped,
         }

@@ -98,6 +98,8 @@ class GcReport:
     orphan_sandbox_dirs: List[str]
     unused_images: List[str]
     unused_disks: List[str]
+    #: Sandbox networks on the host whose sandbox directory is gone.
+    orphan_networks: List[str]
     adopted: List[str]
     reaped: List[str]
 
@@ -105,7 +107,8 @@ class GcReport:
     def parse(d: Dict[str, Any]) -> "GcReport":
         lists = {k: [str(x) for x in d.get(k) or []] for k in (
             "expired_snapshots", "kept_with_descendants", "unreachable_fork_points", "orphan_snapshot_dirs",
-            "lost_sandboxes", "orphan_sandbox_dirs", "unused_images", "unused_disks", "adopted", "reaped")}
+            "lost_sandboxes", "orphan_sandbox_dirs", "unused_images", "unused_disks", "orphan_networks",
+            "adopted", "reaped")}
         return GcReport(dry_run=bool(d["dry_run"]), freed_bytes=int(d.get("freed_bytes", 0)), **lists)
 
 
