@@ -99,12 +99,7 @@ fn unreachable(port: u16, e: &dyn std::fmt::Display) -> ApiError {
 /// True when `headers` ask to switch the connection to WebSocket (RFC 6455 section 4.1): the
 /// one upgrade passed on; any other (h2c, TLS) is dropped with the hop-by-hop headers.
 fn wants_websocket(headers: &HeaderMap) -> bool {
-    let upgrade = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    let upgrade = connection_tokens(headers).any(|t| t.eq_ignore_ascii_case("upgrade"));
     upgrade && headers.get(header::UPGRADE).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"))
 }
 
@@ -189,15 +184,20 @@ pub async fn forward(
     Ok(Response::from_parts(parts, Body::new(body)))
 }
 
-/// Removes the hop-by-hop headers, those `Connection` names, and the client's credentials.
-fn strip(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
+/// The comma-separated tokens of every `Connection` header, trimmed.
+fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
+        .map(str::trim)
+}
+
+/// Removes the hop-by-hop headers, those `Connection` names, and the client's credentials.
+fn strip(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> =
+        connection_tokens(headers).filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok()).collect();
     for name in DROPPED.iter().chain(named.iter()) {
         headers.remove(name);
     }
@@ -209,19 +209,26 @@ mod tests {
     use std::net::SocketAddr;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+    /// Reads from `s` up to the end of an HTTP head (the blank line), one read at a time, so
+    /// nothing sent after the head in a later write is taken with it.
+    async fn read_head(s: &mut tokio::net::TcpStream) -> Vec<u8> {
+        let mut head = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the connection ended before the end of the head");
+            head.extend_from_slice(&buf[..n]);
+        }
+        head
+    }
+
     /// A one-request HTTP server: answers `hello` and hands back the request head it read.
     async fn upstream() -> (SocketAddr, tokio::task::JoinHandle<String>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let task = tokio::spawn(async move {
             let (mut s, _) = listener.accept().await.unwrap();
-            let mut head = Vec::new();
-            let mut buf = [0u8; 1024];
-            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                let n = s.read(&mut buf).await.unwrap();
-                assert!(n > 0, "the request ended early");
-                head.extend_from_slice(&buf[..n]);
-            }
+            let head = read_head(&mut s).await;
             let reply =
                 "HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close, x-private\r\nx-private: 1\r\n\
                          x-kept: 2\r\nset-cookie: bb_session=planted; Path=/\r\n\
@@ -281,13 +288,8 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let task = tokio::spawn(async move {
             let (mut s, _) = listener.accept().await.unwrap();
-            let mut head = Vec::new();
+            let head = read_head(&mut s).await;
             let mut buf = [0u8; 1024];
-            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                let n = s.read(&mut buf).await.unwrap();
-                assert!(n > 0, "the handshake ended early");
-                head.extend_from_slice(&buf[..n]);
-            }
             s.write_all(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\nsec-websocket-accept: x\r\n\r\n").await.unwrap();
             loop {
                 let n = s.read(&mut buf).await.unwrap();
@@ -323,13 +325,7 @@ mod tests {
         )
         .await
         .unwrap();
-        let mut got = Vec::new();
-        let mut buf = [0u8; 1024];
-        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-            let n = c.read(&mut buf).await.unwrap();
-            assert!(n > 0, "no answer to the handshake");
-            got.extend_from_slice(&buf[..n]);
-        }
+        let got = read_head(&mut c).await;
         let head = String::from_utf8_lossy(&got).to_ascii_lowercase();
         assert!(head.starts_with("http/1.1 101"), "{head}");
         assert!(head.contains("upgrade: websocket") && head.contains("sec-websocket-accept: x"), "{head}");
