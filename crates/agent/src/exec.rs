@@ -3,9 +3,10 @@
 
 use crate::reaper::Reaper;
 use crate::Failure;
-use branchbox_protocol::{Command as Cmd, ErrorCode, ExecSpec, ExitStatus, CHUNK};
+use branchbox_protocol::{Command as Cmd, ErrorCode, ExecSpec, ExitStatus, PtySize, CHUNK};
+use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -36,6 +37,9 @@ pub struct Started {
     pub exited: Receiver<libc::c_int>,
     /// When it started.
     pub started: Instant,
+    /// The terminal's master side, for a command run on a pseudo-terminal: its output is the
+    /// command's, and what is written to it is typed into the command.
+    pub pty: Option<File>,
 }
 
 fn bad(msg: impl Into<String>) -> Failure {
@@ -73,12 +77,42 @@ pub fn start(reaper: &Reaper, spec: &ExecSpec) -> Result<Started, Failure> {
         cmd.env("HOME", &a.home).env("USER", &a.name).env("LOGNAME", &a.name);
         cwd = spec.cwd.as_deref().unwrap_or(&a.home);
     }
-    cmd.envs(&spec.env)
-        .current_dir(cwd)
-        .process_group(0)
-        .stdin(if spec.stdin { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    cmd.envs(&spec.env).current_dir(cwd);
+    let pty = match spec.pty {
+        Some(size) => {
+            let size = PtySize::new(size.cols, size.rows).map_err(bad)?;
+            let (master, slave) = open_pty(size)?;
+            if !spec.env.contains_key("TERM") {
+                cmd.env("TERM", "xterm-256color");
+            }
+            let io = |fd: &OwnedFd| fd.try_clone().map(Stdio::from);
+            let failed =
+                |e| Failure::new(ErrorCode::Io, format!("cannot hand the terminal to the command: {e}"));
+            cmd.stdin(io(&slave).map_err(failed)?)
+                .stdout(io(&slave).map_err(failed)?)
+                .stderr(Stdio::from(slave));
+            // A session of its own (which is also a process group led by the command, so the
+            // timeout and cancel kill it as they kill any command's group), with the terminal
+            // as its controlling tty. setsid must come before every other pre_exec step.
+            // SAFETY: setsid and ioctl are async-signal-safe.
+            unsafe {
+                cmd.pre_exec(|| {
+                    if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                })
+            };
+            Some(master)
+        }
+        None => {
+            cmd.process_group(0)
+                .stdin(if spec.stdin { Stdio::piped() } else { Stdio::null() })
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            None
+        }
+    };
     crate::guest::confine(&mut cmd);
     if let Some(a) = &account {
         crate::account::run_as(&mut cmd, a);
@@ -91,7 +125,67 @@ pub fn start(reaper: &Reaper, spec: &ExecSpec) -> Result<Started, Failure> {
         Failure::new(ErrorCode::SpawnFailed, format!("cannot start {what:?}: {e}"))
     })?;
     crate::oom::watch(child.id() as i32);
-    Ok(Started { child, exited, started: Instant::now() })
+    Ok(Started { child, exited, started: Instant::now(), pty })
+}
+
+/// Opens a new pseudo-terminal of `size`: its master side and the path-less slave side, both
+/// close-on-exec so that no other command inherits them.
+fn open_pty(size: PtySize) -> Result<(File, OwnedFd), Failure> {
+    let failed = |what: &str| {
+        Failure::new(
+            ErrorCode::Io,
+            format!("cannot open a terminal ({what}: {})", std::io::Error::last_os_error()),
+        )
+    };
+    let flags = libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC;
+    // SAFETY: open of a constant path; the fd is owned by the File below.
+    let fd = unsafe { libc::open(c"/dev/ptmx".as_ptr(), flags) };
+    if fd < 0 {
+        return Err(failed("/dev/ptmx"));
+    }
+    // SAFETY: fd is a fresh descriptor we own.
+    let master = unsafe { File::from_raw_fd(fd) };
+    let mut unlock: libc::c_int = 0;
+    let mut number: libc::c_uint = 0;
+    // SAFETY: TIOCSPTLCK reads an int and TIOCGPTN writes an unsigned int, both ours.
+    if unsafe { libc::ioctl(fd, libc::TIOCSPTLCK, &mut unlock) } < 0
+        || unsafe { libc::ioctl(fd, libc::TIOCGPTN, &mut number) } < 0
+    {
+        return Err(failed("unlock"));
+    }
+    set_size(&master, size).map_err(|_| failed("size"))?;
+    let path = std::ffi::CString::new(format!("/dev/pts/{number}")).map_err(|_| failed("name"))?;
+    // SAFETY: open of a NUL-terminated path we made.
+    let slave = unsafe { libc::open(path.as_ptr(), flags) };
+    if slave < 0 {
+        return Err(failed("/dev/pts"));
+    }
+    // SAFETY: slave is a fresh descriptor we own.
+    Ok((master, unsafe { OwnedFd::from_raw_fd(slave) }))
+}
+
+/// Sets the size of the terminal whose master side is `master`; its session gets SIGWINCH.
+pub fn set_size(master: &File, size: PtySize) -> std::io::Result<()> {
+    let ws = libc::winsize { ws_row: size.rows, ws_col: size.cols, ws_xpixel: 0, ws_ypixel: 0 };
+    // SAFETY: TIOCSWINSZ reads a winsize we own.
+    if unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &ws) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Types client stream chunks into a terminal on a thread of its own (a command that does not
+/// read blocks only this thread). The end of the client's stream types nothing: the session
+/// ends when its command does, or when the client goes.
+pub fn feed_pty(master: File, chunks: Receiver<Option<Vec<u8>>>) {
+    std::thread::spawn(move || {
+        let mut master = master;
+        while let Ok(Some(chunk)) = chunks.recv() {
+            if master.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+    });
 }
 
 /// Feeds client stream chunks to the child's stdin on a thread of its own, so a command that
@@ -133,6 +227,12 @@ pub fn pump(
     if let Some(e) = s.child.stderr.take() {
         let fd = e.as_raw_fd();
         pipes.push((Stream::Stderr, Box::new(e), fd));
+    }
+    if let Some(m) = s.pty.take() {
+        // Once every holder of the terminal's slave side has gone, reads fail with EIO:
+        // the terminal's end.
+        let fd = m.as_raw_fd();
+        pipes.push((Stream::Stdout, Box::new(m), fd));
     }
     for p in &pipes {
         set_nonblocking(p.2);

@@ -22,7 +22,7 @@ mod reaper;
 mod vm;
 
 use branchbox_protocol::frame::{decode, read_raw, FrameError};
-use branchbox_protocol::{AgentInfo, ErrorCode, Frame, Request, Response, PROTOCOL_VERSION};
+use branchbox_protocol::{AgentInfo, ErrorCode, Frame, PtySize, Request, Response, PROTOCOL_VERSION};
 use outbox::Outbox;
 use procs::Procs;
 use reaper::Reaper;
@@ -88,6 +88,8 @@ struct Agent {
     shared: Arc<Shared>,
     streams: Mutex<HashMap<u64, SyncSender<Option<Vec<u8>>>>>,
     running: cancel::Registry,
+    /// The master side of the terminal of each running `exec` with `pty`, for `resize`.
+    ptys: Mutex<HashMap<u64, std::fs::File>>,
 }
 
 impl Agent {
@@ -100,6 +102,11 @@ impl Agent {
         let (tx, rx) = sync_channel(STREAM_DEPTH);
         self.streams.lock().unwrap_or_else(|e| e.into_inner()).insert(id, tx);
         rx
+    }
+
+    /// Forgets request `id`'s client stream; later chunks for it are dropped.
+    fn end_stream(&self, id: u64) {
+        self.streams.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
     }
 
     fn route(&self, id: u64, chunk: Option<Vec<u8>>) {
@@ -173,12 +180,20 @@ impl Agent {
                 let e = vm::shutdown(reboot);
                 eprintln!("branchbox-agent: shutdown failed: {e}");
             }
+            Request::Resize(size) => {
+                let ptys = self.ptys.lock().unwrap_or_else(|e| e.into_inner());
+                // A size out of bounds, or for a request that has no terminal (or has just
+                // ended), changes nothing: resize has no answer to carry an error.
+                if let (Some(master), Ok(size)) = (ptys.get(&id), PtySize::new(size.cols, size.rows)) {
+                    let _ = exec::set_size(master, size);
+                }
+            }
             Request::Data => self.route(id, Some(f.body)),
             Request::Eof => self.route(id, None),
             Request::Cancel => {
                 if self.running.cancel(id) {
                     // Closing the request's client stream ends a write or a command's stdin.
-                    self.streams.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                    self.end_stream(id);
                 }
             }
             other => {
@@ -211,7 +226,7 @@ impl Agent {
             }
         };
         let r = match req {
-            Request::Exec(spec) => self.exec(spec, stream, token, &emit),
+            Request::Exec(spec) => self.exec(id, spec, stream, token, &emit),
             Request::Spawn(spec) => {
                 self.shared.procs.spawn(&self.shared.reaper, spec).map(|pid| Response::Spawned { pid })
             }
@@ -271,6 +286,7 @@ impl Agent {
 
     fn exec(
         &self,
+        id: u64,
         spec: branchbox_protocol::ExecSpec,
         stream: Option<std::sync::mpsc::Receiver<Option<Vec<u8>>>>,
         token: &cancel::Token,
@@ -281,16 +297,27 @@ impl Agent {
         let started = match exec::start(&self.shared.reaper, &spec) {
             Ok(s) => s,
             Err(e) => {
-                if let Some(rx) = stream {
-                    while let Ok(Some(_)) = rx.recv() {}
+                match stream {
+                    // A terminal's keys never end by themselves: forget the stream instead.
+                    Some(_) if spec.pty.is_some() => self.end_stream(id),
+                    Some(rx) => while let Ok(Some(_)) = rx.recv() {},
+                    None => {}
                 }
                 return Err(e);
             }
         };
         let mut started = started;
         token.watch_group(started.child.id() as i32);
-        if let Some(rx) = stream {
-            exec::feed_stdin(&mut started.child, rx);
+        let master = started.pty.as_ref().map(|m| (m.try_clone(), m.try_clone()));
+        match (stream, master) {
+            (Some(rx), Some((Ok(typing), Ok(sizing)))) => {
+                exec::feed_pty(typing, rx);
+                self.ptys.lock().unwrap_or_else(|e| e.into_inner()).insert(id, sizing);
+            }
+            (Some(rx), None) => exec::feed_stdin(&mut started.child, rx),
+            // A terminal whose master could not be shared: its keys are dropped as they come.
+            (Some(rx), Some(_)) => drop(rx),
+            (None, _) => {}
         }
         let status = exec::pump(started, timeout, cap, &mut |which, chunk| {
             let kind = match which {
@@ -299,6 +326,9 @@ impl Agent {
             };
             emit(&kind, chunk);
         });
+        if self.ptys.lock().unwrap_or_else(|e| e.into_inner()).remove(&id).is_some() {
+            self.end_stream(id);
+        }
         if token.is_cancelled() {
             return Err(cancel::cancelled());
         }
@@ -337,6 +367,7 @@ fn connection(shared: &Arc<Shared>, out: Box<dyn std::io::Write + Send>) -> Arc<
         shared: Arc::clone(shared),
         streams: Mutex::new(HashMap::new()),
         running: cancel::Registry::default(),
+        ptys: Mutex::new(HashMap::new()),
     })
 }
 

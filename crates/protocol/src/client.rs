@@ -202,7 +202,7 @@ impl<S: Transport> AgentClient<S> {
         Some(self.limits.timeout.map_or(own, |t| t.max(own)))
     }
 
-    fn send(&mut self, req: Request, body: Vec<u8>) -> Result<u64, ClientError> {
+    pub(crate) fn send(&mut self, req: Request, body: Vec<u8>) -> Result<u64, ClientError> {
         let id = self.next_id;
         self.next_id += 1;
         let header = encode_header(id, &req);
@@ -238,7 +238,11 @@ impl<S: Transport> AgentClient<S> {
     /// Reads the next frame for `id`, skipping frames of other ids (answers to requests whose
     /// caller gave up, e.g. after a restore). Fails when no frame for `id` arrives within
     /// `wait`: skipped frames do not extend it.
-    fn recv_within(&mut self, id: u64, wait: Option<Duration>) -> Result<Frame<Response>, ClientError> {
+    pub(crate) fn recv_within(
+        &mut self,
+        id: u64,
+        wait: Option<Duration>,
+    ) -> Result<Frame<Response>, ClientError> {
         let mut r = Within { stream: &mut self.stream, deadline: wait.map(|w| Instant::now() + w) };
         let timed_out =
             |e: &FrameError| matches!(e, FrameError::Io(e) if e.kind() == io::ErrorKind::TimedOut);

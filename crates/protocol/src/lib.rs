@@ -12,11 +12,13 @@ pub mod client;
 pub mod frame;
 pub mod limits;
 pub mod message;
+pub mod pty;
 
 pub use client::{AgentClient, ClientError, ExecOutput, OutStream, Transport, ViolationHook};
 pub use frame::{read_frame, write_frame, Frame, FrameError, MAX_BODY, MAX_HEADER};
 pub use limits::Limits;
 pub use message::*;
+pub use pty::{PtyEvent, PtyInput, PtyOutput};
 
 /// Protocol version spoken by this build; peers with another version are refused.
 pub const PROTOCOL_VERSION: u32 = 1;

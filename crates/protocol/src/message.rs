@@ -40,6 +40,37 @@ pub struct ExecSpec {
     /// and `HOME`, `USER` and `LOGNAME` are its. The agent's own (root) when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// Run on a new pseudo-terminal of this size instead of pipes: the command is a session
+    /// leader with the terminal as its controlling tty and as its stdin, stdout and stderr; the
+    /// terminal's output comes back as `stdout` frames, the client's `data` frames are typed
+    /// into it, and `resize` frames change its size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pty: Option<PtySize>,
+}
+
+/// The size of a pseudo-terminal in character cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtySize {
+    /// Columns, 1 to [`PtySize::MAX`].
+    pub cols: u16,
+    /// Rows, 1 to [`PtySize::MAX`].
+    pub rows: u16,
+}
+
+impl PtySize {
+    /// Most columns or rows a terminal may have.
+    pub const MAX: u16 = 1000;
+
+    /// A size after checking that both sides are between 1 and [`PtySize::MAX`].
+    pub fn new(cols: u16, rows: u16) -> Result<PtySize, String> {
+        if cols == 0 || rows == 0 || cols > Self::MAX || rows > Self::MAX {
+            return Err(format!(
+                "a terminal of {cols}x{rows} cells: columns and rows must be between 1 and {}",
+                Self::MAX
+            ));
+        }
+        Ok(PtySize { cols, rows })
+    }
 }
 
 impl ExecSpec {
@@ -53,6 +84,7 @@ impl ExecSpec {
             timeout_ms: None,
             output_cap: None,
             user: None,
+            pty: None,
         }
     }
 }
@@ -227,6 +259,8 @@ pub enum Request {
     Data,
     /// End of a client stream for request `id`.
     Eof,
+    /// New size of the terminal of request `id` (an `exec` with `pty`); no answer.
+    Resize(PtySize),
     /// Stop request `id` (its client went away): the agent stops streaming and kills a
     /// command's process group; the request ends with an `error` that is not routed anywhere.
     Cancel,
