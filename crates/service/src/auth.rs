@@ -164,6 +164,24 @@ impl Tokens {
         }
         Ok(live.caller)
     }
+
+    /// For a GET that acts (a terminal's WebSocket handshake, which a browser cannot give
+    /// headers): a request signed in by a session cookie must name the session's CSRF token in
+    /// `presented`. Bearer requests pass.
+    pub fn check_csrf_param(&self, headers: &HeaderMap, presented: Option<&str>) -> Result<(), ApiError> {
+        if headers.contains_key(header::AUTHORIZATION) {
+            return Ok(());
+        }
+        let Some(id) = session::cookie(headers) else { return Ok(()) };
+        if self.sessions.csrf_ok(&id, presented.unwrap_or("")) {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "csrf",
+            "a terminal opened with a session cookie must name the session's CSRF token as ?csrf=; reload /ui to get it",
+        ))
+    }
 }
 
 #[cfg(test)]

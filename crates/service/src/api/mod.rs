@@ -13,6 +13,7 @@ pub mod mcp;
 pub mod network;
 pub mod pools;
 pub mod proxy;
+pub mod pty;
 pub mod sandboxes;
 pub mod snapshots;
 pub mod system;
@@ -116,7 +117,8 @@ pub fn router(st: AppState) -> (Router, OpenApiDoc) {
         .routes(routes!(commands::start_process))
         .routes(routes!(commands::wait))
         .routes(routes!(files::read, files::write, files::remove))
-        .routes(routes!(templates::build));
+        .routes(routes!(templates::build))
+        .routes(routes!(pty::open));
     let authed = control
         .merge(streams)
         .layer(from_fn_with_state(st.clone(), audit))
@@ -229,7 +231,8 @@ fn path_object(path: &str, collection: &str) -> Option<String> {
 }
 
 async fn audit(State(st): State<AppState>, req: Request, next: Next) -> Response {
-    if matches!(*req.method(), Method::GET | Method::HEAD) {
+    // Reads are not recorded; opening a terminal (a GET, as every WebSocket handshake is) is.
+    if matches!(*req.method(), Method::GET | Method::HEAD) && route_of(&req) != "/v1/sandboxes/{id}/pty" {
         return next.run(req).await;
     }
     let who = req.extensions().get::<Caller>().map(|c| c.0.clone()).unwrap_or_default();
