@@ -112,6 +112,7 @@ async function main(): Promise<number> {
     const files = args.length
       ? args
       : readdirSync(testDir).filter((f) => f.endsWith(".test.js")).sort().map((f) => join(testDir, f));
+    if (!files.length) throw new Error(`no test files in ${testDir}: run \`npm test\`, which compiles them first`);
     const child = spawn(
       process.execPath,
       ["--test", "--test-reporter=spec", `--test-concurrency=${process.env.BRANCHBOX_TEST_CONCURRENCY ?? "3"}`, ...files],
