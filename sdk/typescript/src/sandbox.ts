@@ -11,7 +11,7 @@ import {
 import { checkName, checkSnapshotRef } from "./names";
 import { Pty } from "./pty";
 import type {
-  Body, CONNECT_SANDBOX, CREATE_SANDBOX, FORK_RESULT, FORK_SANDBOX, HOST_INFO, LINEAGE, ROLLBACK, SANDBOX_INFO,
+  Body, CONNECT_SANDBOX, CREATE_SANDBOX, FORK_RESULT, FORK_SANDBOX, HOST_INFO, LINEAGE, NETWORK_POLICY, ROLLBACK, SANDBOX_INFO,
   SET_TIMEOUT, SNAPSHOT_INFO, TAKE_SNAPSHOT, Wire,
 } from "./wire";
 
@@ -147,8 +147,9 @@ export class Sandbox {
     if (opts.cpus !== undefined) body.cpus = opts.cpus;
     if (opts.pids !== undefined) body.pids = opts.pids;
     if (opts.network !== undefined) {
-      body.network = { mode: opts.network.mode, allow: opts.network.allow ? [...opts.network.allow] : null };
-      if (!opts.network.allow) delete (body.network as { allow?: unknown }).allow;
+      // `allow` is left out unless given: the service refuses it with any mode but allow_list.
+      const { mode, allow } = opts.network;
+      body.network = (allow === undefined ? { mode } : { mode, allow: [...allow] }) as Wire<typeof NETWORK_POLICY>;
     }
     if (opts.allowInternetAccess !== undefined) body.allow_internet_access = opts.allowInternetAccess;
     const d = await http.json<Wire<typeof SANDBOX_INFO>>({ method: "POST", path: "/v1/sandboxes", json: body });
