@@ -35,6 +35,9 @@ export interface PtyResult {
   signal: number | null;
 }
 
+/** How long `kill()` waits for the service to answer its close before cutting the connection. */
+const KILL_GRACE_MS = 5_000;
+
 function checkSize(what: string, n: number | undefined, dflt: number): number {
   const v = n ?? dflt;
   if (!Number.isInteger(v) || v < 1 || v > 1000) throw new InvalidArgumentError(`${what} ${n}: give 1 to 1000`);
@@ -117,6 +120,11 @@ export class PtyHandle {
     if (running) {
       if (this.outcome === undefined) this.outcome = { result: { exitCode: null, signal: 9 } };
       this.ws.close(1000, "killed");
+      // A service that does not answer the close within a few seconds is cut off.
+      const cut = setTimeout(() => this.ws.terminate(), KILL_GRACE_MS);
+      cut.unref();
+      await this.done.catch(() => undefined);
+      clearTimeout(cut);
     }
     await this.done.catch(() => undefined);
     return running;
