@@ -3,8 +3,8 @@
 # (release 20240729 or later, from bookworm-backports; an older one is upgraded), nftables and
 # debootstrap for the sandbox image; Debian's kernel source and the tools that build the Linux
 # guest's kernel and root disk (docs/guest.md); with --test also QEMU (the vhost-user test boots
-# the guest under software emulation), chromium (the console's browser tests) and the Python
-# SDK and its test tools. Checks
+# the guest under software emulation), chromium (the console's browser tests), the Python
+# SDK and its test tools, and node and npm (the TypeScript SDK's tests). Checks
 # the tools themselves, so it is a no-op when they are present and never skipped because some
 # cache exists.
 set -euo pipefail
@@ -153,3 +153,24 @@ echo "setup: linux-source-6.12 $(dpkg-query -W -f='${Version}' linux-source-6.12
     echo "setup: $("$py/bin/python" --version), pytest $("$py/bin/python" -c 'import pytest; print(pytest.__version__)')"
 )
 # --- end of branchboxd and the Python SDK ------------------------------------------------------
+
+# --- the TypeScript SDK (with --test) ---------------------------------------------------------
+# node 18 or later (for its built-in fetch and node:test) and npm; Debian 12's nodejs is 18.
+# `scripts/test.sh` installs the SDK's pinned dependencies (npm ci) itself.
+node_major() { node -e 'process.stdout.write(process.versions.node.split(".")[0])' 2>/dev/null || echo 0; }
+if ! command -v npm >/dev/null 2>&1 || [ "$(node_major)" -lt 18 ]; then
+    found="$(node --version 2>/dev/null || echo 'no node')"
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "setup: the TypeScript SDK's tests need node 18 or later and npm ($found); run as root or: apt-get install nodejs npm" >&2
+        exit 1
+    fi
+    echo "setup: installing nodejs and npm (the TypeScript SDK's tests; $found)"
+    apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm >/dev/null
+    if [ "$(node_major)" -lt 18 ] || ! command -v npm >/dev/null 2>&1; then
+        echo "setup: node is $(node --version 2>/dev/null || echo missing) after installing nodejs; the TypeScript SDK needs 18 or later" >&2
+        exit 1
+    fi
+fi
+echo "setup: node $(node --version), npm $(npm --version)"
+# --- end of the TypeScript SDK -----------------------------------------------------------------

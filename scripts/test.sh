@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs what is missing, checks formatting and
 # lints, runs every test (unit, agent protocol, microVM engine, devices, gVisor end to end,
-# service and SDK, the Linux guest under our VMM and under QEMU), the fuzz targets briefly, and
+# service and the Python and TypeScript SDKs, the Linux guest under our VMM and under QEMU), the fuzz targets briefly, and
 # a short run of every benchmark so they never rot. Timings are printed, never asserted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -111,6 +111,17 @@ done
 # sandbox, and beside the benchmarks the soak's process flood did.
 stage "service and Python SDK"
 BRANCHBOXD="$PWD/target/debug/branchboxd" target/py/bin/pytest -q -p no:cacheprovider sdk/python/tests
+# The TypeScript SDK's tests start one branchboxd of their own the same way (test/run.ts) and
+# run node:test's files against it; its dependencies come from the committed package-lock.json,
+# installed again when node_modules is missing or older than the lock file.
+stage "TypeScript SDK"
+(
+    cd sdk/typescript
+    if [ ! -f node_modules/.package-lock.json ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+        npm ci --no-audit --no-fund
+    fi
+    BRANCHBOXD="$OLDPWD/target/debug/branchboxd" npm test
+)
 stage "Linux guest: waiting for its kernel, then the boot-protocol, QEMU and hardware-KVM tests"
 if ! wait "$kernel_pid"; then
     kernel_pid=
