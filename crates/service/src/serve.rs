@@ -4,7 +4,6 @@
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use std::future::Future;
 use std::sync::Arc;
@@ -44,7 +43,10 @@ pub async fn serve(
 ) {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     let busy = busy_answer();
-    let graceful = GracefulShutdown::new();
+    // hyper-util's GracefulShutdown does not take connections that can be upgraded, so each
+    // connection watches this itself and winds down (finishing the request in flight) when it
+    // turns true.
+    let (stop, stopping) = tokio::sync::watch::channel(false);
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
     tokio::pin!(shutdown);
@@ -66,15 +68,29 @@ pub async fn serve(
             let _ = stream.try_write(&busy);
             continue;
         };
-        let conn = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(router.clone()));
-        let conn = graceful.watch(conn);
+        // With upgrades: a terminal's WebSocket (and one passed through the proxy) takes the
+        // connection over after its 101; from then on it is the upgraded task's, not counted here.
+        let conn = http
+            .serve_connection(TokioIo::new(stream), TowerToHyperService::new(router.clone()))
+            .with_upgrades();
+        let mut stopping = stopping.clone();
         tokio::spawn(async move {
-            let _ = conn.await;
+            tokio::pin!(conn);
+            let stop = tokio::select! {
+                _ = conn.as_mut() => false,
+                r = stopping.wait_for(|s| *s) => r.is_ok(),
+            };
+            if stop {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+            }
             drop(permit);
         });
     }
     drop(listener);
-    if tokio::time::timeout(drain, graceful.shutdown()).await.is_err() {
+    let _ = stop.send(true);
+    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
+    if tokio::time::timeout(drain, permits.acquire_many(all)).await.is_err() {
         tracing::warn!("requests still open after {} s; stopping anyway", drain.as_secs());
     }
 }
