@@ -31,6 +31,8 @@ pub struct Inner {
     pub metrics: Metrics,
     /// Warm pools at run time (their definitions are in the database).
     pub pools: crate::pool::Pools,
+    /// File contents read from snapshots for text diffs (bounded).
+    pub files: crate::api::diff::FileCache,
     engines: Mutex<Vec<Engine>>,
     db: Mutex<ServiceDb>,
     /// Sandboxes admitted but not yet recorded by the engine.
@@ -80,6 +82,7 @@ impl AppState {
             tokens,
             metrics: Metrics::default(),
             pools: crate::pool::Pools::default(),
+            files: Default::default(),
             engines: Mutex::new(vec![engine]),
             db: Mutex::new(db),
             pending: Mutex::new(0),

@@ -317,8 +317,9 @@ function openNode(id) {
   S.node = id;
   $("node-title").textContent = id;
   $("node-diff").replaceChildren();
+  $("node-timeline").replaceChildren();
   drawNodeInfo();
-  if (id.startsWith("sbx-")) sandboxActions(id);
+  if (id.startsWith("sbx-")) { sandboxActions(id); timelineFrame(id); }
   else snapshotActions(id);
 }
 
@@ -343,6 +344,7 @@ async function drawNodeInfo() {
         ...row("metadata", metaText(sb.metadata)), ...row("created by", sb.created_by),
         ...row("lost because", sb.lost_reason));
       fillRollback(id);
+      drawTimeline(id);
     } else {
       const s = await api("GET", "/v1/snapshots/" + encodeURIComponent(id));
       if (S.node !== id) return;
@@ -450,19 +452,173 @@ async function showDiff(id, against) {
   try {
     const d = await api("GET", "/v1/snapshots/" + encodeURIComponent(id) + "/diff?against=" + encodeURIComponent(against));
     const section = (name, paths) => {
-      const shown = paths.slice(0, DIFF_SHOWN).map((p) => el("li", { class: name, text: p }));
+      const shown = paths.slice(0, DIFF_SHOWN).map((p) => el("li", { class: name },
+        el("button", { type: "button", class: "path", title: "Show the text diff of " + p, text: p,
+          onclick: () => showFileDiff(id, d.from, p) })));
       if (paths.length > DIFF_SHOWN) shown.push(el("li", { class: "muted", text: "… " + (paths.length - DIFF_SHOWN) + " more" }));
       return el("div", { class: "diff", id: "diff-" + name }, el("h3", { text: name + " (" + paths.length + ")" }), el("ul", {}, ...shown));
     };
     box.replaceChildren(
       el("h2", {}, "Files from ", nodeLink(d.from), " to ", nodeLink(d.to)),
-      el("p", { class: "muted", text: "Listings are compared (type, size, mode, modification time); contents are not, so no text diff is shown." }),
+      el("p", { class: "muted", text: "Listings are compared (type, size, mode, modification time). Click a path for its text diff (text files up to 256 KiB)." }),
+      el("div", { id: "file-diff" }),
       section("added", d.added), section("changed", d.changed), section("removed", d.removed));
     report(true, "diff: " + d.added.length + " added, " + d.changed.length + " changed, " + d.removed.length + " removed");
   } catch (e) {
     box.replaceChildren();
     report(false, "diff failed: " + (e.code ? e.code + ": " : "") + e.message);
   }
+}
+
+// The text diff of one file between the two sides of the diff shown.
+async function showFileDiff(id, against, path) {
+  const box = $("file-diff");
+  if (!box) return;
+  box.replaceChildren(el("p", { class: "muted", text: "Reading " + path + " (the first read of a file starts its snapshot once) …" }));
+  report(true, "file diff …");
+  try {
+    const d = await api("GET", "/v1/snapshots/" + encodeURIComponent(id) + "/diff/file?path=" +
+      encodeURIComponent(path) + "&against=" + encodeURIComponent(against));
+    const side = (s) => s.state.replace("_", " ") + (s.size == null ? "" : " (" + s.size + " bytes)");
+    const parts = [
+      el("h3", { text: path }),
+      el("p", { class: "muted", text: "from " + side(d.old) + " in " + d.from + " to " + side(d.new) + " in " + d.to }),
+    ];
+    if (d.unified != null) {
+      // The first two lines name the sides; a removed line may start with "--" itself.
+      const kind = (line, i) => (i < 2 || line.startsWith("\\") ? "meta" : line.startsWith("@@") ? "hunk"
+        : line.startsWith("+") ? "add" : line.startsWith("-") ? "del" : "ctx");
+      const lines = d.unified.split("\n");
+      if (lines[lines.length - 1] === "") lines.pop();
+      parts.push(el("pre", { class: "udiff", id: "udiff" }, ...lines.map((l, i) => el("span", { class: kind(l, i), text: l }))));
+    } else {
+      const odd = [["old", d.old], ["new", d.new]].filter(([, s]) => s.state !== "text" && s.state !== "absent");
+      const why = d.identical ? "The file is the same on both sides."
+        : odd.length ? "No text diff: " + odd.map(([n, s]) => "the " + n + " side is " + side(s)).join(" and ") + "."
+        : "Neither side has this path.";
+      parts.push(el("p", { id: "udiff-none", text: why }));
+    }
+    box.replaceChildren(...parts);
+    box.scrollIntoView({ block: "start" });
+    report(true, "file diff: " + path + ": +" + d.added_lines + " −" + d.removed_lines + " lines");
+  } catch (e) {
+    box.replaceChildren();
+    report(false, "file diff failed: " + (e.code ? e.code + ": " : "") + e.message);
+    if (e.status === 401) showSignIn("Signed out: " + e.message);
+  }
+}
+
+// ---- a sandbox's timeline -------------------------------------------------------------------
+
+// Most sandboxes one "fork" of a timeline entry starts.
+const FORK_MAX = 16;
+
+// The timeline's frame: the step-history toggle and the fork count stay while the list below
+// them is redrawn.
+function timelineFrame(id) {
+  const path = "/v1/sandboxes/" + encodeURIComponent(id);
+  const toggle = el("input", { id: "history-toggle", type: "checkbox",
+    onchange: () => {
+      // Updates arriving meanwhile leave the box as clicked until the service answers.
+      toggle.dataset.pending = "1";
+      act("history", async () => {
+        const sb = await api("POST", path + "/history", { enabled: toggle.checked });
+        return "step history " + (sb.history ? "on: every command ends with a checkpoint" : "off");
+      }).finally(() => { delete toggle.dataset.pending; drawTimeline(id); });
+    } });
+  const count = el("input", { id: "timeline-fork-count", type: "number", min: "1", max: String(FORK_MAX), value: "2" });
+  $("node-timeline").replaceChildren(
+    el("h2", { text: "Timeline" }),
+    el("div", { class: "toolbar" },
+      el("label", {}, toggle, " Step history (a checkpoint after every command)"),
+      el("span", { class: "spacer" }),
+      el("label", {}, "Fork count ", count)),
+    el("ol", { id: "timeline", class: "timeline" }),
+    el("p", { id: "timeline-note", class: "muted" }));
+}
+
+function exitText(step) {
+  if (step.exit_code != null) return "exit " + step.exit_code;
+  if (step.signal != null) return "signal " + step.signal;
+  return "no exit code";
+}
+
+// Starts `n` sandboxes from a snapshot, one after another; says which started and which failed.
+async function restoreMany(snap, n) {
+  const ok = [];
+  const bad = [];
+  for (let i = 0; i < n; i++) {
+    try {
+      ok.push((await api("POST", "/v1/sandboxes", { snapshot_id: snap })).id);
+    } catch (e) {
+      if (!ok.length && !bad.length) throw e;
+      bad.push((e.code ? e.code + ": " : "") + e.message);
+    }
+  }
+  return "started " + ok.join(", ") + " from " + snap + (bad.length ? "; failed: " + bad.join("; ") : "");
+}
+
+function timelineEntry(id, t, e) {
+  const s = e.snapshot;
+  const step = e.step;
+  const when = new Date(step ? step.ended_ms : s.created_ms);
+  const parts = [
+    el("span", { class: "when", title: when.toISOString(), text: when.toLocaleTimeString() }),
+    el("span", { class: "kind " + s.kind, text: s.kind.replace("_", " ") }),
+  ];
+  if (step) {
+    parts.push(el("code", { class: "cmd", title: "ran " + step.duration_ms + " ms", text: step.command }),
+      el("span", { class: "exit " + (step.exit_code === 0 ? "ok" : "bad"), text: exitText(step) }));
+  } else {
+    parts.push(el("span", { class: "cmd muted", text: s.name ? "“" + s.name + "”" : "no command recorded" }));
+  }
+  parts.push(nodeLink(s.id));
+  if (s.id === t.current) parts.push(el("span", { class: "here", text: "← now" }));
+  if (s.deleted) {
+    parts.push(el("span", { class: "deleted", text: "deleted" }));
+    return el("li", { "data-id": s.id }, ...parts);
+  }
+  const what = step ? " (after “" + step.command + "”)" : "";
+  const path = "/v1/sandboxes/" + encodeURIComponent(id);
+  parts.push(el("span", { class: "actions" },
+    el("button", { type: "button", class: "tl-rollback danger", text: "Roll back",
+      onclick: () => {
+        if (!confirm("Roll " + id + " back to " + s.id + what + "? Its state since then is lost.")) return;
+        act("rollback", async () => (await api("POST", path + "/rollback", { checkpoint: s.id })).id + " is back at " + s.id);
+      } }),
+    el("button", { type: "button", class: "tl-restore", text: "Restore",
+      onclick: () => act("restore", () => restoreMany(s.id, 1)) }),
+    el("button", { type: "button", class: "tl-fork", text: "Fork",
+      title: "Start the fork count of new sandboxes from this point",
+      onclick: () => {
+        const n = Number($("timeline-fork-count").value);
+        if (!(n >= 1 && n <= FORK_MAX)) { report(false, "fork: the count must be 1 to " + FORK_MAX); return; }
+        act("fork", () => restoreMany(s.id, n));
+      } })));
+  return el("li", { "data-id": s.id, class: s.id === t.current ? "current" : "" }, ...parts);
+}
+
+// The snapshots taken of a sandbox, oldest first, each step-history checkpoint with its command.
+async function drawTimeline(id) {
+  const list = $("timeline");
+  if (!list) return;
+  let t;
+  try {
+    t = await api("GET", "/v1/sandboxes/" + encodeURIComponent(id) + "/timeline");
+  } catch (e) {
+    if (S.node === id) $("timeline-note").textContent = "timeline failed: " + (e.code ? e.code + ": " : "") + e.message;
+    return;
+  }
+  if (S.node !== id || $("timeline") !== list) return;
+  const toggle = $("history-toggle");
+  if (!toggle.dataset.pending) toggle.checked = t.history;
+  // Redrawn only when it changed, so a button under the pointer stays put between updates.
+  const key = JSON.stringify(t);
+  if (list.dataset.key === key) return;
+  list.dataset.key = key;
+  list.replaceChildren(...t.entries.map((e) => timelineEntry(id, t, e)));
+  $("timeline-note").textContent = t.entries.length ? ""
+    : "No checkpoints or snapshots of this sandbox yet." + (t.history ? "" : " Turn step history on to take one after every command.");
 }
 
 // ---- wiring ---------------------------------------------------------------------------------

@@ -12,6 +12,10 @@
 //! key to snapshot) and the exec defaults of template sandboxes and their snapshots
 //! (`exec_defaults`) are tables of their own too (see `templates.rs`).
 //!
+//! The command behind each step-history checkpoint (`steps`: one row per checkpoint, keyed by
+//! the snapshot) is a table of its own as well, created with `IF NOT EXISTS` like every table,
+//! so a database from before it opens unchanged and older builds ignore it (`steps.rs`).
+//!
 //! Not for: file contents or runtime state of sandboxes.
 
 use branchbox_model::{
@@ -22,7 +26,10 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::time::Duration;
 
+mod steps;
 mod templates;
+
+pub use steps::ExecStep;
 
 /// Schema version written to `PRAGMA user_version`.
 const SCHEMA_VERSION: i64 = 1;
@@ -77,6 +84,16 @@ CREATE TABLE IF NOT EXISTS exec_defaults(
     owner TEXT PRIMARY KEY,
     defaults TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS steps(
+    snapshot TEXT PRIMARY KEY,
+    sandbox TEXT NOT NULL,
+    command TEXT NOT NULL,
+    exit_code INTEGER,
+    signal INTEGER,
+    duration_ms INTEGER NOT NULL,
+    ended_ms INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS steps_sandbox ON steps(sandbox);
 ";
 
 /// A handle on the metadata database.
@@ -313,6 +330,18 @@ impl Store {
             .map_err(db)
     }
 
+    /// The snapshots taken of sandbox `source` (any kind, tombstones too), oldest first.
+    pub fn snapshots_of(&self, source: &SandboxId) -> Result<Vec<Snapshot>> {
+        let mut st = self
+            .conn
+            .prepare(&format!(
+                "SELECT {SNAPSHOT_COLS} FROM snapshots WHERE source = ?1 ORDER BY created_ms, id"
+            ))
+            .map_err(db)?;
+        let rows = st.query_map([source.as_str()], snapshot_row).map_err(db)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(db)
+    }
+
     /// Every snapshot, oldest first.
     pub fn snapshots(&self) -> Result<Vec<Snapshot>> {
         let mut st = self
@@ -323,9 +352,11 @@ impl Store {
         rows.collect::<rusqlite::Result<Vec<_>>>().map_err(db)
     }
 
-    /// Forgets a snapshot and the refs pointing at it.
+    /// Forgets a snapshot, the refs pointing at it and the step it recorded. (A tombstone
+    /// keeps its step, as it keeps its place in the lineage.)
     pub fn delete_snapshot(&self, id: &SnapshotId) -> Result<()> {
         self.conn.execute("DELETE FROM refs WHERE snapshot = ?1", [id.as_str()]).map_err(db)?;
+        self.conn.execute("DELETE FROM steps WHERE snapshot = ?1", [id.as_str()]).map_err(db)?;
         self.conn.execute("DELETE FROM exec_defaults WHERE owner = ?1", [id.as_str()]).map_err(db)?;
         self.conn.execute("DELETE FROM snapshots WHERE id = ?1", [id.as_str()]).map(drop).map_err(db)
     }

@@ -7,6 +7,7 @@ more than one colour, and the page's text is checked for what the screenshot sho
 from __future__ import annotations
 
 import base64
+import os
 import re
 import struct
 from pathlib import Path
@@ -182,6 +183,11 @@ def test_console_signs_in_branches_and_signs_out(service: Service, browser, tmp_
         page.wait_for_selector(f'#tree li[data-id="{fork_point}"] li[data-id="{child}"]', timeout=WAIT_MS)
     assert page.locator(f'#tree li[data-id="{c1}"] li[data-id="{fork_point}"]').count() == 1
     shot(browser, page, tmp_path / "lineage.png", fork_point)
+    # For the README's picture: BRANCHBOX_CONSOLE_SCREENSHOT_DIR=docs/img keeps this view.
+    keep = os.environ.get("BRANCHBOX_CONSOLE_SCREENSHOT_DIR")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shot(browser, page, Path(keep) / "console-lineage.png", fork_point)
 
     # The fork point's diff against its parent (the checkpoint) shows the file written between.
     page.goto(service.url + f"/ui#/node/{fork_point}")
@@ -225,6 +231,93 @@ def test_console_signs_in_branches_and_signs_out(service: Service, browser, tmp_
         assert raw.get("/v1/sandboxes").status_code == 401
     page.close()
     for sid in [a, children[1]]:
+        api.delete(f"/v1/sandboxes/{sid}")
+    api.close()
+
+
+def test_console_timeline_of_steps_and_text_diff(service: Service, browser, tmp_path: Path) -> None:
+    """Step history from the sandbox's page: two commands appear on its timeline with their
+    commands and exit codes; the text diff of a file the second changed shows its - and + lines;
+    rolling back to the first step from the timeline undoes the second; fork starts sandboxes
+    from a step."""
+    api = service.client()
+    b = api.post("/v1/sandboxes", json={"timeout": 600}).json()["id"]
+    page = browser.new_page(viewport=VIEW)
+    sign_in(page, service)
+    page.goto(service.url + f"/ui#/node/{b}")
+    playwright_api.expect(page.locator("#timeline-note")).to_contain_text("No checkpoints", timeout=WAIT_MS)
+    assert not page.is_checked("#history-toggle")
+    page.check("#history-toggle")
+    assert "step history on" in result(page, "history")
+    assert api.get(f"/v1/sandboxes/{b}").json()["history"] is True
+
+    # Two commands through the API, each ending with a checkpoint that records it.
+    first = "printf 'one\\ntwo\\nthree\\n' > /root/notes.txt"
+    r1 = api.post(f"/v1/sandboxes/{b}/commands", json={"cmd": first}).json()
+    second = ["sh", "-c", "printf 'one\\n2\\nthree\\nfour\\n' > /root/notes.txt; echo 2 > /root/second.txt; exit 3"]
+    r2 = api.post(f"/v1/sandboxes/{b}/commands", json={"argv": second}).json()
+    assert (r1["exit_code"], r2["exit_code"]) == (0, 3), (r1, r2)
+    s1, s2 = r1["checkpoint"], r2["checkpoint"]
+    assert s1 and s2 and s1 != s2
+
+    # Both steps arrive on the open page's timeline, oldest first, with their commands.
+    page.wait_for_selector(f'#timeline li[data-id="{s2}"]', timeout=WAIT_MS)
+    assert page.locator("#timeline li").evaluate_all("ls => ls.map(l => l.dataset.id)") == [s1, s2]
+    step1 = page.inner_text(f'#timeline li[data-id="{s1}"]')
+    step2 = page.inner_text(f'#timeline li[data-id="{s2}"]')
+    assert first in step1 and "exit 0" in step1, step1
+    assert "sh -c 'printf" in step2 and "/root/second.txt; exit 3'" in step2 and "exit 3" in step2, step2
+    assert page.locator(f'#timeline li.current[data-id="{s2}"]').count() == 1
+    page.locator("#node-timeline").evaluate("e => e.scrollIntoView({ block: 'start' })")
+    shot(browser, page, tmp_path / "timeline.png", s2)
+
+    # The second step's text diff against the first: notes.txt changed line by line.
+    page.goto(service.url + f"/ui#/node/{s2}")
+    page.wait_for_selector(f'#diff-against option[value="{s1}"]', state="attached", timeout=WAIT_MS)
+    page.click("#do-diff")
+    result(page, "diff")
+    assert "/root/second.txt" in page.inner_text("#diff-added")
+    page.click('#diff-changed button.path:text-is("/root/notes.txt")')
+    assert "+2 −1 lines" in result(page, "file diff")
+    removed = page.locator("#udiff span.del").all_inner_texts()
+    added = page.locator("#udiff span.add").all_inner_texts()
+    assert (removed, added) == (["-two"], ["+2", "+four"]), (removed, added)
+    assert page.locator("#udiff span.ctx").all_inner_texts() == [" one", " three"]
+    assert page.locator("#udiff span.meta").all_inner_texts() == [f"--- {s1}:/root/notes.txt", f"+++ {s2}:/root/notes.txt"]
+    shot(browser, page, tmp_path / "file-diff.png", "+four")
+    # A file the second step added is all + lines, against nothing.
+    page.click('#diff-added button.path:text-is("/root/second.txt")')
+    result(page, "file diff")
+    assert page.locator("#udiff span.add").all_inner_texts() == ["+2"]
+    assert "absent" in page.inner_text("#file-diff")
+
+    # Roll back to the first step from the timeline, after confirming: the second's file is gone.
+    page.goto(service.url + f"/ui#/node/{b}")
+    page.wait_for_selector(f'#timeline li[data-id="{s1}"] .tl-rollback', timeout=WAIT_MS)
+    page.once("dialog", lambda d: d.dismiss())
+    page.click(f'#timeline li[data-id="{s1}"] .tl-rollback')
+    assert api.get(f"/v1/sandboxes/{b}/files", params={"path": "/root/second.txt"}).status_code == 200
+    page.once("dialog", lambda d: d.accept())
+    page.click(f'#timeline li[data-id="{s1}"] .tl-rollback')
+    assert f"is back at {s1}" in result(page, "rollback")
+    assert api.get(f"/v1/sandboxes/{b}/files", params={"path": "/root/second.txt"}).status_code == 404
+    assert api.get(f"/v1/sandboxes/{b}/files", params={"path": "/root/notes.txt"}).text == "one\ntwo\nthree\n"
+    page.wait_for_selector(f'#timeline li.current[data-id="{s1}"]', timeout=WAIT_MS)
+
+    # Fork two sandboxes from the second step: each has what it wrote.
+    page.fill("#timeline-fork-count", "2")
+    page.click(f'#timeline li[data-id="{s2}"] .tl-fork')
+    forked = re.findall(r"sbx-[0-9a-f]{16}", result(page, "fork"))
+    assert len(forked) == 2 and b not in forked, forked
+    for sid in forked:
+        assert api.get(f"/v1/sandboxes/{sid}").json()["parent_snapshot"] == s2
+        assert api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/root/second.txt"}).text == "2\n"
+
+    page.uncheck("#history-toggle")
+    assert "step history off" in result(page, "history")
+    assert api.get(f"/v1/sandboxes/{b}").json()["history"] is False
+    page.close()
+    for sid in [b, *forked]:
         api.delete(f"/v1/sandboxes/{sid}")
     api.close()
 

@@ -22,10 +22,13 @@ mod network;
 mod recover;
 mod storage;
 mod template;
+mod timeline;
 
 pub use lock::DataLock;
 pub use recover::{LostSandbox, ReconcileReport};
+pub use storage::FileAt;
 pub use template::{BuildEvent, Built, StepRecord, Template, TemplateStatus};
+pub use timeline::{command_text, TimelineEntry};
 
 /// Which backend a new sandbox should use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -400,19 +403,38 @@ impl Engine {
         on_output: &mut dyn FnMut(OutStream, &[u8]),
     ) -> Result<(ExitStatus, Option<Snapshot>)> {
         let spec = self.with_exec_defaults(id, spec)?;
+        let cmd = spec.cmd.clone();
         let mut conn = self.connect(id)?;
         let status = conn.exec_streaming(spec, stdin, on_output).map_err(agent_error)?;
         drop(conn);
-        Ok((status, self.after_exec(id)?))
+        let step = self.after_exec(id, &cmd, &status)?;
+        Ok((status, step))
     }
 
-    /// What must follow every command: in step-history mode, a checkpoint (returned).
+    /// What must follow every command: in step-history mode, a checkpoint (returned), with
+    /// the command and how it ended recorded as the checkpoint's step ([`Engine::timeline`]).
     /// Callers that talk to the agent directly (the service) call this after each command.
-    pub fn after_exec(&self, id: &SandboxId) -> Result<Option<Snapshot>> {
-        if self.store.sandbox(id)?.history {
-            return self.checkpoint(id, None).map(Some);
+    pub fn after_exec(
+        &self,
+        id: &SandboxId,
+        cmd: &branchbox_protocol::Command,
+        status: &ExitStatus,
+    ) -> Result<Option<Snapshot>> {
+        if !self.store.sandbox(id)?.history {
+            return Ok(None);
         }
-        Ok(None)
+        let ended_ms = now_ms();
+        let snap = self.checkpoint(id, None)?;
+        self.store.insert_step(&branchbox_store::ExecStep {
+            snapshot: snap.id.clone(),
+            sandbox: id.clone(),
+            command: command_text(cmd),
+            exit_code: status.code,
+            signal: status.signal,
+            duration_ms: status.duration_ms,
+            ended_ms,
+        })?;
+        Ok(Some(snap))
     }
 
     /// A snapshot by id, name or ref, after checking the reference against the naming rule.

@@ -1,10 +1,24 @@
 //! What the engine keeps beyond live sandboxes: deleting snapshots (with the lineage rules),
-//! refs, file manifests for diffs, the lineage tree, and the lookups gc needs.
+//! refs, file manifests and single files for diffs, the lineage tree, and the lookups gc needs.
 
 use super::Engine;
 use branchbox_image::Recipe;
-use branchbox_model::{now_ms, Error, Name, Result, Sandbox, SandboxId, Snapshot, SnapshotId};
+use branchbox_model::{now_ms, AgentConn, Error, Name, Result, Sandbox, SandboxId, Snapshot, SnapshotId};
+use branchbox_protocol::{ClientError, ErrorCode, FileKind};
 use std::path::PathBuf;
+
+/// What one path holds in a snapshot ([`Engine::snapshot_file`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileAt {
+    /// Nothing at that path.
+    Absent,
+    /// A directory, link or special file.
+    NotRegular(FileKind),
+    /// A regular file over the size asked for; its size.
+    TooLarge(u64),
+    /// A regular file's contents.
+    Bytes(Vec<u8>),
+}
 
 impl Engine {
     /// Deletes a snapshot's data. Refused when other snapshots descend from it, unless
@@ -94,7 +108,6 @@ impl Engine {
     /// The file listing of a snapshot: read from `manifest.json` beside its data, or made once
     /// by starting the snapshot headless (unrecorded) and walking its tree.
     pub fn manifest(&self, snap: &Snapshot) -> Result<Vec<branchbox_protocol::FileStat>> {
-        let _busy = self.in_progress()?;
         let dir = self.snapshot_dir(&snap.id);
         let path = dir.join("manifest.json");
         if let Ok(bytes) = std::fs::read(&path) {
@@ -102,20 +115,54 @@ impl Engine {
                 return Ok(entries);
             }
         }
-        let backend = self.backend(snap.backend)?;
-        let plan = self.plan(SandboxId::generate(), self.image_rootfs(&snap.image)?, snap.limits);
-        let walked = backend.restore(&dir, &plan).and_then(|_| {
+        let entries = self.headless(snap, |conn| {
             let exclude: Vec<String> = crate::diff::NOT_WALKED.iter().map(|s| s.to_string()).collect();
-            backend.connect(&plan.dir)?.walk("/", &exclude).map_err(|e| Error::Backend(e.to_string()))
-        });
-        let _ = backend.destroy(&plan.id, &plan.dir);
-        let entries = walked?;
+            conn.walk("/", &exclude).map_err(|e| Error::Backend(e.to_string()))
+        })?;
         let tmp = dir.join("manifest.json.tmp");
         let text = serde_json::to_vec(&entries).map_err(|e| Error::Backend(e.to_string()))?;
         std::fs::write(&tmp, text)
             .and_then(|()| std::fs::rename(&tmp, &path))
             .map_err(|e| Error::io(&path, e))?;
         Ok(entries)
+    }
+
+    /// What `path` holds in a snapshot, its contents read when it is a regular file of at most
+    /// `max` bytes. The listing ([`Engine::manifest`]) answers the rest without starting the
+    /// snapshot; reading a file starts it headless once.
+    pub fn snapshot_file(&self, snap: &Snapshot, path: &str, max: u64) -> Result<FileAt> {
+        branchbox_protocol::limits::check_guest_path(path).map_err(Error::InvalidInput)?;
+        let Some(stat) = self.manifest(snap)?.into_iter().find(|e| e.name == path) else {
+            return Ok(FileAt::Absent);
+        };
+        if stat.kind != FileKind::File {
+            return Ok(FileAt::NotRegular(stat.kind));
+        }
+        if stat.size > max {
+            return Ok(FileAt::TooLarge(stat.size));
+        }
+        self.headless(snap, |conn| match conn.read_file_bytes(path, max) {
+            Ok(bytes) => Ok(FileAt::Bytes(bytes)),
+            Err(ClientError::Agent { code: ErrorCode::NotFound, .. }) => Ok(FileAt::Absent),
+            Err(e) => Err(Error::Backend(format!("reading {path} from snapshot {}: {e}", snap.id))),
+        })
+    }
+
+    /// Starts a snapshot headless (unrecorded, under a fresh id), runs `f` on its agent and
+    /// destroys it again, whatever `f` returned. Holds the data directory like any operation
+    /// in progress, so gc never takes the headless sandbox for a stray one.
+    fn headless<T>(&self, snap: &Snapshot, f: impl FnOnce(&mut AgentConn) -> Result<T>) -> Result<T> {
+        let _busy = self.in_progress()?;
+        if snap.deleted_ms.is_some() {
+            return Err(Error::Conflict(format!("snapshot {} was deleted; its files are gone", snap.id)));
+        }
+        let backend = self.backend(snap.backend)?;
+        let plan = self.plan(SandboxId::generate(), self.image_rootfs(&snap.image)?, snap.limits);
+        let out = backend
+            .restore(&self.snapshot_dir(&snap.id), &plan)
+            .and_then(|_| f(&mut backend.connect(&plan.dir)?));
+        let _ = backend.destroy(&plan.id, &plan.dir);
+        out
     }
 
     /// The lineage forest of every snapshot and sandbox.

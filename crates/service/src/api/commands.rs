@@ -81,10 +81,11 @@ pub async fn run(
         .blocking(move |engine, st| {
             let spec = super::templates::with_defaults(engine, &id, spec(st, &id, &req)?)?;
             let mut conn = st.agent(engine, &id, run_time(&spec))?;
+            let cmd = spec.cmd.clone();
             let out = conn.exec(spec, req.stdin.as_deref().map(str::as_bytes))?;
             drop(conn);
             let mut result = CommandResult::new(&out.stdout, &out.stderr, &out.status);
-            result.checkpoint = engine.after_exec(&id)?.map(|s| s.id.to_string());
+            result.checkpoint = engine.after_exec(&id, &cmd, &out.status)?.map(|s| s.id.to_string());
             Ok(result)
         })
         .await?;
@@ -143,6 +144,7 @@ pub async fn run_stream(
         })
         .await?;
     let (spec, stdin) = spec;
+    let cmd = spec.cmd.clone();
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(64);
     let out = tx.clone();
     let worker = tokio::task::spawn_blocking(move || {
@@ -170,7 +172,8 @@ pub async fn run_stream(
         let last = match worker.await {
             Ok(Ok(status)) => {
                 // Step-history mode: the checkpoint follows the command, before `exit`.
-                let step = st.blocking(move |engine, _| Ok(engine.after_exec(&sandbox)?)).await;
+                let ended = status.clone();
+                let step = st.blocking(move |engine, _| Ok(engine.after_exec(&sandbox, &cmd, &ended)?)).await;
                 match step {
                     Ok(cp) => exit_event(&status, cp.map(|s| s.id.to_string())),
                     Err(e) => error_event(&e),

@@ -6,6 +6,8 @@
 
 pub mod commands;
 pub mod diff;
+#[cfg(test)]
+mod diff_timeline_tests;
 pub mod extract;
 pub mod files;
 pub mod gc;
@@ -18,6 +20,7 @@ pub mod sandboxes;
 pub mod snapshots;
 pub mod system;
 pub mod templates;
+pub mod timeline;
 pub mod types;
 
 use crate::auth::Caller;
@@ -85,6 +88,7 @@ pub fn router(st: AppState) -> (Router, OpenApiDoc) {
         .routes(routes!(sandboxes::connect))
         .routes(routes!(sandboxes::set_timeout))
         .routes(routes!(sandboxes::set_history))
+        .routes(routes!(timeline::timeline))
         .routes(routes!(sandboxes::fork))
         .routes(routes!(network::get, network::set))
         .routes(routes!(network::host))
@@ -94,6 +98,7 @@ pub fn router(st: AppState) -> (Router, OpenApiDoc) {
         .routes(routes!(snapshots::list))
         .routes(routes!(snapshots::get, snapshots::delete))
         .routes(routes!(diff::diff))
+        .routes(routes!(diff::file))
         .routes(routes!(system::lineage))
         .routes(routes!(system::audit))
         .routes(routes!(system::metrics))

@@ -80,6 +80,9 @@ pub struct SandboxInfo {
     /// The host limit its answers broke, when they did: a sign that something in the sandbox
     /// forged the agent's frames (docs/security.md); `null` otherwise.
     pub flagged: Option<String>,
+    /// Step-history mode: every command ends with a checkpoint recording it
+    /// (`POST /v1/sandboxes/{id}/history`, `GET /v1/sandboxes/{id}/timeline`).
+    pub history: bool,
 }
 
 impl SandboxInfo {
@@ -102,6 +105,7 @@ impl SandboxInfo {
             created_by: known.then_some(m.created_by),
             lost_reason: None,
             flagged: None,
+            history: s.history,
         }
     }
 
