@@ -318,8 +318,9 @@ function openNode(id) {
   $("node-title").textContent = id;
   $("node-diff").replaceChildren();
   $("node-timeline").replaceChildren();
+  $("node-terminal").replaceChildren();
   drawNodeInfo();
-  if (id.startsWith("sbx-")) { sandboxActions(id); timelineFrame(id); }
+  if (id.startsWith("sbx-")) { sandboxActions(id); terminalFrame(id); timelineFrame(id); }
   else snapshotActions(id);
 }
 
@@ -506,6 +507,31 @@ async function showFileDiff(id, against, path) {
     report(false, "file diff failed: " + (e.code ? e.code + ": " : "") + e.message);
     if (e.status === 401) showSignIn("Signed out: " + e.message);
   }
+}
+
+// ---- a terminal into a sandbox --------------------------------------------------------------
+
+// A shell in the sandbox, in a frame of /ui/terminal.html (xterm.js over the pty WebSocket).
+// Closing the frame closes the socket, which ends the shell.
+function terminalFrame(id) {
+  const box = $("node-terminal");
+  const open = el("button", { id: "open-terminal", type: "button", text: "Open a terminal" });
+  const close = el("button", { id: "close-terminal", type: "button", text: "Close the terminal", hidden: "" });
+  const slot = el("div", { id: "terminal-slot" });
+  open.onclick = () => {
+    slot.replaceChildren(el("iframe", { id: "terminal-frame", class: "terminal",
+      title: "terminal of " + id, src: "/ui/terminal.html?id=" + encodeURIComponent(id) }));
+    open.hidden = true;
+    close.hidden = false;
+  };
+  close.onclick = () => {
+    slot.replaceChildren();
+    open.hidden = false;
+    close.hidden = true;
+  };
+  box.replaceChildren(el("h2", { text: "Terminal" }),
+    el("p", { class: "muted", text: "A login shell as root on a terminal in the sandbox; it ends when the terminal is closed." }),
+    open, close, slot);
 }
 
 // ---- a sandbox's timeline -------------------------------------------------------------------

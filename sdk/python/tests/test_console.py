@@ -322,6 +322,49 @@ def test_console_timeline_of_steps_and_text_diff(service: Service, browser, tmp_
     api.close()
 
 
+def test_console_terminal_runs_a_shell_in_the_sandbox(service: Service, browser, tmp_path: Path) -> None:
+    """The sandbox page's terminal (xterm.js over the pty WebSocket): keys typed in the browser
+    run in the sandbox, its output shows, the exit is reported; the handshake with the session
+    cookie needs the session's CSRF token, and a plain GET is told to use a WebSocket."""
+    api = service.client()
+    c = api.post("/v1/sandboxes", json={"timeout": 600}).json()["id"]
+    api.post(f"/v1/sandboxes/{c}/commands", json={"cmd": "echo hello-from-the-sandbox > /root/t.txt"})
+    page = browser.new_page(viewport=VIEW)
+    sign_in(page, service)
+    page.goto(service.url + f"/ui#/node/{c}")
+    page.click("#open-terminal")
+    frame = page.frame_locator("#terminal-frame")
+    playwright_api.expect(frame.locator("#state")).to_have_text("connected", timeout=WAIT_MS)
+    frame.locator(".xterm").click()
+    page.keyboard.type("cat /root/t.txt; echo $((6 * 7))-$(tty); echo typed > /root/typed.txt\n")
+    rows = frame.locator(".xterm-rows")
+    playwright_api.expect(rows).to_contain_text("hello-from-the-sandbox", timeout=WAIT_MS)
+    playwright_api.expect(rows).to_contain_text(re.compile(r"42-/dev/pts/\d+"), timeout=WAIT_MS)
+    shot(browser, page, tmp_path / "terminal.png", "Close the terminal")
+    # What was typed ran in the sandbox itself.
+    read = api.get(f"/v1/sandboxes/{c}/files", params={"path": "/root/typed.txt"})
+    assert read.status_code == 200 and read.text == "typed\n", (read.status_code, read.text)
+    page.keyboard.type("exit 7\n")
+    playwright_api.expect(frame.locator("#state")).to_contain_text("exit code 7", timeout=WAIT_MS)
+    page.click("#close-terminal")
+    assert page.locator("#terminal-frame").count() == 0
+
+    # The handshake, from outside the page: the cookie alone (no CSRF token, or a wrong one)
+    # is refused; a GET that is no WebSocket handshake is told what to do.
+    cookie = next(k for k in page.context.cookies() if k["name"] == "bbx_session")["value"]
+    csrf = page.evaluate("fetch('/ui/api/session').then((r) => r.json()).then((s) => s.csrf)")
+    upgrade = {"connection": "upgrade", "upgrade": "websocket", "sec-websocket-version": "13",
+               "sec-websocket-key": base64.b64encode(os.urandom(16)).decode(), "cookie": f"bbx_session={cookie}"}
+    url = service.url + f"/v1/sandboxes/{c}/pty"
+    for q in [{}, {"csrf": "0" * 64}]:
+        r = httpx.get(url, params=q, headers=upgrade)
+        assert (r.status_code, r.json()["error"]["code"]) == (403, "csrf"), (q, r.status_code, r.text)
+    assert httpx.get(url, params={"csrf": csrf, "cols": "0"}, headers=upgrade).status_code == 400
+    r = api.get(f"/v1/sandboxes/{c}/pty")
+    assert (r.status_code, r.json()["error"]["code"]) == (426, "websocket_required"), r.text
+    page.close()
+
+
 def generated_lineage(n: int) -> dict:
     """`n` nodes: a ternary tree of snapshots with sandboxes hanging off it."""
     snaps, boxes = [], []
@@ -384,4 +427,15 @@ def test_console_requests_without_a_session_are_refused(service: Service) -> Non
         assert httpx.get(service.url + path).status_code == 401
     r = httpx.get(service.url + "/ui")
     assert r.status_code == 200 and "default-src 'self'" in r.headers["content-security-policy"]
+    assert r.headers["x-frame-options"] == "DENY"
+    # The terminal's page alone allows inline style (xterm.js's <style> elements), and framing
+    # by the console only.
+    r = httpx.get(service.url + "/ui/terminal.html")
+    policy = r.headers["content-security-policy"]
+    assert r.status_code == 200 and "style-src 'self' 'unsafe-inline'" in policy, policy
+    assert "script-src 'self';" in policy and "frame-ancestors 'self'" in policy, policy
+    assert r.headers["x-frame-options"] == "SAMEORIGIN"
+    for asset in ["/ui/vendor/xterm.js", "/ui/vendor/addon-fit.js", "/ui/vendor/xterm.css", "/ui/terminal.js"]:
+        r = httpx.get(service.url + asset)
+        assert r.status_code == 200 and len(r.content) > 100, asset
     assert httpx.delete(service.url + "/ui/api/session").status_code == 401

@@ -5,6 +5,7 @@
 //! sandbox list and the lineage whenever they change. `docs/console.md` describes it.
 
 pub mod session;
+pub mod terminal;
 
 use crate::api::extract::{ApiJson, ApiQuery};
 use crate::api::types::{LineageQuery, ListSandboxes};
@@ -42,6 +43,7 @@ pub fn router() -> Router<AppState> {
         .route("/ui/app.css", get(|| asset(STYLE, "text/css; charset=utf-8")))
         .route("/ui/api/session", get(whoami).post(sign_in).delete(sign_out))
         .route("/ui/api/events", get(events))
+        .merge(terminal::router())
 }
 
 async fn asset(body: &'static str, kind: &'static str) -> Response {
