@@ -4,7 +4,8 @@
 # debootstrap for the sandbox image; Debian's kernel source and the tools that build the Linux
 # guest's kernel and root disk (docs/guest.md); with --test also QEMU (the vhost-user test boots
 # the guest under software emulation), chromium (the console's browser tests), the Python
-# SDK and its test tools, and node and npm (the TypeScript SDK's tests). Checks
+# SDK and its test tools; always node and npm (npm ci of the console terminal's xterm.js, which
+# branchboxd's build embeds; the TypeScript SDK's tests). Checks
 # the tools themselves, so it is a no-op when they are present and never skipped because some
 # cache exists.
 set -euo pipefail
@@ -131,6 +132,37 @@ fi
 echo "setup: $("$runsc_bin" --version | head -1); debootstrap $(dpkg-query -W -f='${Version}' debootstrap 2>/dev/null || echo present)"
 echo "setup: linux-source-6.12 $(dpkg-query -W -f='${Version}' linux-source-6.12 2>/dev/null || echo present); $(mkfs.ext4 -V 2>&1 | head -1)"
 
+# --- node and npm; the console's terminal --------------------------------------------------------
+# node 18 or later and npm: `npm ci` installs xterm.js (pinned in crates/service/ui/vendor), which
+# branchboxd's build copies into the binary for the console's terminal, and the TypeScript SDK's
+# tests need node's built-in fetch and node:test. Debian 12's nodejs is 18.
+node_major() { node -e 'process.stdout.write(process.versions.node.split(".")[0])' 2>/dev/null || echo 0; }
+if ! command -v npm >/dev/null 2>&1 || [ "$(node_major)" -lt 18 ]; then
+    found="$(node --version 2>/dev/null || echo 'no node')"
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "setup: building branchboxd needs node 18 or later and npm ($found); run as root or: apt-get install nodejs npm" >&2
+        exit 1
+    fi
+    echo "setup: installing nodejs and npm (the console's terminal assets and the TypeScript SDK; $found)"
+    apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm >/dev/null
+    if [ "$(node_major)" -lt 18 ] || ! command -v npm >/dev/null 2>&1; then
+        echo "setup: node is $(node --version 2>/dev/null || echo missing) after installing nodejs; 18 or later is needed" >&2
+        exit 1
+    fi
+fi
+echo "setup: node $(node --version), npm $(npm --version)"
+# xterm.js from the committed lock file, again whenever node_modules is missing or older than it.
+(
+    cd "$(dirname "$0")/../crates/service/ui/vendor"
+    if [ ! -f node_modules/.package-lock.json ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+        echo "setup: installing the console's terminal (xterm.js) from npm into crates/service/ui/vendor"
+        npm ci --no-audit --no-fund --silent
+    fi
+    echo "setup: xterm.js $(node -p 'require("./node_modules/@xterm/xterm/package.json").version')"
+)
+# --- end of node and npm -------------------------------------------------------------------------
+
 # --- branchboxd and the Python SDK (with --test) -----------------------------------------------
 [ "${1:-}" = "--test" ] || exit 0
 # A virtual environment under target/py with the SDK (editable) and its pinned test tools from
@@ -154,23 +186,3 @@ echo "setup: linux-source-6.12 $(dpkg-query -W -f='${Version}' linux-source-6.12
 )
 # --- end of branchboxd and the Python SDK ------------------------------------------------------
 
-# --- the TypeScript SDK (with --test) ---------------------------------------------------------
-# node 18 or later (for its built-in fetch and node:test) and npm; Debian 12's nodejs is 18.
-# `scripts/test.sh` installs the SDK's pinned dependencies (npm ci) itself.
-node_major() { node -e 'process.stdout.write(process.versions.node.split(".")[0])' 2>/dev/null || echo 0; }
-if ! command -v npm >/dev/null 2>&1 || [ "$(node_major)" -lt 18 ]; then
-    found="$(node --version 2>/dev/null || echo 'no node')"
-    if [ "$(id -u)" -ne 0 ]; then
-        echo "setup: the TypeScript SDK's tests need node 18 or later and npm ($found); run as root or: apt-get install nodejs npm" >&2
-        exit 1
-    fi
-    echo "setup: installing nodejs and npm (the TypeScript SDK's tests; $found)"
-    apt-get update -q >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm >/dev/null
-    if [ "$(node_major)" -lt 18 ] || ! command -v npm >/dev/null 2>&1; then
-        echo "setup: node is $(node --version 2>/dev/null || echo missing) after installing nodejs; the TypeScript SDK needs 18 or later" >&2
-        exit 1
-    fi
-fi
-echo "setup: node $(node --version), npm $(npm --version)"
-# --- end of the TypeScript SDK -----------------------------------------------------------------

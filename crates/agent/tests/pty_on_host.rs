@@ -38,7 +38,7 @@ fn read_until(out: &mut PtyOutput, seen: &mut String, want: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !seen.contains(want) {
         assert!(Instant::now() < deadline, "no {want:?} from the terminal; it printed {seen:?}");
-        match out.next().expect("terminal output") {
+        match out.recv().expect("terminal output") {
             PtyEvent::Output(b) => seen.push_str(&String::from_utf8_lossy(&b)),
             PtyEvent::Exited(s) => panic!("ended ({s:?}) before printing {want:?}; it printed {seen:?}"),
         }
@@ -64,13 +64,13 @@ fn a_command_on_a_terminal_sees_a_tty_of_the_asked_size_takes_keys_and_resizes()
     // The terminal echoes what was typed, as any terminal does.
     assert!(seen.contains("hello\r\n"), "{seen:?}");
     let status = loop {
-        match out.next().expect("the end of the session") {
+        match out.recv().expect("the end of the session") {
             PtyEvent::Output(_) => continue,
             PtyEvent::Exited(s) => break s,
         }
     };
     assert_eq!(status.code, Some(3));
-    assert!(matches!(out.next(), Err(ClientError::Closed)), "a frame after the end");
+    assert!(matches!(out.recv(), Err(ClientError::Closed)), "a frame after the end");
 }
 
 #[test]
@@ -80,7 +80,7 @@ fn a_terminal_of_an_impossible_size_is_refused_and_the_agent_keeps_serving() {
         let (_agent, client) = agent();
         let bad = PtySize { cols, rows };
         let (_input, mut out) = client.open_pty(ExecSpec::new(Command::Shell("true".into())), bad).unwrap();
-        let err = out.next().unwrap_err();
+        let err = out.recv().unwrap_err();
         assert!(
             matches!(err, ClientError::Agent { code: ErrorCode::BadRequest, .. }),
             "{cols}x{rows}: {err}"
@@ -95,6 +95,6 @@ fn a_missing_program_on_a_terminal_is_a_spawn_error() {
     let (_agent, client) = agent();
     let spec = ExecSpec::new(Command::Argv(vec!["/no/such/program".into()]));
     let (_input, mut out) = client.open_pty(spec, PtySize::new(80, 24).unwrap()).unwrap();
-    let err = out.next().unwrap_err();
+    let err = out.recv().unwrap_err();
     assert!(matches!(err, ClientError::Agent { code: ErrorCode::SpawnFailed, .. }), "{err}");
 }

@@ -57,7 +57,7 @@ impl PtyOutput {
     /// session lasts (a terminal may sit idle for hours): [`PtyInput::close`] ends the wait.
     /// Each frame is bounded by the framing limits; there is no cap on a session's total
     /// output, which is handed on as it comes and never held.
-    pub fn next(&mut self) -> Result<PtyEvent, ClientError> {
+    pub fn recv(&mut self) -> Result<PtyEvent, ClientError> {
         if self.done {
             return Err(ClientError::Closed);
         }

@@ -17,11 +17,40 @@ use axum::response::Response;
 use branchbox_protocol::{ClientError, Command, ExecSpec, PtyEvent, PtyInput, PtyOutput, PtySize};
 use futures_util::{SinkExt, StreamExt};
 use serde::Deserialize;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::sync::mpsc;
 use utoipa::IntoParams;
 
 /// Largest message a client may send (keys typed, or a control message).
 pub const MAX_INPUT_MESSAGE: usize = 64 * 1024;
+/// Most terminals open at once in one service: an upgraded socket no longer counts against
+/// the connection cap, and each terminal holds two threads and a process in its sandbox.
+pub const MAX_TERMINALS: usize = 256;
+
+static OPEN: AtomicUsize = AtomicUsize::new(0);
+
+/// One of the [`MAX_TERMINALS`] places, given back when dropped.
+struct Place;
+
+impl Place {
+    fn take() -> ApiResult<Place> {
+        if OPEN.fetch_add(1, Ordering::SeqCst) >= MAX_TERMINALS {
+            OPEN.fetch_sub(1, Ordering::SeqCst);
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too_many_terminals",
+                format!("{MAX_TERMINALS} terminals are open; close one and retry"),
+            ));
+        }
+        Ok(Place)
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        OPEN.fetch_sub(1, Ordering::SeqCst);
+    }
+}
 /// Longest command line of a terminal.
 const MAX_CMD: usize = 16 * 1024;
 /// What runs when the client names no command: the image's bash as a login shell, else sh.
@@ -79,7 +108,8 @@ fn spec_of(q: &PtyQuery) -> ApiResult<(ExecSpec, PtySize)> {
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/pty", tag = "commands",
     params(("id" = String, Path, description = "sandbox id"), PtyQuery),
     responses((status = 101, description = "switching to the WebSocket protocol"),
-              (status = "4XX", body = ErrorBody, description = "not a WebSocket handshake (426), bad size or command, missing CSRF token (403), not found, paused (409)")))]
+              (status = "4XX", body = ErrorBody, description = "not a WebSocket handshake (426), bad size or command, missing CSRF token (403), not found, paused (409)"),
+              (status = 503, body = ErrorBody, description = "too many terminals open")))]
 pub async fn open(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -99,6 +129,7 @@ pub async fn open(
             format!("a terminal is a WebSocket: open this URL with a WebSocket client ({e})"),
         )
     })?;
+    let place = Place::take()?;
     // Start the terminal before answering, so a missing or paused sandbox gets its status code.
     let (input, output) = st
         .blocking(move |engine, _| {
@@ -106,10 +137,12 @@ pub async fn open(
             Ok(engine.connect(&id)?.open_pty(spec, size)?)
         })
         .await?;
-    Ok(ws
-        .max_message_size(MAX_INPUT_MESSAGE)
-        .max_frame_size(MAX_INPUT_MESSAGE)
-        .on_upgrade(move |socket| session(socket, input, output)))
+    Ok(ws.max_message_size(MAX_INPUT_MESSAGE).max_frame_size(MAX_INPUT_MESSAGE).on_upgrade(
+        move |socket| async move {
+            session(socket, input, output).await;
+            drop(place);
+        },
+    ))
 }
 
 /// What the typing thread is handed.
@@ -177,7 +210,7 @@ async fn session(socket: WebSocket, input: PtyInput, output: PtyOutput) {
 
 fn read_terminal(mut output: PtyOutput, out: mpsc::Sender<(Message, bool)>) {
     loop {
-        let (msg, last) = match output.next() {
+        let (msg, last) = match output.recv() {
             Ok(PtyEvent::Output(bytes)) => (Message::Binary(bytes.into()), false),
             Ok(PtyEvent::Exited(s)) => {
                 (text(serde_json::json!({ "type": "exit", "code": s.code, "signal": s.signal })), true)
@@ -205,4 +238,72 @@ fn type_into(mut input: PtyInput, mut typed: mpsc::Receiver<Typed>) {
         }
     }
     input.close();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(cols: Option<u16>, rows: Option<u16>, cmd: Option<&str>, cwd: Option<&str>) -> PtyQuery {
+        PtyQuery {
+            cols,
+            rows,
+            cmd: cmd.map(str::to_string),
+            cwd: cwd.map(str::to_string),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_terminal_is_a_login_shell_of_80_by_24_unless_asked_otherwise() {
+        let (spec, size) = spec_of(&q(None, None, None, None)).unwrap();
+        assert_eq!((size.cols, size.rows), (80, 24));
+        assert_eq!(spec.cmd, Command::Shell(LOGIN_SHELL.into()));
+        let (spec, size) = spec_of(&q(Some(1000), Some(1), Some("top"), Some("/tmp"))).unwrap();
+        assert_eq!((size.cols, size.rows, spec.cwd.as_deref()), (1000, 1, Some("/tmp")));
+        assert_eq!(spec.cmd, Command::Shell("top".into()));
+    }
+
+    #[test]
+    fn impossible_sizes_commands_and_paths_are_refused_before_anything_starts() {
+        let long = "x".repeat(MAX_CMD + 1);
+        for bad in [
+            q(Some(0), None, None, None),
+            q(None, Some(1001), None, None),
+            q(None, None, Some(" "), None),
+            q(None, None, Some("a\0b"), None),
+            q(None, None, Some(&long), None),
+            q(None, None, None, Some("relative")),
+        ] {
+            let e = spec_of(&bad).unwrap_err();
+            let status = e.status;
+            assert!(
+                status == StatusCode::BAD_REQUEST || status == StatusCode::UNPROCESSABLE_ENTITY,
+                "{bad:?}: {status}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_the_resize_message_is_a_control_message() {
+        let ok: Control = serde_json::from_str(r#"{"type":"resize","cols":100,"rows":30}"#).unwrap();
+        assert!(matches!(ok, Control::Resize { cols: 100, rows: 30 }));
+        for bad in [
+            r#"{"type":"resize","cols":-1,"rows":30}"#,
+            r#"{"type":"kill"}"#,
+            r#"{"type":"resize","cols":1,"rows":1,"x":1}"#,
+            "ls\n",
+        ] {
+            assert!(serde_json::from_str::<Control>(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn places_are_given_back_and_the_cap_holds() {
+        let held: Vec<Place> = (0..MAX_TERMINALS).map_while(|_| Place::take().ok()).collect();
+        let e = Place::take().err().expect("a place past the cap");
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        drop(held);
+        assert!(Place::take().is_ok());
+    }
 }
