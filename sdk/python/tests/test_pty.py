@@ -8,8 +8,8 @@ import pytest
 
 from conftest import wait_until
 
-from branchbox import (AsyncSandbox, BranchboxError, CommandTimeoutException, InvalidArgumentError, NotFoundError,
-                       PtySize, Sandbox)
+from branchbox import (AsyncSandbox, BranchboxError, CommandTimeoutException, ConflictError, InvalidArgumentError,
+                       NotFoundError, PtySize, Sandbox)
 
 LIMIT = 120
 
@@ -102,6 +102,10 @@ def test_refusals_are_typed(sbx, service):
     with pytest.raises(InvalidArgumentError):
         sbx.pty.resize(h.pid, PtySize(rows=24, cols=1001))
     assert h.kill() is True
+    sbx.pause()
+    with pytest.raises(ConflictError) as e:
+        sbx.pty.create()
+    assert e.value.status == 409
     sbx.kill()
     with pytest.raises(NotFoundError) as e:
         sbx.pty.create()
