@@ -170,7 +170,7 @@ echo "setup: node $(node --version), npm $(npm --version)"
 (
     cd "$(dirname "$0")/.."
     py=target/py
-    if ! "$py/bin/python" -c "import branchbox, httpx, pytest, schemathesis, openapi_spec_validator, playwright" 2>/dev/null; then
+    if ! "$py/bin/python" -c "import branchbox, httpx, websockets, pytest, schemathesis, openapi_spec_validator, playwright" 2>/dev/null; then
         command -v python3 >/dev/null 2>&1 || { echo "setup: python3 is missing; install Python 3.9 or later" >&2; exit 1; }
         if ! python3 -m venv "$py" >/dev/null 2>&1; then
             echo "setup: installing python3-venv"

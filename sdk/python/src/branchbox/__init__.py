@@ -8,6 +8,7 @@ service's files in the data directory).
 from .async_sandbox import AsyncCommandHandle, AsyncSandbox, AsyncSandboxPaginator
 from ._compat import SandboxPaginator
 from ._streams import AsyncByteStream, ByteStream
+from ._pty import AsyncPty, AsyncPtyHandle, Pty, PtyHandle, PtySize
 from ._names import MAX_NAME_BYTES, check_name
 from .exceptions import (
     AuthenticationError,
@@ -35,6 +36,8 @@ __all__ = [
     "AsyncByteStream",
     "AsyncSandbox",
     "AsyncSandboxPaginator",
+    "AsyncPty",
+    "AsyncPtyHandle",
     "AuthenticationError",
     "ClaimInfo",
     "Pool",
@@ -56,6 +59,9 @@ __all__ = [
     "PayloadTooLargeError",
     "PermissionDeniedError",
     "ProcessInfo",
+    "Pty",
+    "PtyHandle",
+    "PtySize",
     "Sandbox",
     "SandboxInfo",
     "SandboxMetrics",

@@ -154,17 +154,23 @@ def command_http_timeout(timeout: Optional[float], default: float = 60.0) -> flo
     return (timeout if timeout is not None else default) + COMMAND_MARGIN
 
 
+def error_of(status: int, body: Optional[bytes], reason: Optional[str] = None) -> BranchboxError:
+    """The typed exception for an error answer: its status, and the code and message of the
+    service's error body when it has one."""
+    code, message = None, reason or f"HTTP {status}"
+    try:
+        err = json.loads(body or b"")["error"]
+        code, message = err.get("code"), err.get("message", message)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return from_response(status, code, message)
+
+
 def raise_for(r: httpx.Response) -> None:
     """Raises the typed exception for an error answer."""
     if r.status_code < 400:
         return
-    code, message = None, r.reason_phrase or f"HTTP {r.status_code}"
-    try:
-        err = r.json()["error"]
-        code, message = err.get("code"), err.get("message", message)
-    except (ValueError, KeyError, TypeError, AttributeError):
-        pass
-    raise from_response(r.status_code, code, message)
+    raise error_of(r.status_code, r.content, r.reason_phrase)
 
 
 def check_exit(result: CommandResult, cmd: Union[str, Sequence[str]]) -> CommandResult:

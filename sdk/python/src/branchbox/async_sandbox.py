@@ -12,6 +12,7 @@ from . import pool as _pool
 from ._compat import SandboxPaginator, class_or_instance
 from ._streams import AsyncByteStream
 from ._config import ConnectionConfig
+from ._pty import AsyncPty
 from .exceptions import (BranchboxError, InvalidArgumentError, NotFoundError, ServiceUnavailableError, TimeoutException,
                          from_response)
 from .pool import ClaimInfo
@@ -262,6 +263,8 @@ class AsyncSandbox:
         self.default_user = _compat.default_user(user, template, image)
         self.commands = AsyncCommands(self)
         self.files = AsyncFiles(self)
+        #: Terminals (E2B's `sandbox.pty`).
+        self.pty = AsyncPty(self)
         #: How it was handed out, for a sandbox from `AsyncSandbox.claim` (else None).
         self.claim_info: Optional[ClaimInfo] = None
 

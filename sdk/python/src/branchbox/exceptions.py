@@ -111,3 +111,28 @@ def from_response(status: int, code: Optional[str], message: str) -> BranchboxEr
         return CapacityError(message, status=status, code=code)
     cls = _BY_STATUS.get(status, ServerError if status >= 500 else BranchboxError)
     return cls(message, status=status, code=code)
+
+
+#: The status each stable code is answered with, for errors that come without one (inside a
+#: stream or a WebSocket).
+_STATUS_OF_CODE = {
+    "invalid_id": 400, "invalid_port": 400, "bad_json": 400, "bad_query": 400, "bad_body": 400, "bad_host": 400,
+    "invalid_size": 400, "bad_message": 400,
+    "unauthorized": 401,
+    "permission_denied": 403, "host_not_allowed": 403, "origin_not_allowed": 403,
+    "not_found": 404, "path_not_found": 404,
+    "conflict": 409, "lost": 409, "already_exists": 409,
+    "too_large": 413,
+    "invalid_body": 422, "invalid_input": 422, "spawn_failed": 422, "sandbox_io": 422,
+    "backend": 502, "agent_unavailable": 502, "port_unreachable": 502, "port_failed": 502,
+    "at_capacity": 503, "unavailable": 503, "too_many_connections": 503,
+    "timeout": 504,
+}
+
+
+def from_code(code: Optional[str], message: str) -> BranchboxError:
+    """The exception for an error that came with a code but no status."""
+    status = _STATUS_OF_CODE.get(code) if code is not None else None
+    if status is None:
+        return BranchboxError(message, code=code)
+    return from_response(status, code, message)

@@ -12,6 +12,7 @@ from . import pool as _pool
 from ._compat import SandboxPaginator, class_or_instance
 from ._streams import ByteStream
 from ._config import ConnectionConfig
+from ._pty import Pty
 from .exceptions import (BranchboxError, InvalidArgumentError, NotFoundError, ServiceUnavailableError, TimeoutException,
                          from_response)
 from .pool import ClaimInfo
@@ -301,6 +302,8 @@ class Sandbox:
         self.default_user = _compat.default_user(user, template, image)
         self.commands = Commands(self)
         self.files = Files(self)
+        #: Terminals (E2B's `sandbox.pty`).
+        self.pty = Pty(self)
         #: How it was handed out, for a sandbox from `Sandbox.claim` (else None).
         self.claim_info: Optional[ClaimInfo] = None
 
