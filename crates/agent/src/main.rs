@@ -20,6 +20,7 @@ mod outbox;
 mod procs;
 mod reaper;
 mod vm;
+mod watch;
 
 use branchbox_protocol::frame::{decode, read_raw, FrameError};
 use branchbox_protocol::{AgentInfo, ErrorCode, Frame, PtySize, Request, Response, PROTOCOL_VERSION};
@@ -196,6 +197,15 @@ impl Agent {
                     self.end_stream(id);
                 }
             }
+            Request::ProcInput { pid, eof } => {
+                // A write may block on a full pipe: off the reading thread. A client sends the
+                // next write after this one's answer, so writes of one client stay in order.
+                let me = Arc::clone(self);
+                std::thread::spawn(move || {
+                    let r = me.shared.procs.input(pid, &f.body, eof).map(|()| Response::Ok);
+                    me.reply(id, r);
+                });
+            }
             other => {
                 let stream = match &other {
                     Request::WriteFile { .. } => Some(self.open_stream(id)),
@@ -244,6 +254,11 @@ impl Agent {
                     None => Response::StillRunning,
                 })
             }
+            Request::Attach { pid } => self.attach(pid, token, &emit),
+            Request::Watch { path, recursive } => {
+                watch::watch(&path, recursive, token, &mut |c| emit(&Response::Data, c))
+                    .map(|size| Response::FileEnd { size })
+            }
             Request::ReadFile { path, max } => {
                 files::read(&path, max, token, &mut |c| emit(&Response::Data, c))
                     .map(|size| Response::FileEnd { size })
@@ -276,6 +291,49 @@ impl Agent {
             _ => Err(Failure::new(ErrorCode::BadRequest, "this operation is handled elsewhere")),
         };
         self.reply(id, r);
+    }
+
+    /// Streams a background process's output from now on, then how it ended.
+    fn attach(
+        &self,
+        pid: i32,
+        token: &cancel::Token,
+        emit: &dyn Fn(&Response, &[u8]),
+    ) -> Result<Response, Failure> {
+        use std::sync::mpsc::RecvTimeoutError;
+        let rx = match self.shared.procs.attach(pid)? {
+            Ok(rx) => rx,
+            Err(status) => return Ok(Response::Exited(status)),
+        };
+        loop {
+            match rx.recv_timeout(Duration::from_millis(200)) {
+                Ok(procs::Output::Chunk(which, bytes)) => {
+                    let kind = match which {
+                        exec::Stream::Stdout => Response::Stdout,
+                        exec::Stream::Stderr => Response::Stderr,
+                    };
+                    emit(&kind, &bytes);
+                }
+                Ok(procs::Output::Exit(status)) => return Ok(Response::Exited(status)),
+                Err(RecvTimeoutError::Timeout) if token.is_cancelled() => return Err(cancel::cancelled()),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    return match self.shared.procs.status(pid) {
+                        Some(status) => Ok(Response::Exited(status)),
+                        None if self.shared.procs.list().iter().any(|p| p.pid == pid) => Err(Failure::new(
+                            ErrorCode::Io,
+                            format!(
+                                "the reader fell behind process {pid}'s output and was dropped; attach again (wait returns the last 1 MiB of each stream)"
+                            ),
+                        )),
+                        None => Err(Failure::new(
+                            ErrorCode::NotFound,
+                            format!("process {pid} ended and was waited for while attached"),
+                        )),
+                    };
+                }
+            }
+        }
     }
 
     fn send_chunks(&self, id: u64, kind: &Response, data: &[u8]) {

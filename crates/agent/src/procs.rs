@@ -6,6 +6,9 @@ use crate::reaper::Reaper;
 use crate::Failure;
 use branchbox_protocol::{ErrorCode, ExecSpec, ExitStatus, ProcInfo};
 use std::collections::{BTreeMap, VecDeque};
+use std::io::Write;
+use std::process::ChildStdin;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -13,12 +16,28 @@ use std::time::{Duration, Instant};
 use branchbox_protocol::limits::PROC_TAIL as TAIL;
 /// Most background processes tracked at once (finished ones count until waited for).
 const MAX_PROCS: usize = 1024;
+/// Chunks of output an attached reader may fall behind by before it is dropped.
+const ATTACH_DEPTH: usize = 64;
+/// Most readers attached to one process.
+const MAX_ATTACHED: usize = 16;
 
 struct Entry {
     spec: ExecSpec,
     stdout: VecDeque<u8>,
     stderr: VecDeque<u8>,
     exit: Option<ExitStatus>,
+    /// Its stdin, when started with one; taken while a write is in progress.
+    stdin: Arc<Mutex<Option<ChildStdin>>>,
+    /// Readers attached to its output.
+    attached: Vec<SyncSender<Output>>,
+}
+
+/// What an attached reader receives.
+pub enum Output {
+    /// A chunk of output.
+    Chunk(Stream, Vec<u8>),
+    /// The process ended.
+    Exit(ExitStatus),
 }
 
 /// A finished process: its status and output tails.
@@ -64,12 +83,25 @@ impl Procs {
                 }
             }
         }
-        let mut spec = spec;
-        spec.stdin = false;
-        let started = exec::start(reaper, &spec)?;
+        if spec.pty.is_some() {
+            return Err(Failure::new(
+                ErrorCode::BadRequest,
+                "a terminal is for exec, not a background process",
+            ));
+        }
+        let mut started = exec::start(reaper, &spec)?;
         let pid = started.child.id() as i32;
         let timeout = spec.timeout_ms.map(Duration::from_millis);
-        self.lock().insert(pid, Entry { spec, stdout: VecDeque::new(), stderr: VecDeque::new(), exit: None });
+        let stdin = Arc::new(Mutex::new(started.child.stdin.take()));
+        let entry = Entry {
+            spec,
+            stdout: VecDeque::new(),
+            stderr: VecDeque::new(),
+            exit: None,
+            stdin,
+            attached: Vec::new(),
+        };
+        self.lock().insert(pid, entry);
         let me = Arc::clone(self);
         std::thread::spawn(move || {
             let status = exec::pump(started, timeout, u64::MAX, &mut |which, chunk| {
@@ -79,10 +111,21 @@ impl Procs {
                         Stream::Stdout => push_tail(&mut e.stdout, chunk),
                         Stream::Stderr => push_tail(&mut e.stderr, chunk),
                     }
+                    // A reader that fell this far behind is dropped (its attach says so)
+                    // rather than slowing the process.
+                    e.attached.retain(|r| match r.try_send(Output::Chunk(which, chunk.to_vec())) {
+                        Ok(()) => true,
+                        Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+                    });
                 }
             });
             if let Some(e) = me.lock().get_mut(&pid) {
+                for r in e.attached.drain(..) {
+                    let _ = r.try_send(Output::Exit(status.clone()));
+                }
                 e.exit = Some(status);
+                // Nothing reads a finished process's stdin.
+                e.stdin.lock().unwrap_or_else(|p| p.into_inner()).take();
             }
             me.changed.notify_all();
         });
@@ -111,6 +154,53 @@ impl Procs {
             return Err(Failure::io(std::io::Error::last_os_error()));
         }
         Ok(())
+    }
+
+    /// Writes `bytes` to the stdin of a process started with one; with `eof`, closes it after.
+    pub fn input(&self, pid: i32, bytes: &[u8], eof: bool) -> Result<(), Failure> {
+        let stdin = match self.lock().get(&pid) {
+            None => return Err(not_found(pid)),
+            Some(e) => Arc::clone(&e.stdin),
+        };
+        // Writes to one process take turns; the table stays free while one blocks.
+        let mut slot = stdin.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(pipe) = slot.as_mut() else {
+            let why = format!(
+                "process {pid} has no stdin to write to: it was started without stdin, its stdin was closed, or it ended"
+            );
+            return Err(Failure::new(ErrorCode::BadRequest, why));
+        };
+        if let Err(e) = pipe.write_all(bytes) {
+            slot.take();
+            return Err(Failure::io(e));
+        }
+        if eof {
+            slot.take();
+        }
+        Ok(())
+    }
+
+    /// Attaches a reader to a process's output from now on: `Err(status)` when it has ended.
+    pub fn attach(&self, pid: i32) -> Result<Result<Receiver<Output>, ExitStatus>, Failure> {
+        let mut t = self.lock();
+        let e = t.get_mut(&pid).ok_or_else(|| not_found(pid))?;
+        if let Some(status) = &e.exit {
+            return Ok(Err(status.clone()));
+        }
+        if e.attached.len() >= MAX_ATTACHED {
+            return Err(Failure::new(
+                ErrorCode::BadRequest,
+                format!("{MAX_ATTACHED} readers are attached to process {pid} already"),
+            ));
+        }
+        let (tx, rx) = sync_channel(ATTACH_DEPTH);
+        e.attached.push(tx);
+        Ok(Ok(rx))
+    }
+
+    /// How a process ended, if it has and is still tracked.
+    pub fn status(&self, pid: i32) -> Option<ExitStatus> {
+        self.lock().get(&pid).and_then(|e| e.exit.clone())
     }
 
     /// Waits for a process to exit; `Ok(None)` when `timeout` passed first. On exit, returns

@@ -9,6 +9,7 @@
 //! builds and reads them.
 
 pub mod client;
+pub mod follow;
 pub mod frame;
 pub mod limits;
 pub mod message;

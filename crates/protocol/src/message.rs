@@ -167,6 +167,31 @@ pub enum Request {
         #[serde(default)]
         timeout_ms: Option<u64>,
     },
+    /// Write the body to the stdin of a background process started with `stdin`; with `eof`,
+    /// close its stdin afterwards.
+    ProcInput {
+        /// Process id returned by `spawn`.
+        pid: i32,
+        /// Close the process's stdin after writing the body.
+        #[serde(default)]
+        eof: bool,
+    },
+    /// Stream a background process's output from now on as `stdout`/`stderr` frames, then its
+    /// `exited` (at once when it has already ended). Its tails are still kept for `wait`.
+    Attach {
+        /// Process id returned by `spawn`.
+        pid: i32,
+    },
+    /// Watch a directory: one JSON [`WatchEvent`] per line in `data` frames as files under it
+    /// are created, written, removed, renamed or change mode, until the request is cancelled
+    /// (then `ok`) or the directory itself goes (then `file_end` with the event count).
+    Watch {
+        /// Absolute path of a directory.
+        path: String,
+        /// Watch its subdirectories too (those made later included).
+        #[serde(default)]
+        recursive: bool,
+    },
     /// Read a regular file; data arrives as `data` frames, then `file_end`. Other kinds
     /// (FIFOs, devices, sockets) are refused.
     ReadFile {
@@ -313,6 +338,32 @@ pub struct FileStat {
     pub mode: u32,
     /// Modification time, nanoseconds since the Unix epoch.
     pub mtime_ns: i64,
+}
+
+/// What happened to a path under a watched directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WatchKind {
+    /// Created (a file, directory or link).
+    Create,
+    /// Written and closed, or modified.
+    Write,
+    /// Removed.
+    Remove,
+    /// Renamed (its old name; the new one is a `create`).
+    Rename,
+    /// Mode, owner or times changed.
+    Chmod,
+}
+
+/// One event of a `watch`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchEvent {
+    /// What happened.
+    #[serde(rename = "type")]
+    pub kind: WatchKind,
+    /// The path it happened to (absolute).
+    pub name: String,
 }
 
 /// How a command ended.
