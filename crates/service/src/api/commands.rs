@@ -104,7 +104,7 @@ struct ExitEvent {
     checkpoint: Option<String>,
 }
 
-fn exit_event(s: &ExitStatus, checkpoint: Option<String>) -> Event {
+pub(super) fn exit_event(s: &ExitStatus, checkpoint: Option<String>) -> Event {
     let e = ExitEvent {
         exit_code: s.code,
         signal: s.signal,
@@ -117,7 +117,7 @@ fn exit_event(s: &ExitStatus, checkpoint: Option<String>) -> Event {
     Event::default().event("exit").data(serde_json::to_string(&e).unwrap_or_default())
 }
 
-fn error_event(e: &ApiError) -> Event {
+pub(super) fn error_event(e: &ApiError) -> Event {
     Event::default().event("error").data(serde_json::to_string(&e.body()).unwrap_or_default())
 }
 
@@ -187,7 +187,8 @@ pub async fn run_stream(
     Ok(Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).keep_alive(KeepAlive::default()))
 }
 
-/// Starts a background process.
+/// Starts a background process. With `stdin` (text, possibly empty) its stdin stays open: the
+/// text is written first, and more goes to `POST .../processes/{pid}/stdin`.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/processes", tag = "commands",
     params(("id" = String, Path, description = "sandbox id")), request_body = RunCommand,
     responses((status = 201, body = ProcessStarted), (status = "4XX", body = ErrorBody, description = "bad command, not found, paused (409)")))]
@@ -197,9 +198,6 @@ pub async fn start_process(
     ApiJson(req): ApiJson<RunCommand>,
 ) -> ApiResult<(StatusCode, Json<ProcessStarted>)> {
     let id = sandbox_id(&id)?;
-    if req.stdin.is_some() {
-        return Err(ApiError::invalid("background processes take no stdin; write it to a file and redirect"));
-    }
     let pid = st
         .blocking(move |engine, st| {
             let mut spec = super::templates::with_defaults(engine, &id, spec(st, &id, &req)?)?;
@@ -207,7 +205,14 @@ pub async fn start_process(
             if req.timeout.is_none() {
                 spec.timeout_ms = None;
             }
-            Ok(st.agent(engine, &id, Duration::ZERO)?.spawn(spec)?)
+            // With `stdin` (even empty) its stdin stays open for .../{pid}/stdin, this text first.
+            spec.stdin = req.stdin.is_some();
+            let mut conn = st.agent(engine, &id, Duration::ZERO)?;
+            let pid = conn.spawn(spec)?;
+            if let Some(text) = req.stdin.as_deref().filter(|t| !t.is_empty()) {
+                conn.proc_input(pid, text.as_bytes(), false)?;
+            }
+            Ok(pid)
         })
         .await?;
     Ok((StatusCode::CREATED, Json(ProcessStarted { pid })))

@@ -10,6 +10,7 @@ pub mod diff;
 mod diff_timeline_tests;
 pub mod extract;
 pub mod files;
+pub mod follow;
 pub mod gc;
 pub mod mcp;
 pub mod network;
@@ -108,6 +109,7 @@ pub fn router(st: AppState) -> (Router, OpenApiDoc) {
         .routes(routes!(pools::claim))
         .routes(routes!(commands::list_processes))
         .routes(routes!(commands::signal))
+        .routes(routes!(follow::input))
         .routes(routes!(files::list))
         .routes(routes!(files::stat))
         .routes(routes!(files::rename))
@@ -123,7 +125,9 @@ pub fn router(st: AppState) -> (Router, OpenApiDoc) {
         .routes(routes!(commands::wait))
         .routes(routes!(files::read, files::write, files::remove))
         .routes(routes!(templates::build))
-        .routes(routes!(pty::open));
+        .routes(routes!(pty::open))
+        .routes(routes!(follow::output))
+        .routes(routes!(follow::watch));
     let authed = control
         .merge(streams)
         .layer(from_fn_with_state(st.clone(), audit))

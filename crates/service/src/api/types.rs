@@ -311,7 +311,8 @@ pub struct RunCommand {
     pub cwd: Option<String>,
     /// Seconds before its whole process group is killed (default 60).
     pub timeout: Option<f64>,
-    /// Standard input, as text.
+    /// Standard input, as text. For a background process: written first, and its stdin stays
+    /// open for `POST .../processes/{pid}/stdin` (give `""` to open it with nothing yet).
     pub stdin: Option<String>,
     /// The image's account to run as (e.g. `user`); its home is then the default cwd. The
     /// agent's (root, cwd `/`) when absent.

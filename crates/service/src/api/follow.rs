@@ -1,0 +1,175 @@
+//! Following what runs on in a sandbox: typing into a background process's stdin, streaming
+//! its output as it comes, and watching a directory for changes (server-sent events).
+
+use super::commands::{error_event, exit_event};
+use super::extract::{sandbox_id, sandbox_path, ApiJson, ApiQuery};
+use crate::error::{ApiError, ApiResult, ErrorBody};
+use crate::state::AppState;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use base64::Engine as _;
+use branchbox_model::AgentConn;
+use branchbox_protocol::{FileKind, OutStream};
+use futures_util::Stream;
+use serde::Deserialize;
+use std::convert::Infallible;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use utoipa::{IntoParams, ToSchema};
+
+/// Bytes for a background process's stdin.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessInput {
+    /// Text to write (UTF-8); give this or `data_base64`, or neither with `eof`.
+    pub data: Option<String>,
+    /// Bytes to write, base64.
+    pub data_base64: Option<String>,
+    /// Close the process's stdin after writing (it then sees end of file).
+    #[serde(default)]
+    pub eof: bool,
+}
+
+/// Which directory to watch.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct WatchQuery {
+    /// Absolute path of a directory.
+    pub path: String,
+    /// Watch its subdirectories too (those made later included).
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+fn pid_of(pid: &str) -> ApiResult<i32> {
+    pid.parse::<i32>()
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| ApiError::bad_request("invalid_id", format!("{pid:?} is not a process id")))
+}
+
+/// Writes to the stdin of a background process that was started with `stdin` (its stdin then
+/// stays open until `eof`).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/stdin", tag = "commands",
+    params(("id" = String, Path, description = "sandbox id"), ("pid" = String, Path, description = "process id")),
+    request_body = ProcessInput,
+    responses((status = 204, description = "written"),
+              (status = "4XX", body = ErrorBody, description = "bad input, no such process (404), started without stdin or stdin closed (422), paused (409)")))]
+pub async fn input(
+    State(st): State<AppState>,
+    Path((id, pid)): Path<(String, String)>,
+    ApiJson(req): ApiJson<ProcessInput>,
+) -> ApiResult<StatusCode> {
+    let (id, pid) = (sandbox_id(&id)?, pid_of(&pid)?);
+    let bytes = match (req.data, req.data_base64) {
+        (Some(_), Some(_)) => return Err(ApiError::invalid("give data or data_base64, not both")),
+        (Some(text), None) => text.into_bytes(),
+        (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+            .decode(b64.as_bytes())
+            .map_err(|e| ApiError::invalid(format!("data_base64 is not base64: {e}")))?,
+        (None, None) if req.eof => Vec::new(),
+        (None, None) => return Err(ApiError::invalid("give data, data_base64 or eof")),
+    };
+    let eof = req.eof;
+    st.blocking(move |engine, st| Ok(st.agent(engine, &id, Duration::ZERO)?.proc_input(pid, &bytes, eof)?))
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// A connection that follows something for as long as it lasts (no stall limit: a quiet
+/// process or directory is no stalled agent), and a channel to the client; when the client goes,
+/// the connection is shut, which ends the blocking read that follows.
+fn follower(
+    conn: &mut AgentConn,
+) -> ApiResult<(mpsc::Sender<Result<Event, Infallible>>, mpsc::Receiver<Result<Event, Infallible>>)> {
+    let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(64);
+    let shut = conn
+        .stream_mut()
+        .try_clone()
+        .map_err(|e| ApiError::internal(format!("cannot share the agent connection: {e}")))?;
+    let closed = tx.clone();
+    tokio::spawn(async move {
+        closed.closed().await;
+        let _ = shut.shutdown(std::net::Shutdown::Both);
+    });
+    Ok((tx, rx))
+}
+
+/// Streams a background process's output from now on as server-sent events, as
+/// `commands/stream` does: `stdout`/`stderr` with `{"data": base64}`, then `exit` (at once
+/// when it has ended), or `error`. Its output so far is in `wait`'s tails.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/processes/{pid}/output", tag = "commands",
+    params(("id" = String, Path, description = "sandbox id"), ("pid" = String, Path, description = "process id")),
+    responses((status = 200, content_type = "text/event-stream", body = super::types::StreamEvent, description = "stdout/stderr events, then exit"),
+              (status = "4XX", body = ErrorBody, description = "no such process (404), paused (409)")))]
+pub async fn output(
+    State(st): State<AppState>,
+    Path((id, pid)): Path<(String, String)>,
+) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
+    let (id, pid) = (sandbox_id(&id)?, pid_of(&pid)?);
+    let mut conn = st
+        .blocking(move |engine, st| {
+            if !st.agent(engine, &id, Duration::ZERO)?.list_procs()?.iter().any(|p| p.pid == pid) {
+                return Err(ApiError::not_found(format!(
+                    "no background process with pid {pid}; GET /v1/sandboxes/{id}/processes lists them"
+                )));
+            }
+            Ok(engine.connect(&id)?)
+        })
+        .await?;
+    let (tx, rx) = follower(&mut conn)?;
+    tokio::task::spawn_blocking(move || {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let r = conn.attach(pid, &mut |which, chunk| {
+            let name = if which == OutStream::Stdout { "stdout" } else { "stderr" };
+            let data = serde_json::json!({ "data": b64.encode(chunk) }).to_string();
+            let _ = tx.blocking_send(Ok(Event::default().event(name).data(data)));
+        });
+        let last = match r {
+            Ok(status) => exit_event(&status, None),
+            Err(e) => error_event(&ApiError::from(e)),
+        };
+        let _ = tx.blocking_send(Ok(last));
+    });
+    Ok(Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).keep_alive(KeepAlive::default()))
+}
+
+/// Watches a directory: one `change` event per change under it, `{"type": "create" | "write" |
+/// "remove" | "rename" | "chmod", "name": <absolute path>}`, until the client goes; `end` with
+/// `{"events": N}` when the directory itself is removed or moved; `error` on failure.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/watch", tag = "files",
+    params(("id" = String, Path, description = "sandbox id"), WatchQuery),
+    responses((status = 200, content_type = "text/event-stream", description = "change events"),
+              (status = "4XX", body = ErrorBody, description = "bad path, not a directory (422), not found (404), paused (409)")))]
+pub async fn watch(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<WatchQuery>,
+) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
+    let id = sandbox_id(&id)?;
+    let path = sandbox_path(&q.path)?;
+    let recursive = q.recursive;
+    let dir = path.clone();
+    let mut conn = st
+        .blocking(move |engine, st| {
+            if st.agent(engine, &id, Duration::ZERO)?.stat(&dir)?.kind != FileKind::Dir {
+                return Err(ApiError::invalid(format!("{dir} is not a directory; watch a directory")));
+            }
+            Ok(engine.connect(&id)?)
+        })
+        .await?;
+    let (tx, rx) = follower(&mut conn)?;
+    tokio::task::spawn_blocking(move || {
+        let r = conn.watch(&path, recursive, &mut |e| {
+            let data = serde_json::to_string(&e).unwrap_or_default();
+            tx.blocking_send(Ok(Event::default().event("change").data(data))).is_ok()
+        });
+        let last = match r {
+            Ok(n) => Event::default().event("end").data(serde_json::json!({ "events": n }).to_string()),
+            Err(e) => error_event(&ApiError::from(e)),
+        };
+        let _ = tx.blocking_send(Ok(last));
+    });
+    Ok(Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).keep_alive(KeepAlive::default()))
+}
