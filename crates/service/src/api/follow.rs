@@ -42,6 +42,9 @@ pub struct WatchQuery {
     pub recursive: bool,
 }
 
+/// Where a follower's events go.
+type Events = mpsc::Sender<Result<Event, Infallible>>;
+
 fn pid_of(pid: &str) -> ApiResult<i32> {
     pid.parse::<i32>()
         .ok()
