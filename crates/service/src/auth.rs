@@ -43,6 +43,13 @@ pub fn proof(token_digest: &[u8; 32], listen: &str, nonce: &str) -> String {
     hex::encode(mac.finalize().into_bytes())
 }
 
+fn sandbox_mac(token_digest: &[u8; 32], sandbox: &str) -> String {
+    use hmac::{Hmac, Mac};
+    let Ok(mut mac) = <Hmac<Sha256> as Mac>::new_from_slice(token_digest) else { return String::new() };
+    mac.update(format!("branchbox-e2b-envd\n{sandbox}").as_bytes());
+    hex::encode(mac.finalize().into_bytes())
+}
+
 /// The audit id of a token: `tok-` and the first 12 hex digits of its SHA-256.
 pub fn token_id(token: &str) -> String {
     format!("tok-{}", &hex::encode(digest(token.as_bytes()))[..12])
@@ -95,6 +102,27 @@ impl Tokens {
     /// One [`proof`] per accepted token (the service does not know which one the client holds).
     pub fn proofs(&self, listen: &str, nonce: &str) -> Vec<String> {
         self.digests.iter().map(|d| proof(d, listen, nonce)).collect()
+    }
+
+    /// The access token for one sandbox's data plane that a holder of `presented` gets (E2B's
+    /// `envdAccessToken`): hex HMAC-SHA256 keyed with the SHA-256 of the token, over
+    /// `branchbox-e2b-envd\n<sandbox id>`. It opens that sandbox's files and commands only,
+    /// and the service can check it without storing it ([`Tokens::check_sandbox_token`]).
+    pub fn sandbox_token(presented: &str, sandbox: &str) -> String {
+        sandbox_mac(&digest(presented.as_bytes()), sandbox)
+    }
+
+    /// Checks a sandbox access token against every accepted token, in constant time per token;
+    /// the caller is named by the token it derives from.
+    pub fn check_sandbox_token(&self, sandbox: &str, presented: &str) -> Option<Caller> {
+        let p = digest(presented.as_bytes());
+        let mut found = None;
+        for known in &self.digests {
+            if equal_ct(&digest(sandbox_mac(known, sandbox).as_bytes()), &p) {
+                found = Some(Caller(format!("tok-{}", &hex::encode(known)[..12])));
+            }
+        }
+        found
     }
 
     /// Checks a presented token against every accepted one; every comparison runs in full so the
@@ -193,6 +221,18 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(header::AUTHORIZATION, HeaderValue::from_str(v).unwrap());
         h
+    }
+
+    #[test]
+    fn sandbox_tokens_open_one_sandbox_for_holders_of_a_token() {
+        let t = Tokens::new(["secret-token-0123456789", "other-token-0123456789"]);
+        let st = Tokens::sandbox_token("secret-token-0123456789", "sbx-0000000000000001");
+        let who = t.check_sandbox_token("sbx-0000000000000001", &st).unwrap();
+        assert_eq!(who, Caller(token_id("secret-token-0123456789")));
+        assert!(t.check_sandbox_token("sbx-0000000000000002", &st).is_none());
+        assert!(t.check_sandbox_token("sbx-0000000000000001", "secret-token-0123456789").is_none());
+        let stranger = Tokens::sandbox_token("not-a-token-0123456789", "sbx-0000000000000001");
+        assert!(t.check_sandbox_token("sbx-0000000000000001", &stranger).is_none());
     }
 
     #[test]

@@ -21,6 +21,10 @@ CREATE TABLE IF NOT EXISTS sandbox_meta(
     created_by TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS sandbox_meta_expires ON sandbox_meta(expires_ms);
+CREATE TABLE IF NOT EXISTS e2b_template(
+    id TEXT PRIMARY KEY,
+    template TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS audit(
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     at_ms INTEGER NOT NULL,
@@ -211,7 +215,20 @@ impl ServiceDb {
     /// Forgets a sandbox.
     pub fn remove(&self, id: &str) -> DbResult<()> {
         self.conn.execute("DELETE FROM sandbox_meta WHERE id = ?1", [id])?;
+        self.conn.execute("DELETE FROM e2b_template WHERE id = ?1", [id])?;
         Ok(())
+    }
+
+    /// Records the E2B template id a sandbox was created from (E2B's SDKs read it back).
+    pub fn set_e2b_template(&self, id: &str, template: &str) -> DbResult<()> {
+        self.conn
+            .execute("INSERT OR REPLACE INTO e2b_template(id, template) VALUES (?1, ?2)", [id, template])?;
+        Ok(())
+    }
+
+    /// The E2B template id a sandbox was created from, when it was created through E2B's API.
+    pub fn e2b_template(&self, id: &str) -> DbResult<Option<String>> {
+        self.conn.query_row("SELECT template FROM e2b_template WHERE id = ?1", [id], |r| r.get(0)).optional()
     }
 
     /// Sandboxes whose timeout has fired by `now_ms`, earliest first.

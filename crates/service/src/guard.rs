@@ -16,7 +16,10 @@ use std::net::IpAddr;
 
 /// The middleware: refuses a request that fails [`check`].
 pub async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response {
-    match check(&st.cfg, req.method(), req.headers()) {
+    // E2B's API (`/e2b/`) takes Connect and multipart bodies; it authenticates by headers a
+    // cross-site form cannot send (X-API-Key, X-Access-Token), never by cookie.
+    let json_posts = !req.uri().path().starts_with(crate::e2b::GUARDED_ELSEWHERE);
+    match check_posts(&st.cfg, req.method(), req.headers(), json_posts) {
         Ok(()) => next.run(req).await,
         Err(e) => e.into_response(),
     }
@@ -48,6 +51,16 @@ fn has_body(headers: &HeaderMap) -> bool {
 
 /// The checks, on a request's method and headers.
 pub fn check(cfg: &ServiceConfig, method: &Method, headers: &HeaderMap) -> Result<(), ApiError> {
+    check_posts(cfg, method, headers, true)
+}
+
+/// The checks; `json_posts` false leaves out the one on POST bodies.
+pub fn check_posts(
+    cfg: &ServiceConfig,
+    method: &Method,
+    headers: &HeaderMap,
+    json_posts: bool,
+) -> Result<(), ApiError> {
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).ok_or_else(|| {
         ApiError::bad_request("bad_host", "the request has no Host header (HTTP/1.1 requires one)")
     })?;
@@ -72,7 +85,7 @@ pub fn check(cfg: &ServiceConfig, method: &Method, headers: &HeaderMap) -> Resul
             ));
         }
     }
-    if method == Method::POST {
+    if json_posts && method == Method::POST {
         let json = match headers.get(header::CONTENT_TYPE) {
             Some(v) => is_json(v),
             None => !has_body(headers),

@@ -10,6 +10,7 @@ pub mod api;
 pub mod auth;
 pub mod config;
 pub mod db;
+pub mod e2b;
 pub mod error;
 pub mod guard;
 pub mod metrics;

@@ -21,7 +21,7 @@ use std::time::Duration;
 const MAX_SPEC_BYTES: usize = 48 * 1024;
 
 /// Builds the agent's spec from a request and the sandbox's environment.
-fn spec(st: &AppState, id: &SandboxId, req: &RunCommand) -> ApiResult<ExecSpec> {
+pub(crate) fn spec(st: &AppState, id: &SandboxId, req: &RunCommand) -> ApiResult<ExecSpec> {
     let cmd = match (&req.cmd, &req.argv) {
         (Some(line), None) if !line.trim().is_empty() => Command::Shell(line.clone()),
         (None, Some(argv)) if argv.first().is_some_and(|a| !a.is_empty()) => Command::Argv(argv.clone()),
@@ -62,7 +62,7 @@ fn spec(st: &AppState, id: &SandboxId, req: &RunCommand) -> ApiResult<ExecSpec> 
 
 /// How long a command may run, beyond which its agent connection counts as stalled (the
 /// agent answers at the command's timeout, when it kills it).
-fn run_time(spec: &ExecSpec) -> Duration {
+pub(crate) fn run_time(spec: &ExecSpec) -> Duration {
     Duration::from_millis(spec.timeout_ms.unwrap_or(0))
 }
 

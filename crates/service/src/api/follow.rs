@@ -83,9 +83,7 @@ pub async fn input(
 /// A connection that follows something for as long as it lasts (no stall limit: a quiet
 /// process or directory is no stalled agent), and a channel to the client; when the client goes,
 /// the connection is shut, which ends the blocking read that follows.
-fn follower(
-    conn: &mut AgentConn,
-) -> ApiResult<(mpsc::Sender<Result<Event, Infallible>>, mpsc::Receiver<Result<Event, Infallible>>)> {
+fn follower(conn: &mut AgentConn) -> ApiResult<(Events, mpsc::Receiver<Result<Event, Infallible>>)> {
     let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(64);
     let shut = conn
         .stream_mut()

@@ -167,6 +167,7 @@ pub fn router(st: AppState) -> (Router, OpenApiDoc) {
         .merge(openapi_route)
         .merge(proxy)
         .merge(mcp)
+        .merge(crate::e2b::router(st.clone()))
         .merge(crate::ui::router())
         .fallback(|| async { ApiError::not_found("no such route; GET /openapi.json lists them") })
         .method_not_allowed_fallback(|| async {
@@ -239,7 +240,8 @@ fn path_object(path: &str, collection: &str) -> Option<String> {
     path.strip_prefix(collection)?.split('/').next().filter(|s| !s.is_empty()).map(str::to_string)
 }
 
-async fn audit(State(st): State<AppState>, req: Request, next: Next) -> Response {
+/// The audit layer: records every state-changing request after it is answered.
+pub(crate) async fn audit(State(st): State<AppState>, req: Request, next: Next) -> Response {
     // Reads are not recorded; opening a terminal (a GET, as every WebSocket handshake is) is.
     if matches!(*req.method(), Method::GET | Method::HEAD) && route_of(&req) != "/v1/sandboxes/{id}/pty" {
         return next.run(req).await;
@@ -256,7 +258,11 @@ async fn audit(State(st): State<AppState>, req: Request, next: Next) -> Response
         action,
         status: r.status().as_u16(),
         code: r.extensions().get::<ErrorCodeTag>().map(|c| c.0.to_string()),
-        sandbox: note.sandbox.or_else(|| path_object(&path, "/v1/sandboxes/")),
+        sandbox: note
+            .sandbox
+            .or_else(|| path_object(&path, "/v1/sandboxes/"))
+            .or_else(|| path_object(&path, "/e2b/sandboxes/"))
+            .or_else(|| path_object(&path, "/e2b/v2/sandboxes/")),
         snapshot: note.snapshot.or_else(|| path_object(&path, "/v1/snapshots/")),
         parent: note.parent,
         detail: note.detail,

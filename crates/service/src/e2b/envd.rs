@@ -1,0 +1,980 @@
+//! envd's data plane as E2B's SDKs address it when `E2B_SANDBOX_URL` is set: every request goes
+//! to that one URL and names its sandbox in `E2b-Sandbox-Id` (and envd's port in
+//! `E2b-Sandbox-Port`). Served: `process.Process` `Start` (server-streaming), `List` and
+//! `SendSignal`; `filesystem.Filesystem` `Stat`, `ListDir`, `MakeDir`, `Move` and `Remove`;
+//! `GET /files` (read), `POST /files` (write: `multipart/form-data` or a raw body) and
+//! `GET /health`. Each maps onto the sandbox's agent through the engine, as the service's own
+//! routes do. Other methods answer Connect's `unimplemented`.
+
+use super::connect::{self, Codec, Kind, RpcError, MAX_MESSAGE};
+use super::pb::{self, process_event, process_selector};
+use crate::api::extract::{account_name, sandbox_id};
+use crate::api::types::RunCommand;
+use crate::api::AuditNote;
+use crate::auth::Caller;
+use crate::error::{ApiError, ApiResult, ErrorCodeTag};
+use crate::state::AppState;
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Router};
+use base64::Engine as _;
+use branchbox_model::SandboxId;
+use branchbox_protocol::{Command, FileKind, FileStat, OutStream};
+use futures_util::{StreamExt, TryStreamExt};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The sandbox a data-plane request addresses, and who sent it.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// From `E2b-Sandbox-Id`.
+    pub sandbox: SandboxId,
+}
+
+/// Most entries a recursive `ListDir` returns.
+const MAX_LIST: usize = 100_000;
+
+/// An error answer every data-plane client understands: Connect's JSON error object (a string
+/// `code` and a `message`) with the matching HTTP status. envd's HTTP clients read `message`.
+fn error_response(e: &RpcError) -> Response {
+    let mut r = (e.http_status(), axum::Json(e.json())).into_response();
+    r.extensions_mut().insert(ErrorCodeTag(e.code));
+    r
+}
+
+/// Data-plane authentication: the sandbox named by `E2b-Sandbox-Id`, opened by its access
+/// token (`X-Access-Token`) or by an API key (`X-API-Key`). `Authorization` here is envd's
+/// `Basic <user>:` naming the account to act as, not a credential.
+pub async fn authenticate(State(st): State<AppState>, mut req: Request, next: Next) -> Response {
+    let h = req.headers();
+    let Some(raw) = super::header(h, "e2b-sandbox-id") else {
+        return error_response(&RpcError::invalid(
+            "name the sandbox in the E2b-Sandbox-Id header (E2B's SDKs do when E2B_SANDBOX_URL is set)",
+        ));
+    };
+    let sandbox = match sandbox_id(raw) {
+        Ok(s) => s,
+        Err(e) => return error_response(&RpcError::invalid(e.message)),
+    };
+    let caller = match &st.tokens {
+        None => Some(Caller("anonymous".into())),
+        Some(t) => {
+            let by_access = super::header(h, "x-access-token")
+                .filter(|v| v.len() <= 512)
+                .and_then(|v| t.check_sandbox_token(sandbox.as_str(), v));
+            by_access
+                .or_else(|| super::header(h, "x-api-key").filter(|v| v.len() <= 512).and_then(|v| t.check(v)))
+        }
+    };
+    let Some(caller) = caller else {
+        return error_response(&RpcError::new(
+            "unauthenticated",
+            "send the sandbox's envdAccessToken as X-Access-Token, or the service token as X-API-Key",
+        ));
+    };
+    req.extensions_mut().insert(caller);
+    req.extensions_mut().insert(Target { sandbox: sandbox.clone() });
+    let mut r = next.run(req).await;
+    r.extensions_mut().insert(AuditNote { sandbox: Some(sandbox.to_string()), ..Default::default() });
+    r
+}
+
+/// The data plane's routes (relative to `/e2b/envd`).
+pub fn router() -> Router<AppState> {
+    let unimplemented = |what: &'static str| {
+        post(move || async move {
+            error_response(&RpcError::unimplemented(format!(
+                "{what} is not served by branchboxd (docs/e2b.md lists what is)"
+            )))
+        })
+    };
+    Router::new()
+        .route("/health", get(health))
+        .route("/files", get(read_file).post(write_file))
+        .route("/process.Process/Start", post(start))
+        .route("/process.Process/List", post(list))
+        .route("/process.Process/SendSignal", post(send_signal))
+        .route(
+            "/process.Process/Connect",
+            unimplemented("process.Process/Connect (reattaching to a command)"),
+        )
+        .route(
+            "/process.Process/SendInput",
+            unimplemented("process.Process/SendInput (stdin of a running command)"),
+        )
+        .route("/process.Process/StreamInput", unimplemented("process.Process/StreamInput"))
+        .route("/process.Process/CloseStdin", unimplemented("process.Process/CloseStdin"))
+        .route("/process.Process/Update", unimplemented("process.Process/Update (terminal resize)"))
+        .route("/filesystem.Filesystem/Stat", post(stat))
+        .route("/filesystem.Filesystem/ListDir", post(list_dir))
+        .route("/filesystem.Filesystem/MakeDir", post(make_dir))
+        .route("/filesystem.Filesystem/Move", post(move_path))
+        .route("/filesystem.Filesystem/Remove", post(remove))
+        .route("/filesystem.Filesystem/WatchDir", unimplemented("filesystem.Filesystem/WatchDir"))
+        .route("/filesystem.Filesystem/CreateWatcher", unimplemented("filesystem.Filesystem/CreateWatcher"))
+        .route(
+            "/filesystem.Filesystem/GetWatcherEvents",
+            unimplemented("filesystem.Filesystem/GetWatcherEvents"),
+        )
+        .route("/filesystem.Filesystem/RemoveWatcher", unimplemented("filesystem.Filesystem/RemoveWatcher"))
+        .fallback(|| async { error_response(&RpcError::unimplemented("no such envd method or route")) })
+}
+
+/// The account a request acts as: envd's `Authorization: Basic base64(<user>:)`, else `user`
+/// (E2B's default account, which branchbox's images have).
+pub fn user_of(h: &HeaderMap) -> Result<String, RpcError> {
+    let Some(v) = h.get(header::AUTHORIZATION) else { return Ok("user".into()) };
+    let bad =
+        || RpcError::invalid("Authorization must be `Basic base64(<user>:)` naming the account to act as");
+    let v = v.to_str().map_err(|_| bad())?;
+    let enc = v.strip_prefix("Basic ").ok_or_else(bad)?;
+    if enc.len() > 256 {
+        return Err(bad());
+    }
+    let dec = base64::engine::general_purpose::STANDARD.decode(enc.trim()).map_err(|_| bad())?;
+    let dec = String::from_utf8(dec).map_err(|_| bad())?;
+    let name = dec.split(':').next().unwrap_or("");
+    if name.is_empty() {
+        return Ok("user".into());
+    }
+    account_name("user", name).map_err(|e| RpcError::invalid(e.message))
+}
+
+/// A path as envd takes it: absolute, or relative to the account's home.
+pub fn resolve(path: &str, user: &str) -> Result<String, RpcError> {
+    let full = if path.starts_with('/') {
+        path.to_string()
+    } else {
+        let home = if user == "root" { "/root".to_string() } else { format!("/home/{user}") };
+        if path.is_empty() || path == "." {
+            home
+        } else {
+            format!("{home}/{}", path.strip_prefix("./").unwrap_or(path))
+        }
+    };
+    branchbox_protocol::limits::check_guest_path(&full).map_err(|e| RpcError::invalid(e.to_string()))?;
+    Ok(full)
+}
+
+fn kind_of(h: &HeaderMap) -> Option<Kind> {
+    h.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).and_then(Kind::from_content_type)
+}
+
+async fn read_body(body: Body) -> Result<Bytes, RpcError> {
+    axum::body::to_bytes(body, MAX_MESSAGE + 5).await.map_err(|_| {
+        RpcError::new(
+            "resource_exhausted",
+            format!("the request is over {MAX_MESSAGE} bytes or could not be read"),
+        )
+    })
+}
+
+/// One unary call: decode by the content type, run, encode the answer in the same codec.
+async fn unary<Req, Resp, F, Fut>(h: &HeaderMap, body: Body, f: F) -> Response
+where
+    Req: prost::Message + Default + DeserializeOwned,
+    Resp: prost::Message + Serialize,
+    F: FnOnce(Req) -> Fut,
+    Fut: Future<Output = Result<Resp, RpcError>>,
+{
+    let codec = match kind_of(h) {
+        Some(Kind::Unary(c)) => c,
+        _ => {
+            let mut r = error_response(&RpcError::invalid(
+                "a unary call takes Content-Type application/json or application/proto",
+            ));
+            *r.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
+            return r;
+        }
+    };
+    let result = async {
+        let bytes = read_body(body).await?;
+        let req: Req = connect::decode(codec, &bytes)?;
+        f(req).await
+    }
+    .await;
+    match result {
+        Ok(resp) => {
+            let ct = Kind::Unary(codec).content_type();
+            ([(header::CONTENT_TYPE, ct)], connect::encode(codec, &resp)).into_response()
+        }
+        Err(e) => error_response(&e),
+    }
+}
+
+fn api(e: ApiError) -> RpcError {
+    RpcError::from(e)
+}
+
+async fn health(State(st): State<AppState>, Extension(t): Extension<Target>) -> Response {
+    let id = t.sandbox;
+    let info = st.blocking(move |engine, st| crate::api::sandboxes::info(engine, st, &id)).await;
+    match info {
+        Ok(i) if i.state == crate::api::types::StateName::Running => StatusCode::NO_CONTENT.into_response(),
+        Ok(_) => error_response(&RpcError::new("unavailable", "the sandbox is not running")).with_status(502),
+        Err(e) => error_response(&api(e)),
+    }
+}
+
+trait WithStatus {
+    fn with_status(self, s: u16) -> Response;
+}
+
+impl WithStatus for Response {
+    fn with_status(mut self, s: u16) -> Response {
+        *self.status_mut() = StatusCode::from_u16(s).unwrap_or(StatusCode::BAD_GATEWAY);
+        self
+    }
+}
+
+// ---- process ----
+
+fn event(e: process_event::Event) -> pb::StartResponse {
+    pb::StartResponse { event: Some(pb::ProcessEvent { event: Some(e) }) }
+}
+
+/// The end event of a command, or the error that ends its stream (a timeout).
+pub fn end_of(s: &branchbox_protocol::ExitStatus) -> Result<process_event::EndEvent, RpcError> {
+    if s.timed_out {
+        return Err(RpcError::new(
+            "deadline_exceeded",
+            "the command ran past its timeout and its process group was killed; pass a longer timeout (0: the service's maximum)",
+        ));
+    }
+    let (exit_code, status) = match (s.code, s.signal) {
+        (Some(c), _) => (c, format!("exit status {c}")),
+        (None, Some(9)) => (-1, "signal: killed".to_string()),
+        (None, Some(15)) => (-1, "signal: terminated".to_string()),
+        (None, Some(n)) => (-1, format!("signal: {n}")),
+        (None, None) => (-1, "unknown".to_string()),
+    };
+    let error = if s.oom_killed {
+        Some("a process of the command was killed: the sandbox reached its memory limit".to_string())
+    } else if s.truncated {
+        Some("the output passed the service's limit; the rest was discarded".to_string())
+    } else {
+        None
+    };
+    Ok(process_event::EndEvent { exit_code, exited: s.code.is_some(), status, error })
+}
+
+/// A stream's body: enveloped messages, then the end-of-stream message.
+fn stream_response(kind: Kind, rx: tokio::sync::mpsc::Receiver<Bytes>) -> Response {
+    let body =
+        Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, std::io::Error>));
+    ([(header::CONTENT_TYPE, kind.content_type())], body).into_response()
+}
+
+fn stream_error(kind: Kind, e: &RpcError) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    let _ = tx.try_send(Bytes::from(connect::end_stream(Some(e))));
+    let mut r = stream_response(kind, rx);
+    r.extensions_mut().insert(ErrorCodeTag(e.code));
+    r
+}
+
+fn message(codec: Codec, m: &pb::StartResponse) -> Bytes {
+    Bytes::from(connect::envelope(0, &connect::encode(codec, m)))
+}
+
+async fn start(
+    State(st): State<AppState>,
+    Extension(t): Extension<Target>,
+    h: HeaderMap,
+    body: Body,
+) -> Response {
+    let kind = match kind_of(&h) {
+        Some(k @ Kind::Stream(_)) => k,
+        _ => {
+            let e = RpcError::invalid(
+                "Start streams: send Content-Type application/connect+json or application/connect+proto",
+            );
+            return error_response(&e).with_status(415);
+        }
+    };
+    let Kind::Stream(codec) = kind else { unreachable!("matched above") };
+    let prepared = async {
+        let bytes = read_body(body).await?;
+        let req: pb::StartRequest = connect::decode_request(kind, &bytes)?;
+        if req.pty.is_some() {
+            return Err(RpcError::unimplemented(
+                "terminals (pty) are not served over envd's API; use branchboxd's GET /v1/sandboxes/{id}/pty",
+            ));
+        }
+        if req.stdin == Some(true) {
+            return Err(RpcError::unimplemented(
+                "stdin for commands (stdin=True) is not served; write input to a file and redirect it",
+            ));
+        }
+        let p = req.process.unwrap_or_default();
+        if p.cmd.is_empty() {
+            return Err(RpcError::invalid("process.cmd must name the program to run"));
+        }
+        let user = user_of(&h)?;
+        let cwd = p.cwd.as_deref().filter(|c| !c.is_empty()).map(|c| resolve(c, &user)).transpose()?;
+        let timeout_ms = connect::timeout_ms(h.get("connect-timeout-ms").and_then(|v| v.to_str().ok()))?;
+        let max = st.cfg.max_exec_timeout_s as f64;
+        let timeout = timeout_ms.filter(|ms| *ms > 0).map(|ms| (ms as f64 / 1000.0).min(max)).unwrap_or(max);
+        let keepalive = h
+            .get("keepalive-ping-interval")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|s| (1..=3600).contains(s));
+        let mut argv = vec![p.cmd];
+        argv.extend(p.args);
+        let run = RunCommand {
+            cmd: None,
+            argv: Some(argv),
+            envs: Some(p.envs.into_iter().collect()),
+            cwd,
+            timeout: Some(timeout.max(0.001)),
+            stdin: None,
+            user: Some(user),
+        };
+        let id = t.sandbox.clone();
+        let (conn, spec) = st
+            .blocking(move |engine, st| {
+                let spec = crate::api::templates::with_defaults(
+                    engine,
+                    &id,
+                    crate::api::commands::spec(st, &id, &run)?,
+                )?;
+                Ok((st.agent(engine, &id, crate::api::commands::run_time(&spec))?, spec))
+            })
+            .await
+            .map_err(api)?;
+        Ok((conn, spec, keepalive))
+    }
+    .await;
+    let (mut conn, spec, keepalive) = match prepared {
+        Ok(p) => p,
+        Err(e) => return stream_error(kind, &e),
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+    let (otx, mut orx) = tokio::sync::mpsc::channel::<(OutStream, Vec<u8>)>(16);
+    let cmd = spec.cmd.clone();
+    let worker = tokio::task::spawn_blocking(move || {
+        // Closing the agent connection when the client goes away kills the command's group.
+        let shut = conn.stream_mut().try_clone().ok();
+        let mut gone = false;
+        conn.exec_streaming(spec, None, &mut |which, chunk| {
+            if gone {
+                return;
+            }
+            if otx.blocking_send((which, chunk.to_vec())).is_err() {
+                gone = true;
+                if let Some(s) = &shut {
+                    let _ = s.shutdown(std::net::Shutdown::Both);
+                }
+            }
+        })
+    });
+    let sandbox = t.sandbox;
+    tokio::spawn(async move {
+        // The agent does not report the pid of a command it runs to completion; 0 says so.
+        let first = event(process_event::Event::Start(process_event::StartEvent { pid: 0 }));
+        if tx.send(message(codec, &first)).await.is_err() {
+            return;
+        }
+        let period = Duration::from_secs(keepalive.unwrap_or(3600));
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        loop {
+            tokio::select! {
+                out = orx.recv() => match out {
+                    Some((which, data)) => {
+                        let o = if which == OutStream::Stdout {
+                            process_event::Output::Stdout(data)
+                        } else {
+                            process_event::Output::Stderr(data)
+                        };
+                        let m = event(process_event::Event::Data(process_event::DataEvent { output: Some(o) }));
+                        if tx.send(message(codec, &m)).await.is_err() {
+                            // The client left: stop taking output, so the worker ends the command.
+                            drop(orx);
+                            let _ = worker.await;
+                            return;
+                        }
+                    }
+                    None => break,
+                },
+                _ = tick.tick(), if keepalive.is_some() => {
+                    let m = event(process_event::Event::Keepalive(process_event::KeepAlive {}));
+                    if tx.send(message(codec, &m)).await.is_err() {
+                        drop(orx);
+                        let _ = worker.await;
+                        return;
+                    }
+                }
+            }
+        }
+        let ended = match worker.await {
+            Ok(Ok(status)) => {
+                let s2 = status.clone();
+                match st.blocking(move |engine, _| Ok(engine.after_exec(&sandbox, &cmd, &s2)?)).await {
+                    Ok(_) => end_of(&status),
+                    Err(e) => Err(api(e)),
+                }
+            }
+            Ok(Err(e)) => Err(api(ApiError::from(e))),
+            Err(e) => Err(RpcError::new("internal", format!("a worker failed: {e}"))),
+        };
+        let last = match ended {
+            Ok(end) => {
+                let _ = tx.send(message(codec, &event(process_event::Event::End(end)))).await;
+                connect::end_stream(None)
+            }
+            Err(e) => connect::end_stream(Some(&e)),
+        };
+        let _ = tx.send(Bytes::from(last)).await;
+    });
+    stream_response(kind, rx)
+}
+
+async fn list(
+    State(st): State<AppState>,
+    Extension(t): Extension<Target>,
+    h: HeaderMap,
+    body: Body,
+) -> Response {
+    unary(&h, body, |_: pb::ListRequest| async move {
+        let id = t.sandbox;
+        let procs = st
+            .blocking(move |engine, st| Ok(st.agent(engine, &id, Duration::ZERO)?.list_procs()?))
+            .await
+            .map_err(api)?;
+        let processes = procs
+            .into_iter()
+            .filter(|p| p.exit.is_none() && p.pid > 0)
+            .map(|p| {
+                let (cmd, args) = match p.cmd {
+                    Command::Argv(mut a) if !a.is_empty() => {
+                        let first = a.remove(0);
+                        (first, a)
+                    }
+                    Command::Argv(_) => (String::new(), Vec::new()),
+                    Command::Shell(s) => ("/bin/sh".to_string(), vec!["-c".to_string(), s]),
+                };
+                pb::ProcessInfo {
+                    config: Some(pb::ProcessConfig { cmd, args, ..Default::default() }),
+                    pid: p.pid as u32,
+                    tag: None,
+                }
+            })
+            .collect();
+        Ok(pb::ListResponse { processes })
+    })
+    .await
+}
+
+fn selected_pid(sel: Option<pb::ProcessSelector>) -> Result<i32, RpcError> {
+    match sel.and_then(|s| s.selector) {
+        Some(process_selector::Selector::Pid(p)) if p > 0 && p <= i32::MAX as u32 => Ok(p as i32),
+        Some(process_selector::Selector::Pid(p)) => {
+            Err(RpcError::invalid(format!("pid {p} is not a process id")))
+        }
+        Some(process_selector::Selector::Tag(_)) => {
+            Err(RpcError::unimplemented("selecting processes by tag is not served; select by pid"))
+        }
+        None => Err(RpcError::invalid("select the process by pid")),
+    }
+}
+
+async fn send_signal(
+    State(st): State<AppState>,
+    Extension(t): Extension<Target>,
+    h: HeaderMap,
+    body: Body,
+) -> Response {
+    unary(&h, body, |req: pb::SendSignalRequest| async move {
+        let pid = selected_pid(req.process)?;
+        let sig = match req.signal {
+            pb::SIGNAL_SIGKILL | pb::SIGNAL_SIGTERM => req.signal,
+            other => {
+                return Err(RpcError::invalid(format!(
+                    "signal {other} is not SIGNAL_SIGKILL or SIGNAL_SIGTERM"
+                )))
+            }
+        };
+        let id = t.sandbox;
+        st.blocking(move |engine, st| Ok(st.agent(engine, &id, Duration::ZERO)?.signal(pid, sig, true)?))
+            .await
+            .map_err(api)?;
+        Ok(pb::Empty {})
+    })
+    .await
+}
+
+// ---- filesystem ----
+
+/// Go's `os.FileMode.String()` for the permission part, with the type letter.
+pub fn permissions(kind: FileKind, mode: u32) -> String {
+    let t = match kind {
+        FileKind::Dir => 'd',
+        FileKind::Symlink => 'L',
+        _ => '-',
+    };
+    let mut s = String::with_capacity(10);
+    s.push(t);
+    for (i, c) in "rwxrwxrwx".chars().enumerate() {
+        s.push(if mode & (0o400 >> i) != 0 { c } else { '-' });
+    }
+    s
+}
+
+/// envd's entry for one stat of the agent.
+pub fn entry(s: &FileStat, path: &str) -> pb::EntryInfo {
+    let name = path.rsplit('/').next().filter(|n| !n.is_empty()).unwrap_or("/").to_string();
+    pb::EntryInfo {
+        name,
+        r#type: match s.kind {
+            FileKind::File => pb::FILE_TYPE_FILE,
+            FileKind::Dir => pb::FILE_TYPE_DIRECTORY,
+            FileKind::Symlink => pb::FILE_TYPE_SYMLINK,
+            FileKind::Other => pb::FILE_TYPE_UNSPECIFIED,
+        },
+        path: path.to_string(),
+        size: s.size.min(i64::MAX as u64) as i64,
+        mode: s.mode & 0o7777,
+        permissions: permissions(s.kind, s.mode),
+        owner: String::new(),
+        group: String::new(),
+        modified_time: Some(pb::Timestamp::from_ns(s.mtime_ns)),
+        symlink_target: None,
+        metadata: Default::default(),
+        is_symlink: s.kind == FileKind::Symlink,
+    }
+}
+
+async fn stat(
+    State(st): State<AppState>,
+    Extension(t): Extension<Target>,
+    h: HeaderMap,
+    body: Body,
+) -> Response {
+    let user = user_of(&h);
+    unary(&h, body, |req: pb::PathRequest| async move {
+        let path = resolve(&req.path, &user?)?;
+        let id = t.sandbox;
+        let s = st
+            .blocking(move |engine, st| {
+                Ok(st.agent(engine, &id, Duration::ZERO)?.stat(&path).map(|s| (s, path))?)
+            })
+            .await
+            .map_err(api)?;
+        Ok(pb::EntryResponse { entry: Some(entry(&s.0, &s.1)) })
+    })
+    .await
+}
+
+async fn list_dir(
+    State(st): State<AppState>,
+    Extension(t): Extension<Target>,
+    h: HeaderMap,
+    body: Body,
+) -> Response {
+    let user = user_of(&h);
+    unary(&h, body, |req: pb::ListDirRequest| async move {
+        let root = resolve(&req.path, &user?)?;
+        let depth = req.depth.clamp(1, 64) as usize;
+        let id = t.sandbox;
+        let entries = st
+            .blocking(move |engine, st| {
+                let mut conn = st.agent(engine, &id, Duration::ZERO)?;
+                if conn.stat(&root)?.kind != FileKind::Dir {
+                    return Err(ApiError::invalid(format!("{root} is not a directory")));
+                }
+                let mut out = Vec::new();
+                let mut level = vec![root];
+                for _ in 0..depth {
+                    let mut next = Vec::new();
+                    for dir in level {
+                        let base = dir.trim_end_matches('/').to_string();
+                        for e in conn.list_dir(&dir)? {
+                            let full = format!("{base}/{}", e.name);
+                            if e.kind == FileKind::Dir {
+                                next.push(full.clone());
+                            }
+                            out.push(entry(&e, &full));
+                            if out.len() > MAX_LIST {
+                                return Err(ApiError::too_large(format!(
+                                    "the listing passed {MAX_LIST} entries; list a smaller depth"
+                                )));
+                            }
+                        }
+                    }
+                    level = next;
+                }
+                Ok(out)
+            })
+            .await
+            .map_err(api)?;
+        Ok(pb::ListDirResponse { entries })
+    })
+    .await
+}
+
+async fn make_dir(
+    State(st): State<AppState>,
+    Extension(t): Extension<Target>,
+    h: HeaderMap,
+    body: Body,
+) -> Response {
+    let user = user_of(&h);
+    unary(&h, body, |req: pb::PathRequest| async move {
+        let user = user?;
+        let path = resolve(&req.path, &user)?;
+        let id = t.sandbox;
+        let s = st
+            .blocking(move |engine, st| {
+                let mut conn = st.agent(engine, &id, Duration::ZERO)?;
+                if conn.stat(&path).is_ok() {
+                    return Err(ApiError::new(
+                        StatusCode::CONFLICT,
+                        "already_exists",
+                        format!("{path} exists"),
+                    ));
+                }
+                conn.mkdir_as(&path, true, Some(&user))?;
+                Ok((conn.stat(&path)?, path))
+            })
+            .await
+            .map_err(api)?;
+        Ok(pb::EntryResponse { entry: Some(entry(&s.0, &s.1)) })
+    })
+    .await
+}
+
+async fn move_path(
+    State(st): State<AppState>,
+    Extension(t): Extension<Target>,
+    h: HeaderMap,
+    body: Body,
+) -> Response {
+    let user = user_of(&h);
+    unary(&h, body, |req: pb::MoveRequest| async move {
+        let user = user?;
+        let (from, to) = (resolve(&req.source, &user)?, resolve(&req.destination, &user)?);
+        let id = t.sandbox;
+        let s = st
+            .blocking(move |engine, st| {
+                let mut conn = st.agent(engine, &id, Duration::ZERO)?;
+                conn.rename(&from, &to)?;
+                Ok((conn.stat(&to)?, to))
+            })
+            .await
+            .map_err(api)?;
+        Ok(pb::EntryResponse { entry: Some(entry(&s.0, &s.1)) })
+    })
+    .await
+}
+
+async fn remove(
+    State(st): State<AppState>,
+    Extension(t): Extension<Target>,
+    h: HeaderMap,
+    body: Body,
+) -> Response {
+    let user = user_of(&h);
+    unary(&h, body, |req: pb::PathRequest| async move {
+        let path = resolve(&req.path, &user?)?;
+        let id = t.sandbox;
+        st.blocking(move |engine, st| Ok(st.agent(engine, &id, Duration::ZERO)?.remove(&path, true)?))
+            .await
+            .map_err(api)?;
+        Ok(pb::Empty {})
+    })
+    .await
+}
+
+// ---- /files ----
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct FilesQuery {
+    path: Option<String>,
+    username: Option<String>,
+}
+
+fn files_query(uri: &axum::http::Uri) -> Result<FilesQuery, RpcError> {
+    serde_urlencoded::from_str(uri.query().unwrap_or(""))
+        .map_err(|e| RpcError::invalid(format!("the query does not parse: {e}")))
+}
+
+fn query_user(q: &FilesQuery, h: &HeaderMap) -> Result<String, RpcError> {
+    match q.username.as_deref().filter(|u| !u.is_empty()) {
+        Some(u) => account_name("username", u).map_err(|e| RpcError::invalid(e.message)),
+        None => user_of(h),
+    }
+}
+
+async fn read_file(
+    State(st): State<AppState>,
+    Extension(t): Extension<Target>,
+    uri: axum::http::Uri,
+    h: HeaderMap,
+) -> Response {
+    let target = async {
+        let q = files_query(&uri)?;
+        let user = query_user(&q, &h)?;
+        resolve(q.path.as_deref().ok_or_else(|| RpcError::invalid("give ?path= of the file"))?, &user)
+    }
+    .await;
+    let path = match target {
+        Ok(p) => p,
+        Err(e) => return error_response(&e),
+    };
+    let q = crate::api::types::PathQuery { path };
+    match crate::api::files::read(
+        State(st),
+        axum::extract::Path(t.sandbox.to_string()),
+        crate::api::extract::ApiQuery(q),
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(e) => error_response(&api(e)),
+    }
+}
+
+/// What envd answers for each file written.
+#[derive(Debug, Serialize)]
+struct WriteInfo {
+    name: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    path: String,
+}
+
+fn written(path: &str) -> WriteInfo {
+    let name = path.rsplit('/').next().unwrap_or("").to_string();
+    WriteInfo { name, kind: "file", path: path.to_string() }
+}
+
+async fn write_file(
+    State(st): State<AppState>,
+    Extension(t): Extension<Target>,
+    uri: axum::http::Uri,
+    h: HeaderMap,
+    body: Body,
+) -> Response {
+    match write_files(st, t.sandbox, &uri, &h, body).await {
+        Ok(files) => axum::Json(files).into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+
+/// Streams one upload into a file of the sandbox, owned by `user`, up to `left` bytes.
+async fn upload<S>(
+    st: &AppState,
+    id: &SandboxId,
+    path: String,
+    user: &str,
+    chunks: S,
+    left: Arc<AtomicU64>,
+) -> Result<(), RpcError>
+where
+    S: futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static,
+{
+    let over = Arc::new(AtomicBool::new(false));
+    let o2 = over.clone();
+    let stream = Box::pin(chunks).and_then(move |c: Bytes| {
+        let n = c.len() as u64;
+        let r = match left.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| l.checked_sub(n)) {
+            Ok(_) => Ok(c),
+            Err(_) => {
+                o2.store(true, Ordering::Relaxed);
+                Err(std::io::Error::other("upload limit"))
+            }
+        };
+        std::future::ready(r)
+    });
+    let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream));
+    let (id, owner) = (id.clone(), user.to_string());
+    let r: ApiResult<u64> = st
+        .blocking(move |engine, st| {
+            let mut conn = st.agent(engine, &id, Duration::ZERO)?;
+            let mut reader = reader;
+            Ok(conn.write_file_as(&path, &mut reader, None, false, true, Some(&owner))?)
+        })
+        .await;
+    if over.load(Ordering::Relaxed) {
+        return Err(RpcError::new(
+            "resource_exhausted",
+            format!("the upload is over the limit of {} bytes", st.cfg.max_upload_bytes),
+        ));
+    }
+    r.map(|_| ()).map_err(api)
+}
+
+async fn write_files(
+    st: AppState,
+    id: SandboxId,
+    uri: &axum::http::Uri,
+    h: &HeaderMap,
+    body: Body,
+) -> Result<Vec<WriteInfo>, RpcError> {
+    let q = files_query(uri)?;
+    let user = query_user(&q, h)?;
+    let left = Arc::new(AtomicU64::new(st.cfg.max_upload_bytes));
+    let stall = st.cfg.agent_stall;
+    let ct = h.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    if h.contains_key(header::CONTENT_ENCODING) {
+        return Err(RpcError::unimplemented(
+            "compressed uploads (Content-Encoding) are not served; send the bytes as they are",
+        ));
+    }
+    let Ok(boundary) = multer::parse_boundary(&ct) else {
+        // A raw body (envd's application/octet-stream upload).
+        let path =
+            resolve(q.path.as_deref().ok_or_else(|| RpcError::invalid("give ?path= of the file"))?, &user)?;
+        let chunks = tokio_stream::StreamExt::timeout(body.into_data_stream(), stall).map(|r| {
+            r.map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "the client stopped sending"))
+                .and_then(|c| c.map_err(std::io::Error::other))
+        });
+        upload(&st, &id, path.clone(), &user, chunks, left).await?;
+        return Ok(vec![written(&path)]);
+    };
+    let constraints = multer::Constraints::new()
+        .allowed_fields(vec!["file"])
+        .size_limit(multer::SizeLimit::new().whole_stream(st.cfg.max_upload_bytes.saturating_add(1 << 20)));
+    let mut form = multer::Multipart::with_constraints(body.into_data_stream(), boundary, constraints);
+    let mut out = Vec::new();
+    let bad = |e: multer::Error| RpcError::invalid(format!("the multipart body does not parse: {e}"));
+    while let Some(field) = tokio::time::timeout(stall, form.next_field())
+        .await
+        .map_err(|_| RpcError::new("deadline_exceeded", "the client stopped sending the upload"))?
+        .map_err(bad)?
+    {
+        if out.len() >= 1000 {
+            return Err(RpcError::invalid("at most 1000 files per upload"));
+        }
+        let named = match q.path.as_deref() {
+            Some(p) if out.is_empty() => p.to_string(),
+            _ => field.file_name().map(str::to_string).ok_or_else(|| {
+                RpcError::invalid("each part needs a filename (its path) when ?path= is not given")
+            })?,
+        };
+        let path = resolve(&named, &user)?;
+        // The part is streamed to the agent; the next part can only be read after this one ends.
+        let (ptx, prx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(8);
+        let job = {
+            let (st, id, path, user, left) =
+                (st.clone(), id.clone(), path.clone(), user.clone(), left.clone());
+            tokio::spawn(async move {
+                upload(&st, &id, path, &user, tokio_stream::wrappers::ReceiverStream::new(prx), left).await
+            })
+        };
+        let mut field = field;
+        let mut failed = None;
+        loop {
+            match tokio::time::timeout(stall, field.chunk()).await {
+                Ok(Ok(Some(c))) => {
+                    if ptx.send(Ok(c)).await.is_err() {
+                        break;
+                    }
+                }
+                Ok(Ok(None)) => break,
+                Ok(Err(e)) => {
+                    let _ = ptx.send(Err(std::io::Error::other(e.to_string()))).await;
+                    failed = Some(bad(e));
+                    break;
+                }
+                Err(_) => {
+                    let _ = ptx.send(Err(std::io::Error::other("stalled"))).await;
+                    failed =
+                        Some(RpcError::new("deadline_exceeded", "the client stopped sending the upload"));
+                    break;
+                }
+            }
+        }
+        drop(ptx);
+        let done = job.await.map_err(|e| RpcError::new("internal", format!("a worker failed: {e}")))?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        done?;
+        out.push(written(&path));
+    }
+    if out.is_empty() {
+        return Err(RpcError::invalid("the multipart body has no `file` part"));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    #[test]
+    fn the_user_comes_from_basic_auth_and_defaults_to_user() {
+        let mut h = HeaderMap::new();
+        assert_eq!(user_of(&h).unwrap(), "user");
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Basic cm9vdDo=")); // root:
+        assert_eq!(user_of(&h).unwrap(), "root");
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Basic Ojo=")); // "::"
+        assert_eq!(user_of(&h).unwrap(), "user");
+        for bad in ["Bearer x", "Basic !!!", "Basic Oy1yZjo="] {
+            h.insert(header::AUTHORIZATION, HeaderValue::from_str(bad).unwrap());
+            assert_eq!(user_of(&h).unwrap_err().code, "invalid_argument", "{bad}");
+        }
+    }
+
+    #[test]
+    fn relative_paths_are_under_the_users_home() {
+        assert_eq!(resolve("a.txt", "user").unwrap(), "/home/user/a.txt");
+        assert_eq!(resolve("./a", "root").unwrap(), "/root/a");
+        assert_eq!(resolve("", "user").unwrap(), "/home/user");
+        assert_eq!(resolve("/etc/x", "user").unwrap(), "/etc/x");
+        assert_eq!(resolve("/a\0b", "user").unwrap_err().code, "invalid_argument");
+    }
+
+    #[test]
+    fn exits_map_to_end_events_and_timeouts_to_deadline_errors() {
+        let mut s = branchbox_protocol::ExitStatus {
+            code: Some(3),
+            signal: None,
+            timed_out: false,
+            truncated: false,
+            duration_ms: 1,
+            oom_killed: false,
+        };
+        let e = end_of(&s).unwrap();
+        assert_eq!((e.exit_code, e.exited, e.status.as_str(), e.error), (3, true, "exit status 3", None));
+        s.code = None;
+        s.signal = Some(9);
+        let e = end_of(&s).unwrap();
+        assert_eq!((e.exit_code, e.exited, e.status.as_str()), (-1, false, "signal: killed"));
+        s.timed_out = true;
+        assert_eq!(end_of(&s).unwrap_err().code, "deadline_exceeded");
+    }
+
+    #[test]
+    fn entries_carry_type_mode_and_go_style_permissions() {
+        let s = FileStat { name: "x".into(), kind: FileKind::Dir, size: 4096, mode: 0o40755, mtime_ns: 0 };
+        let e = entry(&s, "/home/user/x");
+        assert_eq!((e.name.as_str(), e.r#type, e.mode), ("x", pb::FILE_TYPE_DIRECTORY, 0o755));
+        assert_eq!(e.permissions, "drwxr-xr-x");
+        assert_eq!(permissions(FileKind::File, 0o644), "-rw-r--r--");
+    }
+
+    #[test]
+    fn selectors_need_a_positive_pid() {
+        let sel = |s| Some(pb::ProcessSelector { selector: s });
+        assert_eq!(selected_pid(sel(Some(process_selector::Selector::Pid(7)))).unwrap(), 7);
+        assert!(selected_pid(sel(Some(process_selector::Selector::Pid(0)))).is_err());
+        assert!(selected_pid(sel(Some(process_selector::Selector::Pid(u32::MAX)))).is_err());
+        assert_eq!(
+            selected_pid(sel(Some(process_selector::Selector::Tag("t".into())))).unwrap_err().code,
+            "unimplemented"
+        );
+        assert!(selected_pid(None).is_err());
+    }
+}

@@ -1,0 +1,109 @@
+//! Wire compatibility with E2B's own SDKs (`e2b` on PyPI and npm), which talk to any server
+//! that answers E2B's REST API (the control plane, `E2B_API_URL`) and the in-sandbox daemon's
+//! API (envd: Connect-RPC `process` and `filesystem` services and HTTP `/files`, the data
+//! plane, `E2B_SANDBOX_URL`). branchboxd serves the subset the SDKs' sandbox, command and file
+//! calls use, under `/e2b` (control plane) and `/e2b/envd` (data plane), on its own listener:
+//!
+//! ```text
+//! E2B_API_URL=http://127.0.0.1:7420/e2b  E2B_SANDBOX_URL=http://127.0.0.1:7420/e2b/envd  E2B_API_KEY=<token>
+//! ```
+//!
+//! The control plane takes the service token as E2B's API key (`X-API-Key`). The data plane
+//! names its sandbox in `E2b-Sandbox-Id` and authenticates with the sandbox's access token
+//! (`X-Access-Token`, E2B's `envdAccessToken`, derived from the key that created or connected
+//! it: see [`crate::auth::Tokens::sandbox_token`]) or the API key itself. `docs/e2b.md`
+//! lists what is served and what is not.
+
+pub mod connect;
+pub mod envd;
+pub mod pb;
+pub mod rest;
+
+use crate::auth::Caller;
+use crate::error::{ApiError, ErrorCodeTag};
+use crate::state::AppState;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::{from_fn_with_state, Next};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+
+/// The envd version branchboxd reports. The SDKs gate features on it: 0.4.0 and later let the
+/// server pick the default user (`user`); below 0.5.2 they refuse `close_stdin` themselves and
+/// below 0.5.7 they upload files as `multipart/form-data`, which is what is served.
+pub const ENVD_VERSION: &str = "0.4.0";
+
+/// The path prefix of the control plane.
+pub const PREFIX: &str = "/e2b";
+
+/// Requests under this prefix are exempt from the guard's JSON-only rule on POST bodies.
+pub const GUARDED_ELSEWHERE: &str = "/e2b/";
+
+/// The key a control-plane request presented (to derive sandbox access tokens from).
+#[derive(Debug, Clone)]
+pub struct PresentedKey(pub Option<String>);
+
+/// An error in E2B's REST shape: `{"code": <HTTP status>, "message": "..."}`.
+#[derive(Debug)]
+pub struct E2bError(pub ApiError);
+
+impl From<ApiError> for E2bError {
+    fn from(e: ApiError) -> Self {
+        E2bError(e)
+    }
+}
+
+impl IntoResponse for E2bError {
+    fn into_response(self) -> Response {
+        let e = self.0;
+        let body = serde_json::json!({ "code": e.status.as_u16(), "message": e.message });
+        let mut r = (e.status, axum::Json(body)).into_response();
+        r.extensions_mut().insert(ErrorCodeTag(e.code));
+        r
+    }
+}
+
+fn unauthorized(why: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        format!("{why}; send the token from <data>/service/token as E2B_API_KEY (the X-API-Key header)"),
+    )
+}
+
+fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok()).map(str::trim).filter(|v| !v.is_empty())
+}
+
+/// Control-plane authentication: `X-API-Key: <token>` (or `Authorization: Bearer <token>`).
+async fn api_key(State(st): State<AppState>, mut req: Request, next: Next) -> Response {
+    let key = header(req.headers(), "x-api-key").map(str::to_string);
+    let caller = match (&st.tokens, &key) {
+        (None, _) => Caller("anonymous".into()),
+        (Some(t), Some(k)) => match (k.len() <= 512).then(|| t.check(k)).flatten() {
+            Some(c) => c,
+            None => return E2bError(unauthorized("the API key is not valid")).into_response(),
+        },
+        (Some(t), None) => match t.authenticate(req.headers()) {
+            Ok(c) => c,
+            Err(_) => return E2bError(unauthorized("no API key")).into_response(),
+        },
+    };
+    let presented = key.or_else(|| {
+        header(req.headers(), "authorization")
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(|t| t.trim().to_string())
+    });
+    req.extensions_mut().insert(caller);
+    req.extensions_mut().insert(PresentedKey(st.tokens.as_ref().and(presented)));
+    next.run(req).await
+}
+
+/// The routes under [`PREFIX`], with their authentication and the audit log.
+pub fn router(st: AppState) -> Router<AppState> {
+    let control = rest::router().layer(from_fn_with_state(st.clone(), api_key));
+    let data = envd::router().layer(from_fn_with_state(st.clone(), envd::authenticate));
+    Router::new()
+        .nest(PREFIX, control.merge(Router::new().nest("/envd", data)))
+        .layer(from_fn_with_state(st, crate::api::audit))
+}

@@ -1,0 +1,381 @@
+//! E2B's control plane (the REST API the SDKs reach at `E2B_API_URL`): create, list, get,
+//! kill, timeout, pause, resume/connect, and the template list, in E2B's JSON shapes, each
+//! mapped onto the service's own handlers so the limits, cap, audit and TTL are the same.
+
+use super::{E2bError, PresentedKey, ENVD_VERSION};
+use crate::api::extract::ApiQuery;
+use crate::api::sandboxes;
+use crate::api::types::{ConnectSandbox, CreateSandbox, ListSandboxes, SandboxInfo, SetTimeout, StateName};
+use crate::auth::{Caller, Tokens};
+use crate::db::OnTimeout;
+use crate::error::ApiError;
+use crate::state::AppState;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+type E2bResult<T> = Result<T, E2bError>;
+
+/// The control plane's routes (relative to [`super::PREFIX`]).
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/sandboxes", get(list_v1).post(create))
+        .route("/v2/sandboxes", get(list_v2).post(create))
+        .route("/sandboxes/{id}", get(detail).delete(kill))
+        .route("/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/sandboxes/{id}/refreshes", post(refresh))
+        .route("/sandboxes/{id}/pause", post(pause))
+        .route("/sandboxes/{id}/resume", post(connect))
+        .route("/sandboxes/{id}/connect", post(connect))
+        .route("/v2/sandboxes/{id}/connect", post(connect))
+        .route("/templates", get(templates))
+        .fallback(|| async {
+            E2bError(ApiError::not_found(
+                "branchboxd does not serve this part of E2B's API; docs/e2b.md lists what it serves",
+            ))
+        })
+}
+
+/// A JSON body (empty reads as `{}`), with E2B-shaped errors.
+fn body<T: DeserializeOwned>(bytes: &Bytes) -> E2bResult<T> {
+    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) { b"{}" } else { bytes };
+    serde_json::from_slice(bytes).map_err(|e| {
+        E2bError(ApiError::bad_request("bad_body", format!("the JSON body does not fit this operation: {e}")))
+    })
+}
+
+/// E2B's `NewSandbox` (v1 and v2): the fields that mean something here.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct NewSandbox {
+    #[serde(rename = "templateID")]
+    template_id: Option<String>,
+    timeout: Option<f64>,
+    auto_pause: Option<bool>,
+    metadata: Option<BTreeMap<String, String>>,
+    env_vars: Option<BTreeMap<String, String>>,
+    #[serde(rename = "allow_internet_access")]
+    allow_internet_access: Option<bool>,
+    mcp: Option<serde_json::Value>,
+    network: Option<serde_json::Value>,
+    volume_mounts: Option<serde_json::Value>,
+    iam: Option<serde_json::Value>,
+}
+
+/// E2B's `Sandbox` (what create and connect answer).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct E2bSandbox {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    #[serde(rename = "sandboxID")]
+    sandbox_id: String,
+    #[serde(rename = "clientID")]
+    client_id: &'static str,
+    envd_version: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    envd_access_token: Option<String>,
+}
+
+/// E2B's `ListedSandbox` and `SandboxDetail` (the detail adds the access token).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct E2bListed {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    #[serde(rename = "sandboxID")]
+    sandbox_id: String,
+    #[serde(rename = "clientID")]
+    client_id: &'static str,
+    started_at: String,
+    end_at: String,
+    cpu_count: u32,
+    #[serde(rename = "memoryMB")]
+    memory_mb: u64,
+    #[serde(rename = "diskSizeMB")]
+    disk_size_mb: u64,
+    state: &'static str,
+    envd_version: &'static str,
+    metadata: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    envd_access_token: Option<String>,
+}
+
+/// The template id E2B's SDKs see for a sandbox: the one it was created from through this
+/// API, else its image.
+fn template_of(st: &AppState, info: &SandboxInfo) -> String {
+    let id = info.id.as_str();
+    st.db().e2b_template(id).ok().flatten().unwrap_or_else(|| info.image.clone())
+}
+
+fn access_token(key: &PresentedKey, id: &str) -> Option<String> {
+    key.0.as_deref().map(|k| Tokens::sandbox_token(k, id))
+}
+
+fn rfc3339_ms(ms: i64) -> String {
+    super::pb::Timestamp::from_ns(ms.saturating_mul(1_000_000)).rfc3339()
+}
+
+fn listed(st: &AppState, info: &SandboxInfo, token: Option<String>) -> E2bListed {
+    E2bListed {
+        template_id: template_of(st, info),
+        sandbox_id: info.id.clone(),
+        client_id: "branchbox",
+        started_at: rfc3339_ms(info.created_ms),
+        end_at: rfc3339_ms(info.expires_ms.unwrap_or_else(branchbox_model::now_ms)),
+        cpu_count: info.limits.cpus,
+        memory_mb: info.limits.memory_mib,
+        disk_size_mb: 0,
+        state: if info.state == StateName::Paused { "paused" } else { "running" },
+        envd_version: ENVD_VERSION,
+        metadata: info.metadata.clone(),
+        envd_access_token: token,
+    }
+}
+
+fn created(st: &AppState, info: &SandboxInfo, key: &PresentedKey) -> E2bSandbox {
+    E2bSandbox {
+        template_id: template_of(st, info),
+        sandbox_id: info.id.clone(),
+        client_id: "branchbox",
+        envd_version: ENVD_VERSION,
+        envd_access_token: access_token(key, &info.id),
+    }
+}
+
+fn not_served(what: &str) -> E2bError {
+    E2bError(ApiError::bad_request(
+        "not_served",
+        format!("{what} is not served by branchboxd's E2B API (docs/e2b.md); leave it out"),
+    ))
+}
+
+async fn create(
+    State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Extension(key): Extension<PresentedKey>,
+    raw: Bytes,
+) -> E2bResult<Response> {
+    let req: NewSandbox = body(&raw)?;
+    for (what, given) in [
+        ("mcp", &req.mcp),
+        ("network", &req.network),
+        ("volumeMounts", &req.volume_mounts),
+        ("iam", &req.iam),
+    ] {
+        if given.as_ref().is_some_and(|v| !v.is_null()) {
+            return Err(not_served(what));
+        }
+    }
+    let asked = req.template_id.unwrap_or_else(|| "base".into());
+    let template = Some(asked.clone()).filter(|t| t != "base" && t != "default");
+    let ours = CreateSandbox {
+        template,
+        timeout: req.timeout,
+        on_timeout: req.auto_pause.map(|p| if p { OnTimeout::Pause } else { OnTimeout::Kill }),
+        metadata: req.metadata,
+        envs: req.env_vars,
+        allow_internet_access: req.allow_internet_access,
+        ..Default::default()
+    };
+    let (_, note, Json(info)) =
+        sandboxes::create(State(st.clone()), Extension(caller), crate::api::extract::ApiJson(ours)).await?;
+    let (st2, id, t) = (st.clone(), info.id.clone(), asked);
+    st.blocking(move |_, _| Ok(st2.db().set_e2b_template(&id, &t)?)).await?;
+    Ok((StatusCode::CREATED, note, Json(created(&st, &info, &key))).into_response())
+}
+
+/// The query of E2B's listings.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ListQuery {
+    metadata: Option<String>,
+    state: Option<String>,
+    #[allow(dead_code)]
+    limit: Option<u32>,
+    #[allow(dead_code)]
+    next_token: Option<String>,
+    #[allow(dead_code)]
+    order: Option<String>,
+    #[allow(dead_code)]
+    template: Option<String>,
+    #[allow(dead_code)]
+    started_after: Option<String>,
+    #[serde(rename = "teamID")]
+    #[allow(dead_code)]
+    team_id: Option<String>,
+}
+
+async fn listing(st: AppState, q: ListQuery, default_states: &[&str]) -> E2bResult<Json<Vec<E2bListed>>> {
+    let states: Vec<String> = match &q.state {
+        Some(s) => s.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect(),
+        None => default_states.iter().map(|s| s.to_string()).collect(),
+    };
+    if let Some(bad) = states.iter().find(|s| *s != "running" && *s != "paused") {
+        return Err(E2bError(ApiError::bad_request(
+            "bad_query",
+            format!("state {:?} is not running or paused", bad.chars().take(32).collect::<String>()),
+        )));
+    }
+    let Json(all) =
+        sandboxes::list(State(st.clone()), ApiQuery(ListSandboxes { metadata: q.metadata, state: None }))
+            .await?;
+    let out = all
+        .iter()
+        .filter(|i| i.state != StateName::Lost)
+        .map(|i| listed(&st, i, None))
+        .filter(|l| states.iter().any(|s| s == l.state))
+        .collect();
+    Ok(Json(out))
+}
+
+async fn list_v1(
+    State(st): State<AppState>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> E2bResult<Json<Vec<E2bListed>>> {
+    listing(st, q, &["running"]).await
+}
+
+async fn list_v2(
+    State(st): State<AppState>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> E2bResult<Json<Vec<E2bListed>>> {
+    listing(st, q, &["running", "paused"]).await
+}
+
+async fn detail(
+    State(st): State<AppState>,
+    Extension(key): Extension<PresentedKey>,
+    Path(id): Path<String>,
+) -> E2bResult<Json<E2bListed>> {
+    let Json(info) = sandboxes::get(State(st.clone()), Path(id)).await?;
+    if info.state == StateName::Lost {
+        return Err(E2bError(ApiError::not_found(format!(
+            "sandbox {} is lost (its runtime is gone); DELETE it to remove its record",
+            info.id
+        ))));
+    }
+    let token = access_token(&key, &info.id);
+    Ok(Json(listed(&st, &info, token)))
+}
+
+async fn kill(State(st): State<AppState>, Path(id): Path<String>) -> E2bResult<StatusCode> {
+    Ok(sandboxes::kill(State(st), Path(id)).await?)
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct TimeoutBody {
+    timeout: Option<f64>,
+    duration: Option<f64>,
+}
+
+async fn set_timeout(State(st): State<AppState>, Path(id): Path<String>, raw: Bytes) -> E2bResult<Response> {
+    let req: TimeoutBody = body(&raw)?;
+    let Some(timeout) = req.timeout else {
+        return Err(E2bError(ApiError::bad_request("bad_body", "give timeout: the seconds from now")));
+    };
+    let (_, note, _) =
+        sandboxes::set_timeout(State(st), Path(id), crate::api::extract::ApiJson(SetTimeout { timeout }))
+            .await?;
+    Ok((StatusCode::NO_CONTENT, note).into_response())
+}
+
+/// `refreshes`: keeps a sandbox alive for `duration` seconds more (E2B's default 60 s... here
+/// the timeout restarts with that length).
+async fn refresh(State(st): State<AppState>, Path(id): Path<String>, raw: Bytes) -> E2bResult<Response> {
+    let req: TimeoutBody = body(&raw)?;
+    let timeout = req.duration.unwrap_or(60.0);
+    let (_, note, _) =
+        sandboxes::set_timeout(State(st), Path(id), crate::api::extract::ApiJson(SetTimeout { timeout }))
+            .await?;
+    Ok((StatusCode::NO_CONTENT, note).into_response())
+}
+
+async fn pause(State(st): State<AppState>, Path(id): Path<String>) -> E2bResult<Response> {
+    let (_, note, _) = sandboxes::pause(State(st), Path(id)).await?;
+    Ok((StatusCode::NO_CONTENT, note).into_response())
+}
+
+/// `connect` (v1 and v2) and the older `resume`: resumes a paused sandbox (201) or renews a
+/// running one's timeout (200).
+async fn connect(
+    State(st): State<AppState>,
+    Extension(key): Extension<PresentedKey>,
+    Path(id): Path<String>,
+    raw: Bytes,
+) -> E2bResult<Response> {
+    let req: TimeoutBody = body(&raw)?;
+    let before = sandboxes::get(State(st.clone()), Path(id.clone())).await?.0;
+    let (_, note, Json(info)) = sandboxes::connect(
+        State(st.clone()),
+        Path(id),
+        crate::api::extract::ApiJson(ConnectSandbox { timeout: req.timeout }),
+    )
+    .await?;
+    let status = if before.state == StateName::Paused { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, note, Json(created(&st, &info, &key))).into_response())
+}
+
+/// E2B's `Template`, for the default image and each of the service's templates.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct E2bTemplate {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    #[serde(rename = "buildID")]
+    build_id: String,
+    cpu_count: u32,
+    #[serde(rename = "memoryMB")]
+    memory_mb: u64,
+    #[serde(rename = "diskSizeMB")]
+    disk_size_mb: u64,
+    public: bool,
+    aliases: Vec<String>,
+    names: Vec<String>,
+    created_at: String,
+    updated_at: String,
+    created_by: Option<()>,
+    last_spawned_at: Option<()>,
+    spawn_count: u64,
+    build_count: u64,
+    envd_version: &'static str,
+    build_status: &'static str,
+}
+
+async fn templates(State(st): State<AppState>) -> E2bResult<Json<Vec<E2bTemplate>>> {
+    let limits = st.cfg.engine.limits;
+    let all = st.blocking(|engine, _| Ok(engine.templates()?)).await?;
+    let epoch = rfc3339_ms(0);
+    let entry = |name: &str, build: String, ready: bool| E2bTemplate {
+        template_id: name.to_string(),
+        build_id: build,
+        cpu_count: limits.cpus,
+        memory_mb: limits.memory_mib,
+        disk_size_mb: 0,
+        public: false,
+        aliases: vec![name.to_string()],
+        names: vec![name.to_string()],
+        created_at: epoch.clone(),
+        updated_at: epoch.clone(),
+        created_by: None,
+        last_spawned_at: None,
+        spawn_count: 0,
+        build_count: 1,
+        envd_version: ENVD_VERSION,
+        build_status: if ready { "ready" } else { "error" },
+    };
+    let mut out = vec![entry("base", branchbox_core::DEFAULT_IMAGE.to_string(), true)];
+    for t in &all {
+        let ready = matches!(t.status, branchbox_core::TemplateStatus::Ready);
+        let build = t.built.as_ref().map(|b| b.snapshot.to_string()).unwrap_or_default();
+        out.push(entry(&t.spec.name, build, ready));
+    }
+    Ok(Json(out))
+}
