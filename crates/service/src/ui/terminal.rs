@@ -3,8 +3,7 @@
 //! document of its own because xterm.js writes `<style>` elements: only this page's policy
 //! allows inline style, and it may be framed by the console (same origin) and by nothing else.
 
-use axum::http::{header, HeaderValue};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
 
@@ -37,13 +36,5 @@ pub fn router() -> Router<AppState> {
 }
 
 async fn asset(body: &'static str, kind: &'static str) -> Response {
-    let mut r = body.into_response();
-    let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(kind));
-    h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
-    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
-    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("SAMEORIGIN"));
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    r
+    super::served(body, kind, CSP, "SAMEORIGIN")
 }
