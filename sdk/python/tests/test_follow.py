@@ -8,7 +8,7 @@ import time
 import pytest
 
 from branchbox import (AsyncSandbox, BranchboxError, CommandExitException, FilesystemEventType, InvalidArgumentError,
-                       NotFoundError, Sandbox)
+                       NotFoundError, Sandbox, TimeoutException)
 
 from conftest import wait_until
 
@@ -86,7 +86,7 @@ def test_connect_follows_later_output_and_exit(box):
     with pytest.raises(CommandExitException) as e:
         c.wait(timeout=LIMIT, on_stderr=late.append)   # a callback given to wait gets all since connect
     assert e.value.exit_code == 3
-    assert "after:go\n" in e.value.stdout and "before" not in e.value.stdout
+    assert e.value.stdout.endswith("after:go\n")      # "before" too when the agent had not yet passed it on
     assert "".join(streamed) == e.value.stdout
     assert "".join(late) == e.value.stderr == "gone\n"
     # The starter's handle still gets the whole result.
@@ -106,6 +106,22 @@ def test_connect_follows_later_output_and_exit(box):
 def test_connect_to_a_missing_process(box):
     with pytest.raises(NotFoundError):
         box.commands.connect(999_999)
+
+
+def test_connect_timeout_and_disconnect_leave_the_process_running(box):
+    h = box.commands.run("sleep 600", background=True)
+    try:
+        c = box.commands.connect(h.pid, timeout=0.5)     # following ends at its timeout
+        with pytest.raises(TimeoutException):
+            c.wait(timeout=LIMIT)
+        d = box.commands.connect(h.pid, timeout=0)
+        d.disconnect()
+        with pytest.raises(BranchboxError) as e:
+            d.wait(timeout=LIMIT)
+        assert e.value.code == "disconnected"
+        assert any(p.pid == h.pid and p.running for p in box.commands.list())
+    finally:
+        h.kill()
 
 
 def _events_until(w, cond, what):
