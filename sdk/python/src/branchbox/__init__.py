@@ -26,8 +26,8 @@ from .exceptions import (
     ServiceUnavailableError,
     TimeoutException,
 )
-from .models import (CommandResult, EntryInfo, FilesystemEvent, FilesystemEventType, GcReport, Lineage, NetworkInfo, ProcessInfo, SandboxInfo, SandboxMetrics,
-                     SnapshotInfo, WriteInfo)
+from .models import (CommandResult, EntryInfo, FilesystemEvent, FilesystemEventType, GcReport, Lineage, NetworkInfo,
+                     ProcessInfo, SandboxInfo, SandboxMetrics, SnapshotInfo, WriteInfo)
 from .sandbox import CommandHandle, Sandbox
 from .templates import TemplateInfo, Templates
 from .pool import ClaimInfo, Pool, PoolInfo

@@ -16,8 +16,8 @@ from ._pty import AsyncPty
 from .exceptions import (BranchboxError, InvalidArgumentError, NotFoundError, ServiceUnavailableError, TimeoutException,
                          from_response)
 from .pool import ClaimInfo
-from .models import (CommandResult, EntryInfo, FilesystemEvent, GcReport, Lineage, NetworkInfo, ProcessInfo, SandboxInfo, SandboxMetrics,
-                     SnapshotInfo, WriteInfo)
+from .models import (CommandResult, EntryInfo, FilesystemEvent, GcReport, Lineage, NetworkInfo, ProcessInfo, SandboxInfo,
+                     SandboxMetrics, SnapshotInfo, WriteInfo)
 
 
 class _AsyncHttp:
