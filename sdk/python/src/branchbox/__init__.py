@@ -7,6 +7,7 @@ service's files in the data directory).
 
 from .async_sandbox import AsyncCommandHandle, AsyncSandbox, AsyncSandboxPaginator
 from ._compat import SandboxPaginator
+from ._follow import AsyncWatchHandle, WatchHandle
 from ._streams import AsyncByteStream, ByteStream
 from ._pty import AsyncPty, AsyncPtyHandle, Pty, PtyHandle, PtySize
 from ._names import MAX_NAME_BYTES, check_name
@@ -25,8 +26,8 @@ from .exceptions import (
     ServiceUnavailableError,
     TimeoutException,
 )
-from .models import (CommandResult, EntryInfo, GcReport, Lineage, NetworkInfo, ProcessInfo, SandboxInfo, SandboxMetrics,
-                     SnapshotInfo, WriteInfo)
+from .models import (CommandResult, EntryInfo, FilesystemEvent, FilesystemEventType, GcReport, Lineage, NetworkInfo,
+                     ProcessInfo, SandboxInfo, SandboxMetrics, SnapshotInfo, WriteInfo)
 from .sandbox import CommandHandle, Sandbox
 from .templates import TemplateInfo, Templates
 from .pool import ClaimInfo, Pool, PoolInfo
@@ -36,6 +37,7 @@ __all__ = [
     "AsyncByteStream",
     "AsyncSandbox",
     "AsyncSandboxPaginator",
+    "AsyncWatchHandle",
     "AsyncPty",
     "AsyncPtyHandle",
     "AuthenticationError",
@@ -51,6 +53,8 @@ __all__ = [
     "CommandResult",
     "ConflictError",
     "EntryInfo",
+    "FilesystemEvent",
+    "FilesystemEventType",
     "GcReport",
     "InvalidArgumentError",
     "Lineage",
@@ -72,6 +76,7 @@ __all__ = [
     "TemplateInfo",
     "Templates",
     "TimeoutException",
+    "WatchHandle",
     "WriteInfo",
     "MAX_NAME_BYTES",
     "check_name",

@@ -7,7 +7,7 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, 
 
 import httpx
 
-from . import _api, _compat
+from . import _api, _compat, _follow
 from . import pool as _pool
 from ._compat import SandboxPaginator, class_or_instance
 from ._streams import AsyncByteStream
@@ -16,8 +16,8 @@ from ._pty import AsyncPty
 from .exceptions import (BranchboxError, InvalidArgumentError, NotFoundError, ServiceUnavailableError, TimeoutException,
                          from_response)
 from .pool import ClaimInfo
-from .models import (CommandResult, EntryInfo, GcReport, Lineage, NetworkInfo, ProcessInfo, SandboxInfo, SandboxMetrics,
-                     SnapshotInfo, WriteInfo)
+from .models import (CommandResult, EntryInfo, FilesystemEvent, GcReport, Lineage, NetworkInfo, ProcessInfo, SandboxInfo,
+                     SandboxMetrics, SnapshotInfo, WriteInfo)
 
 
 class _AsyncHttp:
@@ -72,19 +72,52 @@ class _AsyncHttp:
 
 
 class AsyncCommandHandle:
-    """A background process started with `commands.run(..., background=True)`."""
+    """A background process: from `commands.run(..., background=True)` or `commands.connect(pid)`;
+    as `CommandHandle` (callbacks may be coroutine functions; a task reads the output)."""
 
-    def __init__(self, sandbox: "AsyncSandbox", pid: int, cmd: Union[str, Sequence[str]]) -> None:
+    def __init__(self, sandbox: "AsyncSandbox", pid: int, cmd: Union[str, Sequence[str]],
+                 follower: Optional[_follow.AsyncOutputFollower] = None, reap: bool = True) -> None:
         self._sandbox, self.pid, self._cmd = sandbox, pid, cmd
+        self._follower = follower
+        self._reap = reap
 
-    async def wait(self, timeout: Optional[float] = 60.0) -> CommandResult:
-        """Waits for it to exit; raises `CommandExitException` on failure, `TimeoutException` when still running."""
+    async def _service_wait(self, timeout: Optional[float]) -> CommandResult:
         c = _api.Call("POST", _api.sandbox_path(self._sandbox.sandbox_id, f"/processes/{self.pid}/wait"),
                       json={"timeout": timeout}, timeout=_api.command_http_timeout(timeout))
         d = (await self._sandbox._http.call(c)).json()
         if d["running"]:
             raise TimeoutException(f"process {self.pid} was still running after {timeout} s")
-        return _api.check_exit(CommandResult.parse(d["result"]), self._cmd)
+        return CommandResult.parse(d["result"])
+
+    async def wait(self, timeout: Optional[float] = 60.0, on_stdout: Optional[Callable[[str], Any]] = None,
+                   on_stderr: Optional[Callable[[str], Any]] = None) -> CommandResult:
+        """Waits for it to exit; raises `CommandExitException` on failure, `TimeoutException` when still running."""
+        if self._follower is None and (on_stdout is not None or on_stderr is not None):
+            self._follower = await _follow.AsyncOutputFollower.open(self._sandbox._http, self._sandbox.sandbox_id,
+                                                                    self.pid, None, None, None)
+        if self._follower is None:
+            return _api.check_exit(await self._service_wait(timeout), self._cmd)
+        await self._follower.set_callbacks(on_stdout, on_stderr)
+        result = await self._follower.wait(timeout)
+        if self._reap:
+            try:
+                result = await self._service_wait(10.0)
+            except NotFoundError:
+                pass
+        return _api.check_exit(result, self._cmd)
+
+    async def send_stdin(self, data: Union[str, bytes]) -> None:
+        """Writes to its stdin (it was started with `stdin=True` or a text)."""
+        await self._sandbox.commands.send_stdin(self.pid, data)
+
+    async def close_stdin(self) -> None:
+        """Closes its stdin: it reads end of file."""
+        await self._sandbox.commands.close_stdin(self.pid)
+
+    async def disconnect(self) -> None:
+        """Stops following its output; the process runs on."""
+        if self._follower is not None:
+            await self._follower.close()
 
     async def kill(self) -> bool:
         """Kills it (SIGKILL); False when it no longer exists."""
@@ -106,21 +139,28 @@ class AsyncCommands:
         timeout: Optional[float] = 60.0,
         on_stdout: Optional[Callable[[str], Any]] = None,
         on_stderr: Optional[Callable[[str], Any]] = None,
-        stdin: Optional[str] = None,
+        stdin: Union[None, bool, str] = None,
         user: Optional[str] = None,
     ) -> Any:
-        """As `Sandbox.commands.run`: a `CommandResult`, or an `AsyncCommandHandle` with `background=True`."""
+        """As `Sandbox.commands.run`: a `CommandResult`, or an `AsyncCommandHandle` with
+        `background=True` (whose output goes to `on_stdout`/`on_stderr`, functions or coroutine
+        functions, from a task as it comes)."""
         sid = self._s.sandbox_id
         user = user or self._s.default_user
         if cwd is not None:
             cwd = _compat.resolve_path(cwd, user)
+        text = _follow.stdin_text(stdin)
         if background:
-            body = _api.command_body(cmd, envs, cwd, None, None, user)
-            if timeout is not None:
+            body = _api.command_body(cmd, envs, cwd, None, text, user)
+            if timeout is not None and stdin is None:
                 body["timeout"] = timeout
             r = await self._s._http.call(_api.Call("POST", _api.sandbox_path(sid, "/processes"), json=body))
-            return AsyncCommandHandle(self._s, r.json()["pid"], cmd)
-        body = _api.command_body(cmd, envs, cwd, timeout, stdin, user)
+            pid = r.json()["pid"]
+            follower = None
+            if on_stdout is not None or on_stderr is not None:
+                follower = await _follow.AsyncOutputFollower.open(self._s._http, sid, pid, on_stdout, on_stderr, None)
+            return AsyncCommandHandle(self._s, pid, cmd, follower)
+        body = _api.command_body(cmd, envs, cwd, timeout, text, user)
         http_timeout = _api.command_http_timeout(timeout)
         if on_stdout is None and on_stderr is None:
             c = _api.Call("POST", _api.sandbox_path(sid, "/commands"), json=body, timeout=http_timeout)
@@ -131,6 +171,22 @@ class AsyncCommands:
             async for line in r.aiter_lines():
                 dec.feed_line(line)
         return _api.check_exit(dec.finish(), cmd)
+
+    async def connect(self, pid: int, on_stdout: Optional[Callable[[str], Any]] = None,
+                      on_stderr: Optional[Callable[[str], Any]] = None,
+                      timeout: Optional[float] = 60.0) -> AsyncCommandHandle:
+        """As `Sandbox.commands.connect`: follows a running background process's output from now on."""
+        f = await _follow.AsyncOutputFollower.open(self._s._http, self._s.sandbox_id, pid, on_stdout, on_stderr,
+                                                   timeout)
+        return AsyncCommandHandle(self._s, int(pid), f"process {int(pid)}", f, reap=False)
+
+    async def send_stdin(self, pid: int, data: Union[str, bytes]) -> None:
+        """As `Sandbox.commands.send_stdin`."""
+        await self._s._http.call(_follow.input_call(self._s.sandbox_id, pid, data))
+
+    async def close_stdin(self, pid: int) -> None:
+        """Closes a background process's stdin: it reads end of file."""
+        await self._s._http.call(_follow.input_call(self._s.sandbox_id, pid, None, eof=True))
 
     async def list(self) -> List[ProcessInfo]:
         """Background processes."""
@@ -232,6 +288,16 @@ class AsyncFiles:
         old, new = self._abs(old_path, user), self._abs(new_path, user)
         await self._s._http.call(_api.Call("POST", self._path("/rename"), json={"from": old, "to": new}))
         return await self.get_info(new)
+
+    async def watch_dir(self, path: str, on_event: Callable[[FilesystemEvent], Any],
+                        on_exit: Optional[Callable[[Optional[Exception]], Any]] = None, recursive: bool = False,
+                        user: Optional[str] = None, timeout: Optional[float] = 60.0) -> _follow.AsyncWatchHandle:
+        """Watches a directory: `on_event` (a function or coroutine function) gets each
+        `FilesystemEvent` from a task, `on_exit` None or the error that ended the watch;
+        `await handle.stop()` ends it. `timeout` (E2B's, default 60 s; `0`/None: none) ends it
+        that long after it began."""
+        return await _follow.AsyncWatchHandle.open(self._s._http, self._s.sandbox_id, self._abs(path, user),
+                                                   recursive, on_event, on_exit, timeout)
 
     async def make_dir(self, path: str, user: Optional[str] = None) -> bool:
         """Creates a directory and its parents, owned by `user`; False when it existed already."""

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from enum import Enum
 from typing import Any, Dict, List, Optional
 
 
@@ -258,3 +260,34 @@ class Lineage:
     @staticmethod
     def parse(d: Dict[str, Any]) -> "Lineage":
         return Lineage(snapshots=list(d.get("snapshots", [])), sandboxes=list(d.get("sandboxes", [])))
+
+
+class FilesystemEventType(Enum):
+    """What happened to a path in a watched directory (E2B's enum, lowercase values)."""
+
+    CHMOD = "chmod"
+    CREATE = "create"
+    REMOVE = "remove"
+    RENAME = "rename"
+    WRITE = "write"
+
+
+@dataclass(frozen=True)
+class FilesystemEvent:
+    """One change in a watched directory: `name` is the path relative to the watched directory
+    (as E2B's), `path` the absolute one."""
+
+    name: str
+    type: FilesystemEventType
+    path: str = ""
+
+    @staticmethod
+    def parse(d: Dict[str, Any], watched: str) -> Optional["FilesystemEvent"]:
+        """The event, or None for a type this SDK does not know."""
+        try:
+            kind = FilesystemEventType(d["type"])
+        except ValueError:
+            return None
+        path = d["name"]
+        name = posixpath.relpath(path, watched) if path.startswith("/") else path
+        return FilesystemEvent(name=name, type=kind, path=path)

@@ -7,7 +7,7 @@ from typing import IO, Any, Callable, Dict, Iterator, List, Literal, Mapping, Op
 
 import httpx
 
-from . import _api, _compat
+from . import _api, _compat, _follow
 from . import pool as _pool
 from ._compat import SandboxPaginator, class_or_instance
 from ._streams import ByteStream
@@ -76,19 +76,61 @@ class _Http:
 
 
 class CommandHandle:
-    """A background process started with `commands.run(..., background=True)`."""
+    """A background process: from `commands.run(..., background=True)` or `commands.connect(pid)`.
 
-    def __init__(self, sandbox: "Sandbox", pid: int, cmd: Union[str, Sequence[str]]) -> None:
+    A handle made with output callbacks (`run(background=True, on_stdout=...)`) or by
+    `connect` follows the process's output as it comes (a thread reads it); `wait()` then
+    returns when it ends. A plain background handle asks the service for the result in `wait()`."""
+
+    def __init__(self, sandbox: "Sandbox", pid: int, cmd: Union[str, Sequence[str]],
+                 follower: Optional[_follow.OutputFollower] = None, reap: bool = True) -> None:
         self._sandbox, self.pid, self._cmd = sandbox, pid, cmd
+        self._follower = follower
+        # Whether `wait()` takes the service's result (which forgets the process): the handle
+        # of the process's starter does, a `connect`ed one reports what it followed.
+        self._reap = reap
 
-    def wait(self, timeout: Optional[float] = 60.0) -> CommandResult:
-        """Waits for it to exit; raises `CommandExitException` on failure, `TimeoutException` when still running."""
+    def _service_wait(self, timeout: Optional[float]) -> CommandResult:
         c = _api.Call("POST", _api.sandbox_path(self._sandbox.sandbox_id, f"/processes/{self.pid}/wait"),
                       json={"timeout": timeout}, timeout=_api.command_http_timeout(timeout))
         d = self._sandbox._http.call(c).json()
         if d["running"]:
             raise TimeoutException(f"process {self.pid} was still running after {timeout} s")
-        return _api.check_exit(CommandResult.parse(d["result"]), self._cmd)
+        return CommandResult.parse(d["result"])
+
+    def wait(self, timeout: Optional[float] = 60.0, on_stdout: Optional[Callable[[str], Any]] = None,
+             on_stderr: Optional[Callable[[str], Any]] = None) -> CommandResult:
+        """Waits for it to exit; raises `CommandExitException` on failure, `TimeoutException`
+        when still running after `timeout` (it runs on). `on_stdout`/`on_stderr` get its output
+        (a followed handle's: all of it since it was followed, then the rest as it comes)."""
+        if self._follower is None and (on_stdout is not None or on_stderr is not None):
+            self._follower = _follow.OutputFollower(self._sandbox._http, self._sandbox.sandbox_id, self.pid,
+                                                    None, None, None)
+        if self._follower is None:
+            return _api.check_exit(self._service_wait(timeout), self._cmd)
+        self._follower.set_callbacks(on_stdout, on_stderr)
+        followed = self._follower.wait(timeout)
+        result = followed
+        if self._reap:
+            # The service's result has the output from before the stream attached, too.
+            try:
+                result = self._service_wait(10.0)
+            except NotFoundError:
+                pass
+        return _api.check_exit(result, self._cmd)
+
+    def send_stdin(self, data: Union[str, bytes]) -> None:
+        """Writes to its stdin (it was started with `stdin=True` or a text)."""
+        self._sandbox.commands.send_stdin(self.pid, data)
+
+    def close_stdin(self) -> None:
+        """Closes its stdin: it reads end of file."""
+        self._sandbox.commands.close_stdin(self.pid)
+
+    def disconnect(self) -> None:
+        """Stops following its output; the process runs on (`commands.connect` follows it again)."""
+        if self._follower is not None:
+            self._follower.close()
 
     def kill(self) -> bool:
         """Kills it (SIGKILL); False when it no longer exists."""
@@ -104,13 +146,13 @@ class Commands:
     @overload
     def run(self, cmd: Union[str, Sequence[str]], background: None = None, envs: Optional[Mapping[str, str]] = None,
             cwd: Optional[str] = None, timeout: Optional[float] = 60.0, on_stdout: Optional[Callable[[str], Any]] = None,
-            on_stderr: Optional[Callable[[str], Any]] = None, stdin: Optional[str] = None,
+            on_stderr: Optional[Callable[[str], Any]] = None, stdin: Union[None, bool, str] = None,
             user: Optional[str] = None) -> CommandResult: ...
 
     @overload
     def run(self, cmd: Union[str, Sequence[str]], background: bool = ..., envs: Optional[Mapping[str, str]] = None,
             cwd: Optional[str] = None, timeout: Optional[float] = 60.0, on_stdout: Optional[Callable[[str], Any]] = None,
-            on_stderr: Optional[Callable[[str], Any]] = None, stdin: Optional[str] = None,
+            on_stderr: Optional[Callable[[str], Any]] = None, stdin: Union[None, bool, str] = None,
             user: Optional[str] = None) -> Union[CommandResult, CommandHandle]: ...
 
     def run(self, cmd, background=None, envs=None, cwd=None, timeout=60.0, on_stdout=None, on_stderr=None, stdin=None,
@@ -119,18 +161,24 @@ class Commands:
         `user` unless chosen at create) in its home unless `cwd` says otherwise, and returns its
         result; raises `CommandExitException` when it fails (`CommandTimeoutException`, also a
         `TimeoutException`, at its timeout). With `on_stdout`/`on_stderr` the output streams to
-        the callbacks as it is produced; with `background=True` it returns a `CommandHandle`."""
+        the callbacks as it is produced; with `background=True` it returns a `CommandHandle`.
+        `stdin`: a text to read; with `background=True`, `True` (E2B's) keeps its stdin open for
+        `send_stdin`/`close_stdin`, and a text is written first with it open likewise."""
         sid = self._s.sandbox_id
         user = user or self._s.default_user
         if cwd is not None:
             cwd = _compat.resolve_path(cwd, user)
+        text = _follow.stdin_text(stdin)
         if background:
-            body = _api.command_body(cmd, envs, cwd, None, None, user)
+            body = _api.command_body(cmd, envs, cwd, None, text, user)
             if timeout is not None and stdin is None:
                 body["timeout"] = timeout
             pid = self._s._http.call(_api.Call("POST", _api.sandbox_path(sid, "/processes"), json=body)).json()["pid"]
-            return CommandHandle(self._s, pid, cmd)
-        body = _api.command_body(cmd, envs, cwd, timeout, stdin, user)
+            follower = None
+            if on_stdout is not None or on_stderr is not None:
+                follower = _follow.OutputFollower(self._s._http, sid, pid, on_stdout, on_stderr, None)
+            return CommandHandle(self._s, pid, cmd, follower)
+        body = _api.command_body(cmd, envs, cwd, timeout, text, user)
         http_timeout = _api.command_http_timeout(timeout)
         if on_stdout is None and on_stderr is None:
             c = _api.Call("POST", _api.sandbox_path(sid, "/commands"), json=body, timeout=http_timeout)
@@ -141,6 +189,25 @@ class Commands:
             for line in r.iter_lines():
                 dec.feed_line(line)
         return _api.check_exit(dec.finish(), cmd)
+
+    def connect(self, pid: int, on_stdout: Optional[Callable[[str], Any]] = None,
+                on_stderr: Optional[Callable[[str], Any]] = None, timeout: Optional[float] = 60.0) -> CommandHandle:
+        """Follows a running background process's output from now on: `wait()` on the handle
+        returns its result (the output since now) or raises as `run` does. `timeout` bounds
+        how long it is followed (`0`/None: no bound); `NotFoundError` when there is no such
+        process."""
+        f = _follow.OutputFollower(self._s._http, self._s.sandbox_id, pid, on_stdout, on_stderr, timeout)
+        return CommandHandle(self._s, int(pid), f"process {int(pid)}", f, reap=False)
+
+    def send_stdin(self, pid: int, data: Union[str, bytes]) -> None:
+        """Writes to a background process's stdin (text as UTF-8, or bytes). It must have been
+        started with `stdin=True` (or a text); `InvalidArgumentError` otherwise or once closed,
+        `NotFoundError` when there is no such process."""
+        self._s._http.call(_follow.input_call(self._s.sandbox_id, pid, data))
+
+    def close_stdin(self, pid: int) -> None:
+        """Closes a background process's stdin: it reads end of file."""
+        self._s._http.call(_follow.input_call(self._s.sandbox_id, pid, None, eof=True))
 
     def list(self) -> List[ProcessInfo]:
         """Background processes."""
@@ -268,6 +335,12 @@ class Files:
         old, new = self._abs(old_path, user), self._abs(new_path, user)
         self._s._http.call(_api.Call("POST", self._path("/rename"), json={"from": old, "to": new}))
         return self.get_info(new)
+
+    def watch_dir(self, path: str, recursive: bool = False, user: Optional[str] = None) -> _follow.WatchHandle:
+        """Watches a directory (and with `recursive=True` its subdirectories): the handle's
+        `get_new_events()` answers the `FilesystemEvent`s since the last call; `stop()` ends
+        it. `NotFoundError` for a missing path, `InvalidArgumentError` for a non-directory."""
+        return _follow.WatchHandle(self._s._http, self._s.sandbox_id, self._abs(path, user), recursive)
 
     def make_dir(self, path: str, user: Optional[str] = None) -> bool:
         """Creates a directory and its parents, owned by `user`; False when it existed already."""
