@@ -92,8 +92,8 @@ fn kind_of(mask: u32) -> Option<WatchKind> {
 }
 
 /// Watches `root` until `token` is cancelled (an error the caller does not send: the client is
-/// gone) or `root` itself is removed or moved (`Ok` with the number of events sent). Events
-/// go to `emit` as JSON lines, in batches.
+/// gone) or `root` itself is removed or moved (`Ok` with the number of events sent). An empty
+/// chunk goes to `emit` once the watch is in place; then events, as JSON lines, in batches.
 pub fn watch(
     root: &str,
     recursive: bool,
@@ -115,6 +115,8 @@ pub fn watch(
     let mut w = Watcher { fd, dirs: HashMap::new(), root: -1, recursive };
     w.root = w.add(&root)?;
     w.add_tree(&root)?;
+    // An empty chunk first: the watch is in place, so every change from now on is reported.
+    emit(&[]);
     let mut buf = vec![0u8; 64 * 1024];
     let mut sent = 0u64;
     loop {

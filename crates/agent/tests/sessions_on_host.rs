@@ -172,10 +172,16 @@ fn a_watch_reports_creates_writes_renames_and_removes_below_the_directory() {
     );
     actor.spawn(ExecSpec::new(Command::Shell(line))).unwrap();
     let mut seen = Vec::new();
+    let mut ready = 0;
     let deadline = Instant::now() + Duration::from_secs(30);
     let want = format!("{r}/sub/b.txt");
     client
         .watch(&r, true, &mut |e| {
+            let Some(e) = e else {
+                ready += 1;
+                return true;
+            };
+            assert_eq!(ready, 1, "an event before the watch said it was in place");
             seen.push((e.kind, e.name.clone()));
             let done = e.kind == WatchKind::Remove && e.name == want;
             !done && Instant::now() < deadline
@@ -193,6 +199,7 @@ fn a_watch_reports_creates_writes_renames_and_removes_below_the_directory() {
     assert!(has(WatchKind::Rename, "sub/a.txt") && has(WatchKind::Create, "sub/b.txt"), "{seen:?}");
     assert!(has(WatchKind::Chmod, "sub/b.txt"), "{seen:?}");
     assert!(has(WatchKind::Remove, "sub/b.txt"), "{seen:?}");
+    assert_eq!(ready, 1);
     let e = client.watch("/no/such/dir", false, &mut |_| true).unwrap_err();
     assert!(matches!(e, ClientError::Agent { code: ErrorCode::NotFound, .. }), "{e}");
 }

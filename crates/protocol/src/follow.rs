@@ -49,18 +49,24 @@ impl<S: Transport> AgentClient<S> {
 
     /// Hands each change under directory `path` (and its subdirectories with `recursive`) to
     /// `on_event` until `on_event` returns false (the caller then drops the connection, which
-    /// cancels the watch) or the directory goes (`Ok` with the number of events). Each event's
-    /// line is bounded and must parse.
+    /// cancels the watch) or the directory goes (`Ok` with the number of events). `on_event`
+    /// first gets `None` once the watch is in place: every change after that is reported. Each
+    /// event's line is bounded and must parse.
     pub fn watch(
         &mut self,
         path: &str,
         recursive: bool,
-        on_event: &mut dyn FnMut(WatchEvent) -> bool,
+        on_event: &mut dyn FnMut(Option<WatchEvent>) -> bool,
     ) -> Result<u64, ClientError> {
         let id = self.send(Request::Watch { path: path.to_string(), recursive }, Vec::new())?;
         loop {
             let f = self.recv_within(id, None)?;
             match f.msg {
+                Response::Data if f.body.is_empty() => {
+                    if !on_event(None) {
+                        return Ok(0);
+                    }
+                }
                 Response::Data => {
                     for line in f.body.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
                         if line.len() > MAX_WATCH_LINE {
@@ -72,7 +78,7 @@ impl<S: Transport> AgentClient<S> {
                         let event: WatchEvent = serde_json::from_slice(line).map_err(|e| {
                             ClientError::Unexpected(format!("a watch event that does not parse: {e}"))
                         })?;
-                        if !on_event(event) {
+                        if !on_event(Some(event)) {
                             return Ok(0);
                         }
                     }

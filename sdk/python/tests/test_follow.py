@@ -136,23 +136,10 @@ def _events_until(w, cond, what):
     return seen
 
 
-def _armed(box, w, d):
-    """Touches a probe file in `d` until the watch reports it (the watch then runs in the agent)."""
-    deadline = time.monotonic() + LIMIT
-    while True:
-        box.commands.run(f"touch {d}/probe")
-        time.sleep(0.3)
-        if any(e.name == "probe" for e in w.get_new_events()):
-            return
-        if time.monotonic() > deadline:
-            pytest.fail("the watch reported nothing")
-
-
 def test_watch_dir_sees_files_made_removed_and_stops(box):
     box.files.make_dir("w")
     w = box.files.watch_dir("w")
     try:
-        _armed(box, w, "w")
         box.commands.run("echo hi > w/f.txt; echo more >> w/f.txt; rm w/f.txt")
         seen = _events_until(w, lambda s: any(e.type == FilesystemEventType.REMOVE and e.name == "f.txt" for e in s),
                              "the removal")
@@ -171,7 +158,6 @@ def test_watch_dir_sees_files_made_removed_and_stops(box):
 def test_recursive_watch_sees_a_subdirectory(box):
     box.files.make_dir("r/sub")
     with box.files.watch_dir("/home/user/r", recursive=True) as w:
-        _armed(box, w, "r")
         box.commands.run("echo x > r/sub/g.txt")
         seen = _events_until(w, lambda s: any(e.name == "sub/g.txt" for e in s), "the subdirectory's file")
         assert any(e.path == "/home/user/r/sub/g.txt" for e in seen)
@@ -238,12 +224,6 @@ def test_async_follow(service):
 
             w = await s.files.watch_dir("aw", on_event, on_exit=exits.append, recursive=True, timeout=0)
 
-            async def armed():
-                await s.commands.run("touch aw/probe")
-                await asyncio.sleep(0.3)
-                return any(e.name == "probe" for e in events)
-
-            await until(armed, "the watch's first event")
             await s.commands.run("mkdir aw/sub && echo hi > aw/sub/f.txt && rm aw/sub/f.txt")
             await until(lambda: asyncio.sleep(0, any(e.name == "sub/f.txt" and e.type == FilesystemEventType.REMOVE
                                                      for e in events)), "the removal")

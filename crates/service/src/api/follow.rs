@@ -136,7 +136,8 @@ pub async fn output(
     Ok(Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).keep_alive(KeepAlive::default()))
 }
 
-/// Watches a directory: one `change` event per change under it, `{"type": "create" | "write" |
+/// Watches a directory: `ready` once the watch is in place (every change after it is
+/// reported), then one `change` event per change under it, `{"type": "create" | "write" |
 /// "remove" | "rename" | "chmod", "name": <absolute path>}`, until the client goes; `end` with
 /// `{"events": N}` when the directory itself is removed or moved; `error` on failure.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files/watch", tag = "files",
@@ -163,8 +164,13 @@ pub async fn watch(
     let (tx, rx) = follower(&mut conn)?;
     tokio::task::spawn_blocking(move || {
         let r = conn.watch(&path, recursive, &mut |e| {
-            let data = serde_json::to_string(&e).unwrap_or_default();
-            tx.blocking_send(Ok(Event::default().event("change").data(data))).is_ok()
+            let event = match e {
+                None => Event::default().event("ready").data("{}"),
+                Some(e) => {
+                    Event::default().event("change").data(serde_json::to_string(&e).unwrap_or_default())
+                }
+            };
+            tx.blocking_send(Ok(event)).is_ok()
         });
         let last = match r {
             Ok(n) => Event::default().event("end").data(serde_json::json!({ "events": n }).to_string()),

@@ -55,6 +55,10 @@ def output_call(sandbox_id: str, pid: int) -> _api.Call:
     return _api.Call("GET", _api.sandbox_path(sandbox_id, f"/processes/{int(pid)}/output"), timeout=READ_TIMEOUT)
 
 
+#: Longest a watch may take to be in place in the sandbox.
+READY_TIMEOUT = 60.0
+
+
 def watch_call(sandbox_id: str, path: str, recursive: bool) -> _api.Call:
     params = {"path": path, "recursive": str(bool(recursive)).lower()}
     return _api.Call("GET", _api.sandbox_path(sandbox_id, "/files/watch"), params=params, timeout=READ_TIMEOUT)
@@ -293,11 +297,19 @@ class WatchHandle:
         self._lock = threading.Lock()
         self._error: Optional[BaseException] = None
         self._stopped = False
+        self._ready = threading.Event()
         self._cm = http.stream(watch_call(sandbox_id, path, recursive))
         self._r = self._cm.__enter__()  # raises: missing (NotFoundError), not a directory (InvalidArgumentError)
         self._sock = _socket_of(self._r)
         self._thread = threading.Thread(target=self._run, name=f"branchbox-watch-{path}", daemon=True)
         self._thread.start()
+        # Returns once the watch is in place in the sandbox, so no change made after this call
+        # is missed.
+        if not self._ready.wait(READY_TIMEOUT):
+            self.stop()
+            raise TimeoutException(f"the watch of {path} did not start within {READY_TIMEOUT} s")
+        if self._error is not None and not self._thread.is_alive():
+            raise self._error
 
     def _run(self) -> None:
         parser = SseParser()
@@ -307,7 +319,9 @@ class WatchHandle:
                 if ev is None:
                     continue
                 name, d = ev
-                if name == "change":
+                if name == "ready":
+                    self._ready.set()
+                elif name == "change":
                     e = FilesystemEvent.parse(d, self._path)
                     if e is not None:
                         with self._lock:
@@ -321,6 +335,7 @@ class WatchHandle:
             if not self._stopped:
                 self._error = _typed(e, f"the watch of {self._path}")
         finally:
+            self._ready.set()
             try:
                 self._cm.__exit__(None, None, None)
             except Exception:
@@ -366,9 +381,18 @@ class AsyncWatchHandle:
                    timeout: Optional[float]) -> "AsyncWatchHandle":
         self = cls()
         self._path, self._on_event, self._on_exit, self._timeout = path, on_event, on_exit, timeout
+        self._ready, self._error = asyncio.Event(), None
         self._cm = http.stream(watch_call(sandbox_id, path, recursive))
         self._r = await self._cm.__aenter__()
         self._task = asyncio.ensure_future(self._run())
+        # Returns once the watch is in place in the sandbox, so no change made after it is missed.
+        try:
+            await asyncio.wait_for(self._ready.wait(), READY_TIMEOUT)
+        except asyncio.TimeoutError:
+            await self.stop()
+            raise TimeoutException(f"the watch of {path} did not start within {READY_TIMEOUT} s") from None
+        if self._error is not None and self._task.done():
+            raise self._error
         return self
 
     async def _pump(self) -> None:
@@ -378,7 +402,9 @@ class AsyncWatchHandle:
             if ev is None:
                 continue
             name, d = ev
-            if name == "change":
+            if name == "ready":
+                self._ready.set()
+            elif name == "change":
                 e = FilesystemEvent.parse(d, self._path)
                 if e is not None:
                     await _call(self._on_event, e)
@@ -410,6 +436,8 @@ class AsyncWatchHandle:
         except Exception as e:
             error = _typed(e, f"the watch of {self._path}")  # type: ignore[assignment]
         finally:
+            self._error = error
+            self._ready.set()
             try:
                 await self._cm.__aexit__(None, None, None)
             except Exception:
