@@ -166,11 +166,15 @@ echo "setup: node $(node --version), npm $(npm --version)"
 # --- branchboxd and the Python SDK (with --test) -----------------------------------------------
 [ "${1:-}" = "--test" ] || exit 0
 # A virtual environment under target/py with the SDK (editable) and its pinned test tools from
-# PyPI; checked by importing them, so an existing environment is reused only when complete.
+# PyPI. An existing environment is reused only when it imports them all and was installed from
+# the same requirements and SDK metadata as now (their hash, kept in target/py/.installed-from),
+# so a tool added to the list is installed on the next run, not hidden by the old environment.
 (
     cd "$(dirname "$0")/.."
     py=target/py
-    if ! "$py/bin/python" -c "import branchbox, httpx, websockets, pytest, schemathesis, openapi_spec_validator, playwright" 2>/dev/null; then
+    want="$(cat sdk/python/requirements-test.txt sdk/python/pyproject.toml | sha256sum | cut -d' ' -f1)"
+    if ! "$py/bin/python" -c "import branchbox, httpx, websockets, e2b, pytest, schemathesis, openapi_spec_validator, playwright" 2>/dev/null \
+        || [ "$(cat "$py/.installed-from" 2>/dev/null)" != "$want" ]; then
         command -v python3 >/dev/null 2>&1 || { echo "setup: python3 is missing; install Python 3.9 or later" >&2; exit 1; }
         if ! python3 -m venv "$py" >/dev/null 2>&1; then
             echo "setup: installing python3-venv"
@@ -181,6 +185,7 @@ echo "setup: node $(node --version), npm $(npm --version)"
         "$py/bin/pip" install -q --upgrade pip
         "$py/bin/pip" install -q -r sdk/python/requirements-test.txt
         "$py/bin/pip" install -q -e sdk/python
+        echo "$want" >"$py/.installed-from"
     fi
     echo "setup: $("$py/bin/python" --version), pytest $("$py/bin/python" -c 'import pytest; print(pytest.__version__)')"
 )

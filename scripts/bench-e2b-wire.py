@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""What E2B's wire costs next to branchbox's own API, on one sandbox of a running branchboxd:
+a command (`true`) and a 64 KiB file read, each through our SDK (`/v1`) and through the real
+`e2b` SDK (`/e2b`, `/e2b/envd`), interleaved so both see the same host load. Prints one JSON
+report with p50 and p90 of each, in milliseconds; asserts nothing.
+
+Run with the test environment's Python (target/py, which has both SDKs) against a service:
+    BRANCHBOX_URL=http://127.0.0.1:7420 BRANCHBOX_TOKEN=$(cat <data>/service/token) \\
+        target/py/bin/python scripts/bench-e2b-wire.py [runs]
+"""
+
+import json
+import os
+import statistics
+import sys
+import time
+
+url, token = os.environ["BRANCHBOX_URL"].rstrip("/"), os.environ["BRANCHBOX_TOKEN"]
+os.environ.update(E2B_API_URL=url + "/e2b", E2B_SANDBOX_URL=url + "/e2b/envd", E2B_API_KEY=token)
+
+import branchbox  # noqa: E402
+import e2b  # noqa: E402
+
+runs = int(sys.argv[1]) if len(sys.argv) > 1 else 50
+ours = branchbox.Sandbox.create(timeout=600)
+try:
+    theirs = e2b.Sandbox.connect(ours.sandbox_id)
+    ours.files.write("/tmp/read.bin", os.urandom(64 * 1024))
+    cases = {
+        "exec_native": lambda: ours.commands.run("true", user="root"),
+        "exec_e2b": lambda: theirs.commands.run("true", user="root"),
+        "read_64k_native": lambda: ours.files.read("/tmp/read.bin", format="bytes"),
+        "read_64k_e2b": lambda: theirs.files.read("/tmp/read.bin", format="bytes", user="root"),
+    }
+    times = {k: [] for k in cases}
+    for _ in range(3):  # warm both paths' connections
+        for f in cases.values():
+            f()
+    for _ in range(runs):
+        for k, f in cases.items():
+            t = time.perf_counter()
+            f()
+            times[k].append((time.perf_counter() - t) * 1000)
+
+    def q(v, p):
+        return round(statistics.quantiles(v, n=100)[p - 1], 2)
+
+    print(json.dumps({k: {"p50_ms": round(statistics.median(v), 2), "p90_ms": q(v, 90), "runs": len(v)}
+                      for k, v in times.items()}, indent=1))
+finally:
+    ours.kill()
