@@ -239,6 +239,7 @@ def test_lifecycle_list_get_timeout_pause_connect_kill(e2b_env):
     finally:
         assert sbx.kill() is True
     assert e2b.Sandbox.kill(sbx.sandbox_id) is False
+    assert sbx.is_running() is False
     with pytest.raises(e2b.SandboxNotFoundException):
         e2b.Sandbox.connect(sbx.sandbox_id)
 

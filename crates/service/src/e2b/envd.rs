@@ -203,6 +203,10 @@ async fn health(State(st): State<AppState>, Extension(t): Extension<Target>) -> 
     match info {
         Ok(i) if i.state == crate::api::types::StateName::Running => StatusCode::NO_CONTENT.into_response(),
         Ok(_) => error_response(&RpcError::new("unavailable", "the sandbox is not running")).with_status(502),
+        // As E2B's proxy answers for a sandbox that is gone: the SDKs' is_running reads false.
+        Err(e) if e.status == StatusCode::NOT_FOUND => {
+            error_response(&RpcError::new("unavailable", e.message)).with_status(502)
+        }
         Err(e) => error_response(&api(e)),
     }
 }
