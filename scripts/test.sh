@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs what is missing, checks formatting and
 # lints, runs every test (unit, agent protocol, microVM engine, devices, gVisor end to end,
-# service and the Python and TypeScript SDKs, the Linux guest under our VMM and under QEMU), the fuzz targets briefly, and
+# service and the Python and TypeScript SDKs, E2B's own JavaScript SDK, the Linux guest under our VMM and under QEMU), the fuzz targets briefly, and
 # a short run of every benchmark so they never rot. Timings are printed, never asserted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -117,6 +117,16 @@ BRANCHBOXD="$PWD/target/debug/branchboxd" target/py/bin/pytest -q -p no:cachepro
 stage "TypeScript SDK"
 (
     cd sdk/typescript
+    if [ ! -f node_modules/.package-lock.json ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+        npm ci --no-audit --no-fund
+    fi
+    BRANCHBOXD="$OLDPWD/target/debug/branchboxd" npm test
+)
+# E2B's own JavaScript SDK (npm `e2b`, pinned with its lock file in sdk/e2b-js-test) against a
+# branchboxd of its own (test/run.mjs), configured only by E2B's three settings (docs/e2b.md).
+stage "E2B's JavaScript SDK"
+(
+    cd sdk/e2b-js-test
     if [ ! -f node_modules/.package-lock.json ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
         npm ci --no-audit --no-fund
     fi

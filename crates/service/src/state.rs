@@ -33,6 +33,8 @@ pub struct Inner {
     pub pools: crate::pool::Pools,
     /// File contents read from snapshots for text diffs (bounded).
     pub files: crate::api::diff::FileCache,
+    /// Terminals and polling watchers opened through E2B's envd API.
+    pub e2b: crate::e2b::follow::Registry,
     engines: Mutex<Vec<Engine>>,
     db: Mutex<ServiceDb>,
     /// Sandboxes admitted but not yet recorded by the engine.
@@ -83,6 +85,7 @@ impl AppState {
             metrics: Metrics::default(),
             pools: crate::pool::Pools::default(),
             files: Default::default(),
+            e2b: Default::default(),
             engines: Mutex::new(vec![engine]),
             db: Mutex::new(db),
             pending: Mutex::new(0),

@@ -4,10 +4,12 @@ and E2B_API_KEY. Real gVisor sandboxes."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import httpx
 import pytest
@@ -78,7 +80,117 @@ def test_commands_foreground_streaming_and_exit_codes(esbx):
 
 def test_background_command_handle_waits_for_its_result(esbx):
     h = esbx.commands.run("sleep 0.5; echo done", background=True)
+    assert h.pid > 1
     assert h.wait().stdout == "done\n"
+
+
+def test_background_commands_list_connect_stdin_and_kill(esbx):
+    # The start event carries the real pid: the command sees it as its own.
+    h = esbx.commands.run("echo $$ > /tmp/pid; exec sleep 60", background=True, timeout=0)
+    for _ in range(100):
+        if esbx.files.exists("/tmp/pid") and esbx.files.read("/tmp/pid"):
+            break
+        time.sleep(0.1)
+    assert esbx.files.read("/tmp/pid") == f"{h.pid}\n"
+    listed = {p.pid: p for p in esbx.commands.list()}
+    assert h.pid in listed and listed[h.pid].cmd == "/bin/bash"
+    # Reading again by pid: output from now on, then the end.
+    again = esbx.commands.connect(h.pid)
+    assert again.pid == h.pid
+    assert esbx.commands.kill(h.pid) is True
+    with pytest.raises(e2b.CommandExitException) as ei:
+        again.wait()
+    assert ei.value.exit_code == -1
+    with pytest.raises(e2b.CommandExitException):
+        h.wait()
+    assert esbx.commands.kill(h.pid) is False
+    assert h.pid not in {p.pid for p in esbx.commands.list()}
+
+    # stdin: kept open when asked for, closed (end of file) by close_stdin.
+    cat = esbx.commands.run("cat", background=True, stdin=True)
+    esbx.commands.send_stdin(cat.pid, "one\n")
+    esbx.commands.send_stdin(cat.pid, b"two\n")
+    esbx.commands.stream_input(cat.pid, ["thr", "ee\n"])
+    esbx.commands.close_stdin(cat.pid)
+    assert cat.wait().stdout == "one\ntwo\nthree\n"
+    # Without stdin the command reads end of file at once.
+    assert esbx.commands.run("cat; echo eof").stdout == "eof\n"
+
+    # handle.kill() ends it; a dropped handle leaves it running (as envd does).
+    h = esbx.commands.run("sleep 60", background=True)
+    assert h.kill() is True
+    h = esbx.commands.run("sleep 60", background=True, timeout=0)
+    h.disconnect()
+    assert h.pid in {p.pid for p in esbx.commands.list()}
+    assert esbx.commands.kill(h.pid) is True
+
+    # Early output is not lost to the start.
+    assert esbx.commands.run("echo first; echo err >&2").stdout == "first\n"
+    r = esbx.commands.run("printf 'a!b' >&2; printf x")
+    assert (r.stdout, r.stderr) == ("x", "a!b")
+
+
+def test_terminals_create_type_resize_and_kill(esbx):
+    out = bytearray()
+    t = esbx.pty.create(e2b.PtySize(rows=24, cols=80), timeout=0)
+    assert t.pid > 1 << 22
+    assert t.pid in {p.pid for p in esbx.commands.list()}
+    esbx.pty.send_stdin(t.pid, b"stty size; echo mark$((6*7))\n")
+    esbx.pty.resize(t.pid, e2b.PtySize(rows=30, cols=100))
+    esbx.pty.send_stdin(t.pid, b"stty size; exit 0\n")
+    r = t.wait(on_pty=lambda d: out.extend(d))
+    text = out.decode(errors="replace")
+    assert "mark42" in text and "30 100" in text, text
+    assert r.exit_code == 0
+
+    t = esbx.pty.create(e2b.PtySize(rows=24, cols=80))
+    assert esbx.pty.kill(t.pid) is True
+    with pytest.raises(e2b.CommandExitException):
+        t.wait()
+    assert t.pid not in {p.pid for p in esbx.commands.list()}
+    with pytest.raises(e2b.SandboxException):
+        esbx.pty.resize(t.pid, e2b.PtySize(rows=1, cols=1))
+
+
+def test_watch_dir_sync_polls_events(esbx):
+    esbx.files.make_dir("w")
+    w = esbx.files.watch_dir("w", recursive=True)
+    esbx.files.write("w/a.txt", "x")
+    esbx.commands.run("mkdir -p w/sub && echo y > w/sub/b.txt && rm w/a.txt")
+    seen = set()
+    for _ in range(50):
+        seen |= {(e.name, e.type) for e in w.get_new_events()}
+        if ("sub/b.txt", e2b.FilesystemEventType.WRITE) in seen and ("a.txt", e2b.FilesystemEventType.REMOVE) in seen:
+            break
+        time.sleep(0.1)
+    assert ("a.txt", e2b.FilesystemEventType.CREATE) in seen, seen
+    assert ("sub/b.txt", e2b.FilesystemEventType.WRITE) in seen, seen
+    assert ("a.txt", e2b.FilesystemEventType.REMOVE) in seen, seen
+    w.stop()
+    with pytest.raises(e2b.SandboxException):
+        w.get_new_events()
+
+
+def test_watch_dir_async_streams_events(e2b_env):
+    import asyncio
+
+    async def flow():
+        sbx = await e2b.AsyncSandbox.create(timeout=300)
+        try:
+            got = asyncio.Queue()
+            h = await sbx.files.watch_dir("/tmp", on_event=got.put_nowait)
+            await sbx.files.write("/tmp/hello.txt", "hi")
+            names = set()
+            while ("hello.txt", e2b.FilesystemEventType.WRITE) not in names:
+                e = await asyncio.wait_for(got.get(), 20)
+                names.add((e.name, e.type))
+            await h.stop()
+            with pytest.raises(e2b.NotFoundException):
+                await sbx.files.watch_dir("/tmp/none", on_event=print)
+        finally:
+            await sbx.kill()
+
+    asyncio.run(flow())
 
 
 def test_files_write_read_list_and_filesystem_calls(esbx):
@@ -127,6 +239,7 @@ def test_lifecycle_list_get_timeout_pause_connect_kill(e2b_env):
     finally:
         assert sbx.kill() is True
     assert e2b.Sandbox.kill(sbx.sandbox_id) is False
+    assert sbx.is_running() is False
     with pytest.raises(e2b.SandboxNotFoundException):
         e2b.Sandbox.connect(sbx.sandbox_id)
 
@@ -182,6 +295,61 @@ def test_hostile_connect_requests_get_typed_errors(e2b_env, esbx):
     # An oversize unary body.
     r = httpx.post(f"{base}/filesystem.Filesystem/Stat", headers={**h, "content-type": "application/json"}, content=b" " * (300 * 1024))
     assert (r.status_code, r.json()["code"]) == (429, "resource_exhausted")
-    # Methods not served say so.
-    r = httpx.post(f"{base}/process.Process/SendInput", headers={**h, "content-type": "application/json"}, content=b"{}")
+    # Input, signals, resizes and watchers for what is not there, or not this sandbox's.
+    j = {**h, "content-type": "application/json"}
+    r = httpx.post(f"{base}/process.Process/SendInput", headers=j, json={"process": {"pid": 999999}, "input": {"stdin": "eA=="}})
+    assert (r.status_code, r.json()["code"]) == (404, "not_found")
+    r = httpx.post(f"{base}/process.Process/SendInput", headers=j, json={"process": {"pid": 1}})
+    assert (r.status_code, r.json()["code"]) == (400, "invalid_argument")
+    r = httpx.post(f"{base}/process.Process/SendInput", headers=j, json={"process": {"pid": 0}, "input": {"stdin": "eA=="}})
+    assert (r.status_code, r.json()["code"]) == (400, "invalid_argument")
+    r = httpx.post(f"{base}/process.Process/CloseStdin", headers=j, json={"process": {"tag": "x"}})
     assert (r.status_code, r.json()["code"]) == (501, "unimplemented")
+    r = httpx.post(f"{base}/process.Process/Update", headers=j, json={"process": {"pid": 5}, "pty": {"size": {"cols": 0, "rows": 5}}})
+    assert (r.status_code, r.json()["code"]) == (400, "invalid_argument")
+    r = httpx.post(f"{base}/process.Process/Update", headers=j, json={"process": {"pid": 5}, "pty": {"size": {"cols": 80, "rows": 24}}})
+    assert (r.status_code, r.json()["code"]) == (404, "not_found")
+    for wid in ("", "nope", "../../x" * 100):
+        r = httpx.post(f"{base}/filesystem.Filesystem/GetWatcherEvents", headers=j, json={"watcherId": wid})
+        assert (r.status_code, r.json()["code"]) == (404, "not_found")
+    r = httpx.post(f"{base}/filesystem.Filesystem/CreateWatcher", headers=j, json={"path": "/etc/hostname"})
+    assert (r.status_code, r.json()["code"]) == (400, "invalid_argument")
+    # A watcher opens only in its own sandbox.
+    r = httpx.post(f"{base}/filesystem.Filesystem/CreateWatcher", headers=j, json={"path": "/tmp"})
+    wid = r.json()["watcherId"]
+    other = e2b.Sandbox.create()
+    try:
+        r = httpx.post(f"{base}/filesystem.Filesystem/GetWatcherEvents", headers={**j, "e2b-sandbox-id": other.sandbox_id}, json={"watcherId": wid})
+        assert (r.status_code, r.json()["code"]) == (404, "not_found")
+    finally:
+        other.kill()
+    assert httpx.post(f"{base}/filesystem.Filesystem/RemoveWatcher", headers=j, json={"watcherId": wid}).status_code == 200
+    # Streams: a terminal of impossible size, a Connect to no process, a StreamInput that lies.
+    s = {**h, "content-type": "application/connect+json"}
+
+    def env(obj):
+        b = json.dumps(obj).encode()
+        return b"\x00" + len(b).to_bytes(4, "big") + b
+
+    def end_code(r):
+        assert r.status_code == 200 and r.content, r.text
+        i = 0
+        while i < len(r.content):
+            flags, n = r.content[i], int.from_bytes(r.content[i + 1 : i + 5], "big")
+            if flags & 2:
+                return (json.loads(r.content[i + 5 : i + 5 + n]).get("error") or {}).get("code")
+            i += 5 + n
+        return None
+
+    r = httpx.post(f"{base}/process.Process/Start", headers=s, content=env({"process": {"cmd": "/bin/sh"}, "pty": {"size": {"cols": 5000, "rows": 1}}}))
+    assert end_code(r) == "invalid_argument"
+    r = httpx.post(f"{base}/process.Process/Connect", headers=s, content=env({"process": {"pid": 999999}}))
+    assert end_code(r) == "not_found"
+    r = httpx.post(f"{base}/process.Process/StreamInput", headers=s, content=env({"data": {"input": {"stdin": "eA=="}}}))
+    assert end_code(r) == "invalid_argument"
+    r = httpx.post(f"{base}/process.Process/StreamInput", headers=s, content=env({"start": {"process": {"pid": 999999}}}) + b"\x00\x00\x00")
+    assert end_code(r) == "invalid_argument"
+    r = httpx.post(f"{base}/process.Process/StreamInput", headers=s, content=b"\x00\xff\xff\xff\xff")
+    assert end_code(r) == "resource_exhausted"
+    r = httpx.post(f"{base}/filesystem.Filesystem/WatchDir", headers=s, content=env({"path": "/nonexistent"}))
+    assert end_code(r) == "not_found"

@@ -9,7 +9,6 @@
 use super::connect::{self, Codec, Kind, RpcError, MAX_MESSAGE};
 use super::pb::{self, process_event, process_selector};
 use crate::api::extract::{account_name, sandbox_id};
-use crate::api::types::RunCommand;
 use crate::api::AuditNote;
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult, ErrorCodeTag};
@@ -23,7 +22,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Router};
 use base64::Engine as _;
 use branchbox_model::SandboxId;
-use branchbox_protocol::{Command, FileKind, FileStat, OutStream};
+use branchbox_protocol::{Command, FileKind, FileStat};
 use futures_util::{StreamExt, TryStreamExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -44,7 +43,7 @@ const MAX_LIST: usize = 100_000;
 
 /// An error answer every data-plane client understands: Connect's JSON error object (a string
 /// `code` and a `message`) with the matching HTTP status. envd's HTTP clients read `message`.
-fn error_response(e: &RpcError) -> Response {
+pub(super) fn error_response(e: &RpcError) -> Response {
     let mut r = (e.http_status(), axum::Json(e.json())).into_response();
     r.extensions_mut().insert(ErrorCodeTag(e.code));
     r
@@ -89,42 +88,26 @@ pub async fn authenticate(State(st): State<AppState>, mut req: Request, next: Ne
 
 /// The data plane's routes (relative to `/e2b/envd`).
 pub fn router() -> Router<AppState> {
-    let unimplemented = |what: &'static str| {
-        post(move || async move {
-            error_response(&RpcError::unimplemented(format!(
-                "{what} is not served by branchboxd (docs/e2b.md lists what is)"
-            )))
-        })
-    };
     Router::new()
         .route("/health", get(health))
         .route("/files", get(read_file).post(write_file))
-        .route("/process.Process/Start", post(start))
+        .route("/process.Process/Start", post(super::follow::start))
         .route("/process.Process/List", post(list))
         .route("/process.Process/SendSignal", post(send_signal))
-        .route(
-            "/process.Process/Connect",
-            unimplemented("process.Process/Connect (reattaching to a command)"),
-        )
-        .route(
-            "/process.Process/SendInput",
-            unimplemented("process.Process/SendInput (stdin of a running command)"),
-        )
-        .route("/process.Process/StreamInput", unimplemented("process.Process/StreamInput"))
-        .route("/process.Process/CloseStdin", unimplemented("process.Process/CloseStdin"))
-        .route("/process.Process/Update", unimplemented("process.Process/Update (terminal resize)"))
+        .route("/process.Process/Connect", post(super::follow::connect_to))
+        .route("/process.Process/SendInput", post(super::follow::send_input))
+        .route("/process.Process/StreamInput", post(super::follow::stream_input))
+        .route("/process.Process/CloseStdin", post(super::follow::close_stdin))
+        .route("/process.Process/Update", post(super::follow::update))
         .route("/filesystem.Filesystem/Stat", post(stat))
         .route("/filesystem.Filesystem/ListDir", post(list_dir))
         .route("/filesystem.Filesystem/MakeDir", post(make_dir))
         .route("/filesystem.Filesystem/Move", post(move_path))
         .route("/filesystem.Filesystem/Remove", post(remove))
-        .route("/filesystem.Filesystem/WatchDir", unimplemented("filesystem.Filesystem/WatchDir"))
-        .route("/filesystem.Filesystem/CreateWatcher", unimplemented("filesystem.Filesystem/CreateWatcher"))
-        .route(
-            "/filesystem.Filesystem/GetWatcherEvents",
-            unimplemented("filesystem.Filesystem/GetWatcherEvents"),
-        )
-        .route("/filesystem.Filesystem/RemoveWatcher", unimplemented("filesystem.Filesystem/RemoveWatcher"))
+        .route("/filesystem.Filesystem/WatchDir", post(super::follow::watch_dir))
+        .route("/filesystem.Filesystem/CreateWatcher", post(super::follow::create_watcher))
+        .route("/filesystem.Filesystem/GetWatcherEvents", post(super::follow::get_watcher_events))
+        .route("/filesystem.Filesystem/RemoveWatcher", post(super::follow::remove_watcher))
         .fallback(|| async { error_response(&RpcError::unimplemented("no such envd method or route")) })
 }
 
@@ -164,11 +147,11 @@ pub fn resolve(path: &str, user: &str) -> Result<String, RpcError> {
     Ok(full)
 }
 
-fn kind_of(h: &HeaderMap) -> Option<Kind> {
+pub(super) fn kind_of(h: &HeaderMap) -> Option<Kind> {
     h.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).and_then(Kind::from_content_type)
 }
 
-async fn read_body(body: Body) -> Result<Bytes, RpcError> {
+pub(super) async fn read_body(body: Body) -> Result<Bytes, RpcError> {
     axum::body::to_bytes(body, MAX_MESSAGE + 5).await.map_err(|_| {
         RpcError::new(
             "resource_exhausted",
@@ -178,7 +161,7 @@ async fn read_body(body: Body) -> Result<Bytes, RpcError> {
 }
 
 /// One unary call: decode by the content type, run, encode the answer in the same codec.
-async fn unary<Req, Resp, F, Fut>(h: &HeaderMap, body: Body, f: F) -> Response
+pub(super) async fn unary<Req, Resp, F, Fut>(h: &HeaderMap, body: Body, f: F) -> Response
 where
     Req: prost::Message + Default + DeserializeOwned,
     Resp: prost::Message + Serialize,
@@ -210,7 +193,7 @@ where
     }
 }
 
-fn api(e: ApiError) -> RpcError {
+pub(super) fn api(e: ApiError) -> RpcError {
     RpcError::from(e)
 }
 
@@ -220,6 +203,10 @@ async fn health(State(st): State<AppState>, Extension(t): Extension<Target>) -> 
     match info {
         Ok(i) if i.state == crate::api::types::StateName::Running => StatusCode::NO_CONTENT.into_response(),
         Ok(_) => error_response(&RpcError::new("unavailable", "the sandbox is not running")).with_status(502),
+        // As E2B's proxy answers for a sandbox that is gone: the SDKs' is_running reads false.
+        Err(e) if e.status == StatusCode::NOT_FOUND => {
+            error_response(&RpcError::new("unavailable", e.message)).with_status(502)
+        }
         Err(e) => error_response(&api(e)),
     }
 }
@@ -237,7 +224,7 @@ impl WithStatus for Response {
 
 // ---- process ----
 
-fn event(e: process_event::Event) -> pb::StartResponse {
+pub(super) fn event(e: process_event::Event) -> pb::StartResponse {
     pb::StartResponse { event: Some(pb::ProcessEvent { event: Some(e) }) }
 }
 
@@ -267,13 +254,13 @@ pub fn end_of(s: &branchbox_protocol::ExitStatus) -> Result<process_event::EndEv
 }
 
 /// A stream's body: enveloped messages, then the end-of-stream message.
-fn stream_response(kind: Kind, rx: tokio::sync::mpsc::Receiver<Bytes>) -> Response {
+pub(super) fn stream_response(kind: Kind, rx: tokio::sync::mpsc::Receiver<Bytes>) -> Response {
     let body =
         Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, std::io::Error>));
     ([(header::CONTENT_TYPE, kind.content_type())], body).into_response()
 }
 
-fn stream_error(kind: Kind, e: &RpcError) -> Response {
+pub(super) fn stream_error(kind: Kind, e: &RpcError) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     let _ = tx.try_send(Bytes::from(connect::end_stream(Some(e))));
     let mut r = stream_response(kind, rx);
@@ -281,161 +268,8 @@ fn stream_error(kind: Kind, e: &RpcError) -> Response {
     r
 }
 
-fn message(codec: Codec, m: &pb::StartResponse) -> Bytes {
+pub(super) fn message(codec: Codec, m: &pb::StartResponse) -> Bytes {
     Bytes::from(connect::envelope(0, &connect::encode(codec, m)))
-}
-
-async fn start(
-    State(st): State<AppState>,
-    Extension(t): Extension<Target>,
-    h: HeaderMap,
-    body: Body,
-) -> Response {
-    let kind = match kind_of(&h) {
-        Some(k @ Kind::Stream(_)) => k,
-        _ => {
-            let e = RpcError::invalid(
-                "Start streams: send Content-Type application/connect+json or application/connect+proto",
-            );
-            return error_response(&e).with_status(415);
-        }
-    };
-    let Kind::Stream(codec) = kind else { unreachable!("matched above") };
-    let prepared = async {
-        let bytes = read_body(body).await?;
-        let req: pb::StartRequest = connect::decode_request(kind, &bytes)?;
-        if req.pty.is_some() {
-            return Err(RpcError::unimplemented(
-                "terminals (pty) are not served over envd's API; use branchboxd's GET /v1/sandboxes/{id}/pty",
-            ));
-        }
-        if req.stdin == Some(true) {
-            return Err(RpcError::unimplemented(
-                "stdin for commands (stdin=True) is not served; write input to a file and redirect it",
-            ));
-        }
-        let p = req.process.unwrap_or_default();
-        if p.cmd.is_empty() {
-            return Err(RpcError::invalid("process.cmd must name the program to run"));
-        }
-        let user = user_of(&h)?;
-        let cwd = p.cwd.as_deref().filter(|c| !c.is_empty()).map(|c| resolve(c, &user)).transpose()?;
-        let timeout_ms = connect::timeout_ms(h.get("connect-timeout-ms").and_then(|v| v.to_str().ok()))?;
-        let max = st.cfg.max_exec_timeout_s as f64;
-        let timeout = timeout_ms.filter(|ms| *ms > 0).map(|ms| (ms as f64 / 1000.0).min(max)).unwrap_or(max);
-        let keepalive = h
-            .get("keepalive-ping-interval")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok())
-            .filter(|s| (1..=3600).contains(s));
-        let mut argv = vec![p.cmd];
-        argv.extend(p.args);
-        let run = RunCommand {
-            cmd: None,
-            argv: Some(argv),
-            envs: Some(p.envs.into_iter().collect()),
-            cwd,
-            timeout: Some(timeout.max(0.001)),
-            stdin: None,
-            user: Some(user),
-        };
-        let id = t.sandbox.clone();
-        let (conn, spec) = st
-            .blocking(move |engine, st| {
-                let spec = crate::api::templates::with_defaults(
-                    engine,
-                    &id,
-                    crate::api::commands::spec(st, &id, &run)?,
-                )?;
-                Ok((st.agent(engine, &id, crate::api::commands::run_time(&spec))?, spec))
-            })
-            .await
-            .map_err(api)?;
-        Ok((conn, spec, keepalive))
-    }
-    .await;
-    let (mut conn, spec, keepalive) = match prepared {
-        Ok(p) => p,
-        Err(e) => return stream_error(kind, &e),
-    };
-    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
-    let (otx, mut orx) = tokio::sync::mpsc::channel::<(OutStream, Vec<u8>)>(16);
-    let cmd = spec.cmd.clone();
-    let worker = tokio::task::spawn_blocking(move || {
-        // Closing the agent connection when the client goes away kills the command's group.
-        let shut = conn.stream_mut().try_clone().ok();
-        let mut gone = false;
-        conn.exec_streaming(spec, None, &mut |which, chunk| {
-            if gone {
-                return;
-            }
-            if otx.blocking_send((which, chunk.to_vec())).is_err() {
-                gone = true;
-                if let Some(s) = &shut {
-                    let _ = s.shutdown(std::net::Shutdown::Both);
-                }
-            }
-        })
-    });
-    let sandbox = t.sandbox;
-    tokio::spawn(async move {
-        // The agent does not report the pid of a command it runs to completion; 0 says so.
-        let first = event(process_event::Event::Start(process_event::StartEvent { pid: 0 }));
-        if tx.send(message(codec, &first)).await.is_err() {
-            return;
-        }
-        let period = Duration::from_secs(keepalive.unwrap_or(3600));
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-        loop {
-            tokio::select! {
-                out = orx.recv() => match out {
-                    Some((which, data)) => {
-                        let o = if which == OutStream::Stdout {
-                            process_event::Output::Stdout(data)
-                        } else {
-                            process_event::Output::Stderr(data)
-                        };
-                        let m = event(process_event::Event::Data(process_event::DataEvent { output: Some(o) }));
-                        if tx.send(message(codec, &m)).await.is_err() {
-                            // The client left: stop taking output, so the worker ends the command.
-                            drop(orx);
-                            let _ = worker.await;
-                            return;
-                        }
-                    }
-                    None => break,
-                },
-                _ = tick.tick(), if keepalive.is_some() => {
-                    let m = event(process_event::Event::Keepalive(process_event::KeepAlive {}));
-                    if tx.send(message(codec, &m)).await.is_err() {
-                        drop(orx);
-                        let _ = worker.await;
-                        return;
-                    }
-                }
-            }
-        }
-        let ended = match worker.await {
-            Ok(Ok(status)) => {
-                let s2 = status.clone();
-                match st.blocking(move |engine, _| Ok(engine.after_exec(&sandbox, &cmd, &s2)?)).await {
-                    Ok(_) => end_of(&status),
-                    Err(e) => Err(api(e)),
-                }
-            }
-            Ok(Err(e)) => Err(api(ApiError::from(e))),
-            Err(e) => Err(RpcError::new("internal", format!("a worker failed: {e}"))),
-        };
-        let last = match ended {
-            Ok(end) => {
-                let _ = tx.send(message(codec, &event(process_event::Event::End(end)))).await;
-                connect::end_stream(None)
-            }
-            Err(e) => connect::end_stream(Some(&e)),
-        };
-        let _ = tx.send(Bytes::from(last)).await;
-    });
-    stream_response(kind, rx)
 }
 
 async fn list(
@@ -445,7 +279,7 @@ async fn list(
     body: Body,
 ) -> Response {
     unary(&h, body, |_: pb::ListRequest| async move {
-        let id = t.sandbox;
+        let id = t.sandbox.clone();
         let procs = st
             .blocking(move |engine, st| Ok(st.agent(engine, &id, Duration::ZERO)?.list_procs()?))
             .await
@@ -455,8 +289,9 @@ async fn list(
             .filter(|p| p.exit.is_none() && p.pid > 0)
             .map(|p| {
                 let (cmd, args) = match p.cmd {
-                    Command::Argv(mut a) if !a.is_empty() => {
-                        let first = a.remove(0);
+                    Command::Argv(a) if !a.is_empty() => {
+                        let mut a = super::follow::ungated(a);
+                        let first = if a.is_empty() { String::new() } else { a.remove(0) };
                         (first, a)
                     }
                     Command::Argv(_) => (String::new(), Vec::new()),
@@ -468,13 +303,14 @@ async fn list(
                     tag: None,
                 }
             })
+            .chain(super::follow::terminals(&st, &t.sandbox))
             .collect();
         Ok(pb::ListResponse { processes })
     })
     .await
 }
 
-fn selected_pid(sel: Option<pb::ProcessSelector>) -> Result<i32, RpcError> {
+pub(super) fn selected_pid(sel: Option<pb::ProcessSelector>) -> Result<i32, RpcError> {
     match sel.and_then(|s| s.selector) {
         Some(process_selector::Selector::Pid(p)) if p > 0 && p <= i32::MAX as u32 => Ok(p as i32),
         Some(process_selector::Selector::Pid(p)) => {
@@ -503,10 +339,20 @@ async fn send_signal(
                 )))
             }
         };
+        if super::follow::kill_terminal(&st, &t.sandbox, pid) {
+            return Ok(pb::Empty {});
+        }
         let id = t.sandbox;
-        st.blocking(move |engine, st| Ok(st.agent(engine, &id, Duration::ZERO)?.signal(pid, sig, true)?))
-            .await
-            .map_err(api)?;
+        st.blocking(move |engine, st| {
+            let mut conn = st.agent(engine, &id, Duration::ZERO)?;
+            // A process that has ended is no longer there to signal (envd forgets it).
+            if !conn.list_procs()?.iter().any(|p| p.pid == pid && p.exit.is_none()) {
+                return Err(ApiError::not_found(format!("no running process with pid {pid}")));
+            }
+            Ok(conn.signal(pid, sig, true)?)
+        })
+        .await
+        .map_err(api)?;
         Ok(pb::Empty {})
     })
     .await

@@ -16,6 +16,7 @@
 
 pub mod connect;
 pub mod envd;
+pub mod follow;
 pub mod pb;
 pub mod rest;
 
@@ -29,9 +30,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 
 /// The envd version branchboxd reports. The SDKs gate features on it: 0.4.0 and later let the
-/// server pick the default user (`user`); below 0.5.2 they refuse `close_stdin` themselves and
-/// below 0.5.7 they upload files as `multipart/form-data`, which is what is served.
-pub const ENVD_VERSION: &str = "0.4.0";
+/// server pick the default user (`user`); 0.5.2 and later may close a command's stdin
+/// (`CloseStdin`, served); below 0.5.7 they upload files as `multipart/form-data`, which is
+/// what is served, and below 0.6.3 they ask for no entry info in watch events.
+pub const ENVD_VERSION: &str = "0.5.2";
 
 /// The path prefix of the control plane.
 pub const PREFIX: &str = "/e2b";

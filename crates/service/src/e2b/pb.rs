@@ -426,6 +426,200 @@ pub struct ListDirResponse {
     pub entries: Vec<EntryInfo>,
 }
 
+/// `process.ProcessInput`.
+#[derive(Clone, PartialEq, prost::Message, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ProcessInput {
+    #[prost(oneof = "process_input::Input", tags = "1, 2")]
+    #[serde(flatten)]
+    pub input: Option<process_input::Input>,
+}
+
+/// The members of `process.ProcessInput`.
+pub mod process_input {
+    use super::b64;
+    use serde::{Deserialize, Serialize};
+
+    /// The `input` oneof: bytes for a process's stdin or typed into its terminal.
+    #[derive(Clone, PartialEq, prost::Oneof, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub enum Input {
+        #[prost(bytes, tag = "1")]
+        Stdin(#[serde(with = "b64")] Vec<u8>),
+        #[prost(bytes, tag = "2")]
+        Pty(#[serde(with = "b64")] Vec<u8>),
+    }
+}
+
+/// `process.SendInputRequest`.
+#[derive(Clone, PartialEq, prost::Message, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct SendInputRequest {
+    #[prost(message, optional, tag = "1")]
+    pub process: Option<ProcessSelector>,
+    #[prost(message, optional, tag = "2")]
+    pub input: Option<ProcessInput>,
+}
+
+/// A request naming one process (`ConnectRequest`, `CloseStdinRequest`).
+#[derive(Clone, PartialEq, prost::Message, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct SelectRequest {
+    #[prost(message, optional, tag = "1")]
+    pub process: Option<ProcessSelector>,
+}
+
+/// `process.UpdateRequest`.
+#[derive(Clone, PartialEq, prost::Message, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct UpdateRequest {
+    #[prost(message, optional, tag = "1")]
+    pub process: Option<ProcessSelector>,
+    #[prost(message, optional, tag = "2")]
+    pub pty: Option<Pty>,
+}
+
+/// `process.StreamInputRequest`.
+#[derive(Clone, PartialEq, prost::Message, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StreamInputRequest {
+    #[prost(oneof = "stream_input::Event", tags = "1, 2, 3")]
+    #[serde(flatten)]
+    pub event: Option<stream_input::Event>,
+}
+
+/// The members of `process.StreamInputRequest`.
+pub mod stream_input {
+    use serde::{Deserialize, Serialize};
+
+    /// The `event` oneof.
+    #[derive(Clone, PartialEq, prost::Oneof, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub enum Event {
+        #[prost(message, tag = "1")]
+        Start(super::SelectRequest),
+        #[prost(message, tag = "2")]
+        Data(DataEvent),
+        #[prost(message, tag = "3")]
+        Keepalive(super::Empty),
+    }
+
+    /// `process.StreamInputRequest.DataEvent`.
+    #[derive(Clone, PartialEq, prost::Message, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase", default)]
+    pub struct DataEvent {
+        #[prost(message, optional, tag = "2")]
+        pub input: Option<super::ProcessInput>,
+    }
+}
+
+/// `filesystem.WatchDirRequest` and `filesystem.CreateWatcherRequest` (the same fields).
+#[derive(Clone, PartialEq, prost::Message, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct WatchRequest {
+    #[prost(string, tag = "1")]
+    pub path: String,
+    #[prost(bool, tag = "2")]
+    pub recursive: bool,
+    #[prost(bool, tag = "3")]
+    pub include_entry: bool,
+    #[prost(bool, tag = "4")]
+    pub allow_network_mounts: bool,
+}
+
+/// `filesystem.EventType`.
+pub const EVENT_TYPE_CREATE: i32 = 1;
+/// `filesystem.EventType`.
+pub const EVENT_TYPE_WRITE: i32 = 2;
+/// `filesystem.EventType`.
+pub const EVENT_TYPE_REMOVE: i32 = 3;
+/// `filesystem.EventType`.
+pub const EVENT_TYPE_RENAME: i32 = 4;
+/// `filesystem.EventType`.
+pub const EVENT_TYPE_CHMOD: i32 = 5;
+
+fn event_type_name<S: Serializer>(v: &i32, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(match *v {
+        EVENT_TYPE_CREATE => "EVENT_TYPE_CREATE",
+        EVENT_TYPE_WRITE => "EVENT_TYPE_WRITE",
+        EVENT_TYPE_REMOVE => "EVENT_TYPE_REMOVE",
+        EVENT_TYPE_RENAME => "EVENT_TYPE_RENAME",
+        EVENT_TYPE_CHMOD => "EVENT_TYPE_CHMOD",
+        _ => "EVENT_TYPE_UNSPECIFIED",
+    })
+}
+
+fn event_type_enum<'de, D: Deserializer<'de>>(d: D) -> Result<i32, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum V {
+        Num(i32),
+        Name(String),
+    }
+    Ok(match Option::<V>::deserialize(d)? {
+        None => 0,
+        Some(V::Num(n)) => n,
+        Some(V::Name(n)) => ["UNSPECIFIED", "CREATE", "WRITE", "REMOVE", "RENAME", "CHMOD"]
+            .iter()
+            .position(|x| n == format!("EVENT_TYPE_{x}"))
+            .map(|i| i as i32)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown event type {n:?}")))?,
+    })
+}
+
+/// `filesystem.FilesystemEvent`: `name` is relative to the watched directory.
+#[derive(Clone, PartialEq, prost::Message, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct FilesystemEvent {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(int32, tag = "2")]
+    #[serde(serialize_with = "event_type_name", deserialize_with = "event_type_enum")]
+    pub r#type: i32,
+}
+
+/// `filesystem.WatchDirResponse`.
+#[derive(Clone, PartialEq, prost::Message, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WatchDirResponse {
+    #[prost(oneof = "watch_dir::Event", tags = "1, 2, 3")]
+    #[serde(flatten)]
+    pub event: Option<watch_dir::Event>,
+}
+
+/// The members of `filesystem.WatchDirResponse`.
+pub mod watch_dir {
+    use serde::{Deserialize, Serialize};
+
+    /// The `event` oneof.
+    #[derive(Clone, PartialEq, prost::Oneof, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub enum Event {
+        #[prost(message, tag = "1")]
+        Start(super::Empty),
+        #[prost(message, tag = "2")]
+        Filesystem(super::FilesystemEvent),
+        #[prost(message, tag = "3")]
+        Keepalive(super::Empty),
+    }
+}
+
+/// `filesystem.CreateWatcherResponse`, `GetWatcherEventsRequest` and `RemoveWatcherRequest`.
+#[derive(Clone, PartialEq, prost::Message, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct WatcherId {
+    #[prost(string, tag = "1")]
+    pub watcher_id: String,
+}
+
+/// `filesystem.GetWatcherEventsResponse`.
+#[derive(Clone, PartialEq, prost::Message, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct GetWatcherEventsResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub events: Vec<FilesystemEvent>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::process_event::{DataEvent, EndEvent, Event, Output, StartEvent};

@@ -1,0 +1,1013 @@
+//! envd's calls that follow something over time: commands started with `process.Process/Start`
+//! (their pid, stdin, output to late readers, signals), terminals, and directory watches.
+//!
+//! - A command is a background process of the agent (`spawn`), read through `attach`. As in
+//!   envd, the process outlives its Start stream: a client that goes away (a background handle
+//!   dropped, a lost connection) stops reading, and the process runs on until it exits, is
+//!   killed (`SendSignal`) or reaches the Start call's timeout (`Connect-Timeout-Ms`; none when
+//!   absent or 0, as in envd). `Connect` reads it again by pid.
+//! - So that the Start stream misses none of its output, the command starts behind a gate: a
+//!   `/bin/sh` that answers each line on its stdin with a `.` on stderr until it reads `go`,
+//!   then writes `!` and `exec`s the command (same pid). The service pings until the attached
+//!   reader hears a `.`, opens the gate, and drops stderr up to the `!`. Without `stdin` in the
+//!   request the gate closes stdin behind `go`, so the command reads end of file.
+//! - A terminal (`Start` with `pty`) is an agent `exec` on a pseudo-terminal, held by the
+//!   service: its reader thread hands the output to the stream of the moment (Start, then any
+//!   `Connect`) and ends with the command. The agent reports no pid for it, so the service
+//!   numbers terminals above Linux's largest pid (`PID_MAX_LIMIT`, 2^22): they never name a
+//!   process of the sandbox. `SendInput` types, `Update` resizes, `SendSignal` ends the session
+//!   (the agent kills the terminal's whole session).
+//! - Polling watchers (`CreateWatcher`) buffer up to [`MAX_WATCH_EVENTS`] events each (the
+//!   oldest are dropped past that) and go when removed, when their sandbox goes (the agent
+//!   connection ends), or after [`WATCHER_IDLE`] without a `GetWatcherEvents`.
+
+use super::connect::{self, Codec, Kind, RpcError, MAX_MESSAGE};
+use super::envd::{
+    api, error_response, event, kind_of, message, resolve, selected_pid, stream_error, stream_response,
+    unary, user_of, Target,
+};
+use super::pb::{self, process_event, process_input};
+use crate::api::types::RunCommand;
+use crate::error::ApiError;
+use crate::state::AppState;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::Response;
+use axum::Extension;
+use branchbox_model::SandboxId;
+use branchbox_protocol::{
+    ClientError, Command, ExitStatus, FileKind, OutStream, PtyEvent, PtyInput, PtyOutput, PtySize, WatchKind,
+};
+use futures_util::StreamExt;
+use std::collections::{HashMap, VecDeque};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// Linux's largest possible pid (`PID_MAX_LIMIT` on 64-bit); terminals are numbered above it.
+pub const PID_MAX_LIMIT: u32 = 1 << 22;
+/// Most terminals open through envd's API at once in one service.
+pub const MAX_TERMINALS: usize = 128;
+/// Most polling watchers at once in one service.
+pub const MAX_WATCHERS: usize = 256;
+/// Events a polling watcher keeps until they are fetched.
+pub const MAX_WATCH_EVENTS: usize = 10_000;
+/// A polling watcher not polled for this long is removed.
+pub const WATCHER_IDLE: Duration = Duration::from_secs(600);
+/// How often the gate is pinged, at most, before the command starts anyway.
+const GATE_TRIES: u32 = 200;
+/// The gate the command starts behind (see the module's documentation).
+const GATE: &str =
+    "while IFS= read -r l && [ \"$l\" != go ]; do printf . >&2; done; printf '!' >&2; exec \"$@\"";
+
+/// A command as it was asked for: without the gate it starts behind.
+pub fn ungated(argv: Vec<String>) -> Vec<String> {
+    match argv.get(..4) {
+        Some([sh, c, gate, name]) if sh == "/bin/sh" && c == "-c" && gate == GATE && name == "sh" => {
+            argv[4..].to_vec()
+        }
+        _ => argv,
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What follows a terminal or a command: output, then how it ended.
+enum Ev {
+    Data(process_event::Output),
+    End(Result<ExitStatus, RpcError>),
+}
+
+struct Terminal {
+    sandbox: SandboxId,
+    config: pb::ProcessConfig,
+    input: Mutex<PtyInput>,
+    reader: Mutex<Option<mpsc::Sender<Ev>>>,
+    killed: AtomicBool,
+    /// The agent answers nothing when its terminal starts, and drops a resize that comes
+    /// before: the last size asked for before the first output is given again then.
+    early_size: Mutex<(bool, Option<PtySize>)>,
+}
+
+struct Watcher {
+    sandbox: SandboxId,
+    events: Mutex<VecDeque<pb::FilesystemEvent>>,
+    polled: Mutex<Instant>,
+    ended: AtomicBool,
+    shut: UnixStream,
+}
+
+/// The service's terminals and polling watchers opened through envd's API.
+pub struct Registry {
+    terminals: Mutex<HashMap<u32, Arc<Terminal>>>,
+    watchers: Mutex<HashMap<String, Arc<Watcher>>>,
+    next_pid: AtomicU32,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry {
+            terminals: Mutex::default(),
+            watchers: Mutex::default(),
+            next_pid: AtomicU32::new(PID_MAX_LIMIT + 1),
+        }
+    }
+}
+
+impl Registry {
+    fn terminal(&self, sandbox: &SandboxId, pid: i32) -> Option<Arc<Terminal>> {
+        let t = lock(&self.terminals).get(&(pid as u32)).cloned()?;
+        (t.sandbox == *sandbox).then_some(t)
+    }
+
+    fn watcher(&self, sandbox: &SandboxId, id: &str) -> Result<Arc<Watcher>, RpcError> {
+        lock(&self.watchers)
+            .get(id)
+            .filter(|w| w.sandbox == *sandbox)
+            .cloned()
+            .ok_or_else(|| RpcError::new("not_found", format!("no watcher {id:?} in this sandbox")))
+    }
+
+    fn drop_watcher(&self, id: &str) {
+        if let Some(w) = lock(&self.watchers).remove(id) {
+            let _ = w.shut.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+fn keepalive_of(h: &HeaderMap) -> Option<u64> {
+    h.get("keepalive-ping-interval")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|s| (1..=3600).contains(s))
+}
+
+/// The call's `Connect-Timeout-Ms`, when one is given and not 0.
+fn deadline_of(h: &HeaderMap) -> Result<Option<u64>, RpcError> {
+    Ok(connect::timeout_ms(h.get("connect-timeout-ms").and_then(|v| v.to_str().ok()))?.filter(|ms| *ms > 0))
+}
+
+fn envelope<M: prost::Message + serde::Serialize>(codec: Codec, m: &M) -> Bytes {
+    Bytes::from(connect::envelope(0, &connect::encode(codec, m)))
+}
+
+fn shut_on_drop(conn: &mut branchbox_model::AgentConn) -> Result<UnixStream, RpcError> {
+    conn.stream_mut()
+        .try_clone()
+        .map_err(|e| RpcError::new("internal", format!("cannot share the agent connection: {e}")))
+}
+
+/// Reads an attached process into `tx` on a blocking thread: output, then its end. When the
+/// stream's reader goes, the agent connection is shut, which cancels the attach (not the
+/// process).
+fn pump_attach(mut conn: branchbox_model::AgentConn, pid: i32, tx: mpsc::Sender<Ev>) -> Result<(), RpcError> {
+    let shut = shut_on_drop(&mut conn)?;
+    tokio::task::spawn_blocking(move || {
+        let mut gone = false;
+        let r = conn.attach(pid, &mut |which, chunk| {
+            if gone {
+                return;
+            }
+            let o = if which == OutStream::Stdout {
+                process_event::Output::Stdout(chunk.to_vec())
+            } else {
+                process_event::Output::Stderr(chunk.to_vec())
+            };
+            if tx.blocking_send(Ev::Data(o)).is_err() {
+                gone = true;
+                let _ = shut.shutdown(std::net::Shutdown::Both);
+            }
+        });
+        if !gone {
+            let _ = tx.blocking_send(Ev::End(r.map_err(|e| api(ApiError::from(e)))));
+        }
+    });
+    Ok(())
+}
+
+/// What a stream does when its command ends: record the step (sandboxes with history).
+struct After {
+    st: AppState,
+    sandbox: SandboxId,
+    cmd: Command,
+}
+
+/// Serves one process's events as a Start or Connect stream: the start event with `pid`, data
+/// events, keepalives, then the end event, or the error that ends the stream (`deadline`: the
+/// stream's own timeout). With `gated`, stderr is dropped up to the gate's `!`.
+fn serve(
+    kind: Kind,
+    pid: u32,
+    mut rx: mpsc::Receiver<Ev>,
+    keepalive: Option<u64>,
+    deadline: Option<u64>,
+    gated: bool,
+    after: Option<After>,
+) -> Response {
+    let Kind::Stream(codec) = kind else { unreachable!("streams only") };
+    let (tx, body) = mpsc::channel::<Bytes>(16);
+    tokio::spawn(async move {
+        let first = event(process_event::Event::Start(process_event::StartEvent { pid }));
+        if tx.send(message(codec, &first)).await.is_err() {
+            return;
+        }
+        let period = Duration::from_secs(keepalive.unwrap_or(3600));
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        let until = tokio::time::Instant::now() + Duration::from_millis(deadline.unwrap_or(u64::MAX / 4));
+        let mut skipping = gated;
+        let ended = loop {
+            tokio::select! {
+                ev = rx.recv() => match ev {
+                    Some(Ev::Data(mut o)) => {
+                        if skipping {
+                            if let process_event::Output::Stderr(b) = &mut o {
+                                match b.iter().position(|c| *c == b'!') {
+                                    Some(i) => {
+                                        skipping = false;
+                                        b.drain(..=i);
+                                    }
+                                    None => b.clear(),
+                                }
+                                if b.is_empty() {
+                                    continue;
+                                }
+                            }
+                        }
+                        let m = event(process_event::Event::Data(process_event::DataEvent { output: Some(o) }));
+                        if tx.send(message(codec, &m)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Some(Ev::End(r)) => break r,
+                    None => break Err(RpcError::new("aborted", "another client connected to this terminal")),
+                },
+                _ = tick.tick(), if keepalive.is_some() => {
+                    let m = event(process_event::Event::Keepalive(process_event::KeepAlive {}));
+                    if tx.send(message(codec, &m)).await.is_err() {
+                        return;
+                    }
+                }
+                _ = tokio::time::sleep_until(until), if deadline.is_some() => {
+                    break Err(RpcError::new("deadline_exceeded", "the call's timeout passed; the process runs on (Connect to it again)"));
+                }
+            }
+        };
+        let ended = match (ended, after) {
+            (Ok(status), Some(a)) => {
+                let (s2, sandbox, cmd) = (status.clone(), a.sandbox.clone(), a.cmd);
+                match a.st.blocking(move |engine, _| Ok(engine.after_exec(&sandbox, &cmd, &s2)?)).await {
+                    Ok(_) => super::envd::end_of(&status),
+                    Err(e) => Err(api(e)),
+                }
+            }
+            (Ok(status), None) => super::envd::end_of(&status),
+            (Err(e), _) => Err(e),
+        };
+        let last = match ended {
+            Ok(end) => {
+                let _ = tx.send(message(codec, &event(process_event::Event::End(end)))).await;
+                connect::end_stream(None)
+            }
+            Err(e) => connect::end_stream(Some(&e)),
+        };
+        let _ = tx.send(Bytes::from(last)).await;
+    });
+    stream_response(kind, body)
+}
+
+fn stream_kind(h: &HeaderMap, what: &str) -> Result<Kind, Box<Response>> {
+    match kind_of(h) {
+        Some(k @ Kind::Stream(_)) => Ok(k),
+        _ => {
+            let e = RpcError::invalid(format!(
+                "{what} streams: send Content-Type application/connect+json or application/connect+proto"
+            ));
+            let mut r = error_response(&e);
+            *r.status_mut() = axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE;
+            Err(Box::new(r))
+        }
+    }
+}
+
+async fn write_input(
+    st: &AppState,
+    id: &SandboxId,
+    pid: i32,
+    bytes: Vec<u8>,
+    eof: bool,
+) -> Result<(), RpcError> {
+    let id = id.clone();
+    st.blocking(move |engine, st| Ok(st.agent(engine, &id, Duration::ZERO)?.proc_input(pid, &bytes, eof)?))
+        .await
+        .map_err(api)
+}
+
+/// `process.Process/Start`.
+pub async fn start(
+    State(st): State<AppState>,
+    Extension(t): Extension<Target>,
+    h: HeaderMap,
+    body: Body,
+) -> Response {
+    let kind = match stream_kind(&h, "Start") {
+        Ok(k) => k,
+        Err(r) => return *r,
+    };
+    let req = match async {
+        let bytes = super::envd::read_body(body).await?;
+        connect::decode_request::<pb::StartRequest>(kind, &bytes)
+    }
+    .await
+    {
+        Ok(r) => r,
+        Err(e) => return stream_error(kind, &e),
+    };
+    let r = if req.pty.is_some() {
+        start_terminal(&st, &t.sandbox, &h, kind, req).await
+    } else {
+        start_process(&st, &t.sandbox, &h, kind, req).await
+    };
+    r.unwrap_or_else(|e| stream_error(kind, &e))
+}
+
+/// The spec of a Start request (the account, cwd, environment, timeout).
+async fn spec_of(
+    st: &AppState,
+    id: &SandboxId,
+    h: &HeaderMap,
+    p: pb::ProcessConfig,
+) -> Result<branchbox_protocol::ExecSpec, RpcError> {
+    if p.cmd.is_empty() {
+        return Err(RpcError::invalid("process.cmd must name the program to run"));
+    }
+    let user = user_of(h)?;
+    let cwd = p.cwd.as_deref().filter(|c| !c.is_empty()).map(|c| resolve(c, &user)).transpose()?;
+    let max_ms = st.cfg.max_exec_timeout_s.saturating_mul(1000);
+    let limit = deadline_of(h)?.map(|ms| ms.min(max_ms));
+    let mut argv = vec![p.cmd];
+    argv.extend(p.args);
+    let run = RunCommand {
+        cmd: None,
+        argv: Some(argv),
+        envs: Some(p.envs.into_iter().collect()),
+        cwd,
+        timeout: None,
+        stdin: None,
+        user: Some(user),
+    };
+    let id = id.clone();
+    let mut spec = st
+        .blocking(move |engine, st| {
+            crate::api::templates::with_defaults(engine, &id, crate::api::commands::spec(st, &id, &run)?)
+        })
+        .await
+        .map_err(api)?;
+    // As in envd: the call's timeout bounds the process; none when absent or 0.
+    spec.timeout_ms = limit;
+    Ok(spec)
+}
+
+async fn start_process(
+    st: &AppState,
+    id: &SandboxId,
+    h: &HeaderMap,
+    kind: Kind,
+    req: pb::StartRequest,
+) -> Result<Response, RpcError> {
+    let want_stdin = req.stdin == Some(true);
+    let keepalive = keepalive_of(h);
+    let mut spec = spec_of(st, id, h, req.process.unwrap_or_default()).await?;
+    let Command::Argv(argv) = spec.cmd.clone() else { unreachable!("built from argv") };
+    let recorded = spec.cmd.clone();
+    let mut gated = vec!["/bin/sh".to_string(), "-c".into(), GATE.into(), "sh".into()];
+    gated.extend(argv);
+    spec.cmd = Command::Argv(gated);
+    spec.stdin = true;
+    let sid = id.clone();
+    let (pid, conn) = st
+        .blocking(move |engine, st| {
+            let pid = st.agent(engine, &sid, Duration::ZERO)?.spawn(spec)?;
+            Ok((pid, engine.connect(&sid)?))
+        })
+        .await
+        .map_err(api)?;
+    let (tx, mut rx) = mpsc::channel::<Ev>(64);
+    pump_attach(conn, pid, tx)?;
+    // Ping the gate until the attached reader hears it, then open it.
+    let mut heard = VecDeque::new();
+    for i in 0..GATE_TRIES {
+        if write_input(st, id, pid, b"p\n".to_vec(), false).await.is_err() {
+            break;
+        }
+        let wait = Duration::from_millis(10 * u64::from(i.min(9) + 1));
+        match tokio::time::timeout(wait, rx.recv()).await {
+            Ok(Some(ev)) => {
+                heard.push_back(ev);
+                break;
+            }
+            Ok(None) => break,
+            Err(_) => {}
+        }
+    }
+    let _ = write_input(st, id, pid, b"go\n".to_vec(), !want_stdin).await;
+    // What was heard while gating goes first.
+    let rx = if heard.is_empty() {
+        rx
+    } else {
+        let (ftx, frx) = mpsc::channel::<Ev>(64);
+        tokio::spawn(async move {
+            for ev in heard {
+                if ftx.send(ev).await.is_err() {
+                    return;
+                }
+            }
+            while let Some(ev) = rx.recv().await {
+                if ftx.send(ev).await.is_err() {
+                    return;
+                }
+            }
+        });
+        frx
+    };
+    let after = After { st: st.clone(), sandbox: id.clone(), cmd: recorded };
+    Ok(serve(kind, pid as u32, rx, keepalive, None, true, Some(after)))
+}
+
+async fn start_terminal(
+    st: &AppState,
+    id: &SandboxId,
+    h: &HeaderMap,
+    kind: Kind,
+    req: pb::StartRequest,
+) -> Result<Response, RpcError> {
+    let size = req.pty.and_then(|p| p.size).unwrap_or(pb::PtySize { cols: 80, rows: 24 });
+    let size = u16::try_from(size.cols)
+        .ok()
+        .zip(u16::try_from(size.rows).ok())
+        .ok_or_else(|| RpcError::invalid("pty.size is out of range"))
+        .and_then(|(c, r)| PtySize::new(c, r).map_err(RpcError::invalid))?;
+    let keepalive = keepalive_of(h);
+    let config = req.process.clone().unwrap_or_default();
+    let spec = spec_of(st, id, h, req.process.unwrap_or_default()).await?;
+    let reg = &st.e2b;
+    if lock(&reg.terminals).len() >= MAX_TERMINALS {
+        return Err(RpcError::new(
+            "resource_exhausted",
+            format!("{MAX_TERMINALS} terminals are open; kill one and retry"),
+        ));
+    }
+    let sid = id.clone();
+    let (input, output) =
+        st.blocking(move |engine, _| Ok(engine.connect(&sid)?.open_pty(spec, size)?)).await.map_err(api)?;
+    let pid = reg.next_pid.fetch_add(1, Ordering::Relaxed);
+    let (tx, rx) = mpsc::channel::<Ev>(64);
+    let term = Arc::new(Terminal {
+        sandbox: id.clone(),
+        config,
+        input: Mutex::new(input),
+        reader: Mutex::new(Some(tx)),
+        killed: AtomicBool::new(false),
+        early_size: Mutex::new((false, None)),
+    });
+    lock(&reg.terminals).insert(pid, term.clone());
+    let st2 = st.clone();
+    std::thread::spawn(move || {
+        read_terminal(&term, output);
+        lock(&st2.e2b.terminals).remove(&pid);
+    });
+    Ok(serve(kind, pid, rx, keepalive, None, false, None))
+}
+
+/// Hands a terminal's output to its reader of the moment until the command ends.
+fn read_terminal(term: &Terminal, mut output: PtyOutput) {
+    let end = loop {
+        match output.recv() {
+            Ok(PtyEvent::Output(bytes)) => {
+                let mut early = lock(&term.early_size);
+                if !early.0 {
+                    early.0 = true;
+                    if let Some(size) = early.1.take() {
+                        let _ = lock(&term.input).resize(size);
+                    }
+                }
+                drop(early);
+                let reader = lock(&term.reader).clone();
+                if let Some(r) = reader {
+                    if r.blocking_send(Ev::Data(process_event::Output::Pty(bytes))).is_err() {
+                        let mut slot = lock(&term.reader);
+                        if slot.as_ref().is_some_and(|s| s.same_channel(&r)) {
+                            *slot = None;
+                        }
+                    }
+                }
+            }
+            Ok(PtyEvent::Exited(s)) => break Ok(s),
+            Err(_) if term.killed.load(Ordering::SeqCst) => {
+                break Ok(ExitStatus {
+                    code: None,
+                    signal: Some(9),
+                    timed_out: false,
+                    truncated: false,
+                    duration_ms: 0,
+                    oom_killed: false,
+                })
+            }
+            Err(ClientError::Agent { message, .. }) => break Err(RpcError::new("internal", message)),
+            Err(e) => break Err(RpcError::new("unavailable", format!("the terminal ended: {e}"))),
+        }
+    };
+    let reader = lock(&term.reader).take();
+    if let Some(r) = reader {
+        let _ = r.blocking_send(Ev::End(end));
+    }
+}
+
+/// `process.Process/Connect`: a command's output from now on (or a terminal's), then its end.
+pub async fn connect_to(
+    State(st): State<AppState>,
+    Extension(t): Extension<Target>,
+    h: HeaderMap,
+    body: Body,
+) -> Response {
+    let kind = match stream_kind(&h, "Connect") {
+        Ok(k) => k,
+        Err(r) => return *r,
+    };
+    let r = async {
+        let bytes = super::envd::read_body(body).await?;
+        let req: pb::SelectRequest = connect::decode_request(kind, &bytes)?;
+        let pid = selected_pid(req.process)?;
+        let deadline = deadline_of(&h)?;
+        let keepalive = keepalive_of(&h);
+        if let Some(term) = st.e2b.terminal(&t.sandbox, pid) {
+            let (tx, rx) = mpsc::channel::<Ev>(64);
+            // The previous reader's stream ends; this one reads from now on.
+            *lock(&term.reader) = Some(tx);
+            return Ok(serve(kind, pid as u32, rx, keepalive, deadline, false, None));
+        }
+        let id = t.sandbox.clone();
+        let conn = st
+            .blocking(move |engine, st| {
+                let running = st.agent(engine, &id, Duration::ZERO)?.list_procs()?;
+                if !running.iter().any(|p| p.pid == pid && p.exit.is_none()) {
+                    return Err(ApiError::not_found(format!("no running process with pid {pid}")));
+                }
+                Ok(engine.connect(&id)?)
+            })
+            .await
+            .map_err(api)?;
+        let (tx, rx) = mpsc::channel::<Ev>(64);
+        pump_attach(conn, pid, tx)?;
+        Ok(serve(kind, pid as u32, rx, keepalive, deadline, false, None))
+    }
+    .await;
+    r.unwrap_or_else(|e: RpcError| stream_error(kind, &e))
+}
+
+async fn type_into(term: Arc<Terminal>, bytes: Vec<u8>) -> Result<(), RpcError> {
+    tokio::task::spawn_blocking(move || lock(&term.input).write(&bytes))
+        .await
+        .map_err(|e| RpcError::new("internal", format!("a worker failed: {e}")))?
+        .map_err(|e| RpcError::new("unavailable", format!("the terminal is gone: {e}")))
+}
+
+/// Sends one `ProcessInput` to process `pid` of the sandbox.
+async fn send(
+    st: &AppState,
+    id: &SandboxId,
+    pid: i32,
+    input: Option<pb::ProcessInput>,
+) -> Result<(), RpcError> {
+    let bytes = match input.and_then(|i| i.input) {
+        Some(process_input::Input::Stdin(b)) | Some(process_input::Input::Pty(b)) => b,
+        None => return Err(RpcError::invalid("input must carry stdin or pty bytes")),
+    };
+    match st.e2b.terminal(id, pid) {
+        Some(term) => type_into(term, bytes).await,
+        None => write_input(st, id, pid, bytes, false).await,
+    }
+}
+
+/// `process.Process/SendInput`.
+pub async fn send_input(
+    State(st): State<AppState>,
+    Extension(t): Extension<Target>,
+    h: HeaderMap,
+    body: Body,
+) -> Response {
+    unary(&h, body, |req: pb::SendInputRequest| async move {
+        send(&st, &t.sandbox, selected_pid(req.process)?, req.input).await?;
+        Ok(pb::Empty {})
+    })
+    .await
+}
+
+/// `process.Process/CloseStdin`.
+pub async fn close_stdin(
+    State(st): State<AppState>,
+    Extension(t): Extension<Target>,
+    h: HeaderMap,
+    body: Body,
+) -> Response {
+    unary(&h, body, |req: pb::SelectRequest| async move {
+        let pid = selected_pid(req.process)?;
+        if st.e2b.terminal(&t.sandbox, pid).is_some() {
+            return Err(RpcError::new(
+                "failed_precondition",
+                "a terminal has no stdin to close; type Ctrl-D (\\x04) into it, or kill it",
+            ));
+        }
+        write_input(&st, &t.sandbox, pid, Vec::new(), true).await?;
+        Ok(pb::Empty {})
+    })
+    .await
+}
+
+/// `process.Process/Update`: a terminal's new size.
+pub async fn update(
+    State(st): State<AppState>,
+    Extension(t): Extension<Target>,
+    h: HeaderMap,
+    body: Body,
+) -> Response {
+    unary(&h, body, |req: pb::UpdateRequest| async move {
+        let pid = selected_pid(req.process)?;
+        let size = req.pty.and_then(|p| p.size).ok_or_else(|| RpcError::invalid("give pty.size"))?;
+        let size = u16::try_from(size.cols)
+            .ok()
+            .zip(u16::try_from(size.rows).ok())
+            .ok_or_else(|| RpcError::invalid("pty.size is out of range"))
+            .and_then(|(c, r)| PtySize::new(c, r).map_err(RpcError::invalid))?;
+        let term = st.e2b.terminal(&t.sandbox, pid).ok_or_else(|| {
+            RpcError::new("not_found", format!("no terminal with pid {pid}; only terminals can be resized"))
+        })?;
+        tokio::task::spawn_blocking(move || {
+            let mut early = lock(&term.early_size);
+            if !early.0 {
+                early.1 = Some(size);
+            }
+            lock(&term.input).resize(size)
+        })
+        .await
+        .map_err(|e| RpcError::new("internal", format!("a worker failed: {e}")))?
+        .map_err(|e| RpcError::new("unavailable", format!("the terminal is gone: {e}")))?;
+        Ok(pb::Empty {})
+    })
+    .await
+}
+
+/// Ends a terminal when `pid` names one of the sandbox's (true), else leaves it to the agent.
+pub fn kill_terminal(st: &AppState, id: &SandboxId, pid: i32) -> bool {
+    match st.e2b.terminal(id, pid) {
+        Some(term) => {
+            term.killed.store(true, Ordering::SeqCst);
+            lock(&term.input).close();
+            true
+        }
+        None => false,
+    }
+}
+
+/// The sandbox's open terminals, for `List`.
+pub fn terminals(st: &AppState, id: &SandboxId) -> Vec<pb::ProcessInfo> {
+    lock(&st.e2b.terminals)
+        .iter()
+        .filter(|(_, t)| t.sandbox == *id)
+        .map(|(pid, t)| pb::ProcessInfo { config: Some(t.config.clone()), pid: *pid, tag: None })
+        .collect()
+}
+
+/// `process.Process/StreamInput`: a client stream of input for one process (a start event
+/// naming it, then data events), answered once the client ends it.
+pub async fn stream_input(
+    State(st): State<AppState>,
+    Extension(t): Extension<Target>,
+    h: HeaderMap,
+    body: Body,
+) -> Response {
+    let kind = match stream_kind(&h, "StreamInput") {
+        Ok(k) => k,
+        Err(r) => return *r,
+    };
+    let Kind::Stream(codec) = kind else { unreachable!("matched") };
+    let r = async {
+        let deadline = deadline_of(&h)?;
+        let work = async {
+            let mut chunks = body.into_data_stream();
+            let mut buf: Vec<u8> = Vec::new();
+            let mut pid = None;
+            loop {
+                while buf.len() >= 5 {
+                    let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+                    if len > MAX_MESSAGE {
+                        return Err(RpcError::new(
+                            "resource_exhausted",
+                            format!("a message is over {MAX_MESSAGE} bytes"),
+                        ));
+                    }
+                    if buf[0] & connect::FLAG_COMPRESSED != 0 {
+                        return Err(RpcError::unimplemented("compressed messages are not served"));
+                    }
+                    if buf.len() < 5 + len {
+                        break;
+                    }
+                    let msg: Vec<u8> = buf.drain(..5 + len).skip(5).collect();
+                    let req: pb::StreamInputRequest = connect::decode(codec, &msg)?;
+                    match (req.event, pid) {
+                        (Some(pb::stream_input::Event::Start(s)), None) => {
+                            pid = Some(selected_pid(s.process)?)
+                        }
+                        (Some(pb::stream_input::Event::Start(_)), Some(_)) => {
+                            return Err(RpcError::invalid("one start event per stream"))
+                        }
+                        (Some(pb::stream_input::Event::Data(d)), Some(p)) => {
+                            send(&st, &t.sandbox, p, d.input).await?
+                        }
+                        (Some(pb::stream_input::Event::Data(_)), None) => {
+                            return Err(RpcError::invalid(
+                                "the stream must start with a start event naming the process",
+                            ))
+                        }
+                        (Some(pb::stream_input::Event::Keepalive(_)), _) | (None, _) => {}
+                    }
+                }
+                match chunks.next().await {
+                    Some(Ok(c)) => buf.extend_from_slice(&c),
+                    Some(Err(e)) => {
+                        return Err(RpcError::invalid(format!("the request could not be read: {e}")))
+                    }
+                    None if buf.is_empty() => return Ok(()),
+                    None => return Err(RpcError::invalid("the request ends inside a message")),
+                }
+            }
+        };
+        match deadline {
+            Some(ms) => tokio::time::timeout(Duration::from_millis(ms), work)
+                .await
+                .map_err(|_| RpcError::new("deadline_exceeded", "the stream's timeout passed"))?,
+            None => work.await,
+        }
+    }
+    .await;
+    let (tx, rx) = mpsc::channel::<Bytes>(2);
+    match r {
+        Ok(()) => {
+            let _ = tx.try_send(envelope(codec, &pb::Empty {}));
+            let _ = tx.try_send(Bytes::from(connect::end_stream(None)));
+            stream_response(kind, rx)
+        }
+        Err(e) => stream_error(kind, &e),
+    }
+}
+
+// ---- watches ----
+
+fn event_type(k: WatchKind) -> i32 {
+    match k {
+        WatchKind::Create => pb::EVENT_TYPE_CREATE,
+        WatchKind::Write => pb::EVENT_TYPE_WRITE,
+        WatchKind::Remove => pb::EVENT_TYPE_REMOVE,
+        WatchKind::Rename => pb::EVENT_TYPE_RENAME,
+        WatchKind::Chmod => pb::EVENT_TYPE_CHMOD,
+    }
+}
+
+/// envd's event: the name relative to the watched directory.
+fn fs_event(root: &str, e: branchbox_protocol::WatchEvent) -> pb::FilesystemEvent {
+    let base = root.trim_end_matches('/');
+    let name = e.name.strip_prefix(base).map(|r| r.trim_start_matches('/')).unwrap_or(&e.name).to_string();
+    pb::FilesystemEvent { name, r#type: event_type(e.kind) }
+}
+
+/// Checks a watch request and opens the agent connection that will follow it.
+async fn open_watch(
+    st: &AppState,
+    id: &SandboxId,
+    h: &HeaderMap,
+    req: &pb::WatchRequest,
+) -> Result<(String, branchbox_model::AgentConn), RpcError> {
+    if req.include_entry {
+        return Err(RpcError::unimplemented("include_entry needs envd 0.6.3, which is not claimed"));
+    }
+    let path = resolve(&req.path, &user_of(h)?)?;
+    let (id, dir) = (id.clone(), path.clone());
+    let conn = st
+        .blocking(move |engine, st| {
+            if st.agent(engine, &id, Duration::ZERO)?.stat(&dir)?.kind != FileKind::Dir {
+                return Err(ApiError::invalid(format!("{dir} is not a directory; watch a directory")));
+            }
+            Ok(engine.connect(&id)?)
+        })
+        .await
+        .map_err(api)?;
+    Ok((path, conn))
+}
+
+/// `filesystem.Filesystem/WatchDir`: a start event, then one event per change, until the
+/// client goes, the call's timeout passes or the directory goes.
+pub async fn watch_dir(
+    State(st): State<AppState>,
+    Extension(t): Extension<Target>,
+    h: HeaderMap,
+    body: Body,
+) -> Response {
+    let kind = match stream_kind(&h, "WatchDir") {
+        Ok(k) => k,
+        Err(r) => return *r,
+    };
+    let Kind::Stream(codec) = kind else { unreachable!("matched") };
+    let opened = async {
+        let bytes = super::envd::read_body(body).await?;
+        let req: pb::WatchRequest = connect::decode_request(kind, &bytes)?;
+        let (path, conn) = open_watch(&st, &t.sandbox, &h, &req).await?;
+        Ok::<_, RpcError>((path, conn, req.recursive, deadline_of(&h)?))
+    }
+    .await;
+    let (path, mut conn, recursive, deadline) = match opened {
+        Ok(o) => o,
+        Err(e) => return stream_error(kind, &e),
+    };
+    let shut = match shut_on_drop(&mut conn) {
+        Ok(s) => s,
+        Err(e) => return stream_error(kind, &e),
+    };
+    let (etx, mut erx) = mpsc::channel::<pb::FilesystemEvent>(256);
+    let root = path.clone();
+    let worker = tokio::task::spawn_blocking(move || {
+        conn.watch(&path, recursive, &mut |e| etx.blocking_send(fs_event(&root, e)).is_ok())
+    });
+    let keepalive = keepalive_of(&h);
+    let (tx, body) = mpsc::channel::<Bytes>(16);
+    tokio::spawn(async move {
+        let start = pb::WatchDirResponse { event: Some(pb::watch_dir::Event::Start(pb::Empty {})) };
+        let period = Duration::from_secs(keepalive.unwrap_or(3600));
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        let until = tokio::time::Instant::now() + Duration::from_millis(deadline.unwrap_or(u64::MAX / 4));
+        let mut end = None;
+        if tx.send(envelope(codec, &start)).await.is_ok() {
+            loop {
+                tokio::select! {
+                    e = erx.recv() => match e {
+                        Some(e) => {
+                            let m = pb::WatchDirResponse { event: Some(pb::watch_dir::Event::Filesystem(e)) };
+                            if tx.send(envelope(codec, &m)).await.is_err() {
+                                break;
+                            }
+                        }
+                        None => {
+                            end = Some(match worker.await {
+                                Ok(Ok(_)) => None,
+                                Ok(Err(e)) => Some(api(ApiError::from(e))),
+                                Err(e) => Some(RpcError::new("internal", format!("a worker failed: {e}"))),
+                            });
+                            break;
+                        }
+                    },
+                    _ = tick.tick(), if keepalive.is_some() => {
+                        let m = pb::WatchDirResponse { event: Some(pb::watch_dir::Event::Keepalive(pb::Empty {})) };
+                        if tx.send(envelope(codec, &m)).await.is_err() {
+                            break;
+                        }
+                    }
+                    _ = tokio::time::sleep_until(until), if deadline.is_some() => {
+                        end = Some(Some(RpcError::new("deadline_exceeded", "the watch's timeout passed")));
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = shut.shutdown(std::net::Shutdown::Both);
+        if let Some(e) = end {
+            let _ = tx.send(Bytes::from(connect::end_stream(e.as_ref()))).await;
+        }
+    });
+    stream_response(kind, body)
+}
+
+/// `filesystem.Filesystem/CreateWatcher`.
+pub async fn create_watcher(
+    State(st): State<AppState>,
+    Extension(t): Extension<Target>,
+    h: HeaderMap,
+    body: Body,
+) -> Response {
+    let h2 = h.clone();
+    unary(&h, body, |req: pb::WatchRequest| async move {
+        if lock(&st.e2b.watchers).len() >= MAX_WATCHERS {
+            return Err(RpcError::new(
+                "resource_exhausted",
+                format!("{MAX_WATCHERS} watchers are open; remove some (RemoveWatcher) and retry"),
+            ));
+        }
+        let (path, mut conn) = open_watch(&st, &t.sandbox, &h2, &req).await?;
+        let shut = shut_on_drop(&mut conn)?;
+        let id = hex::encode(rand::random::<[u8; 16]>());
+        let w = Arc::new(Watcher {
+            sandbox: t.sandbox.clone(),
+            events: Mutex::default(),
+            polled: Mutex::new(Instant::now()),
+            ended: AtomicBool::new(false),
+            shut,
+        });
+        lock(&st.e2b.watchers).insert(id.clone(), w.clone());
+        let (st2, id2, w2, recursive) = (st.clone(), id.clone(), w.clone(), req.recursive);
+        tokio::task::spawn_blocking(move || {
+            let root = path.clone();
+            let r = conn.watch(&path, recursive, &mut |e| {
+                let mut q = lock(&w2.events);
+                if q.len() >= MAX_WATCH_EVENTS {
+                    q.pop_front();
+                }
+                q.push_back(fs_event(&root, e));
+                true
+            });
+            w2.ended.store(true, Ordering::SeqCst);
+            // The sandbox went (or the watch failed): nothing more comes; drop the watcher.
+            if r.is_err() {
+                st2.e2b.drop_watcher(&id2);
+            }
+        });
+        // Idle watchers go.
+        let (st3, id3, sandbox) = (st.clone(), id.clone(), t.sandbox.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(WATCHER_IDLE / 10).await;
+                let Ok(w) = st3.e2b.watcher(&sandbox, &id3) else { return };
+                if lock(&w.polled).elapsed() > WATCHER_IDLE {
+                    st3.e2b.drop_watcher(&id3);
+                    return;
+                }
+            }
+        });
+        Ok(pb::WatcherId { watcher_id: id })
+    })
+    .await
+}
+
+/// `filesystem.Filesystem/GetWatcherEvents`: the events since the last call.
+pub async fn get_watcher_events(
+    State(st): State<AppState>,
+    Extension(t): Extension<Target>,
+    h: HeaderMap,
+    body: Body,
+) -> Response {
+    unary(&h, body, |req: pb::WatcherId| async move {
+        let w = st.e2b.watcher(&t.sandbox, &req.watcher_id)?;
+        *lock(&w.polled) = Instant::now();
+        let events: Vec<_> = lock(&w.events).drain(..).collect();
+        if w.ended.load(Ordering::SeqCst) && events.is_empty() {
+            st.e2b.drop_watcher(&req.watcher_id);
+            return Err(RpcError::new("not_found", "the watch ended: its directory was removed or moved"));
+        }
+        Ok(pb::GetWatcherEventsResponse { events })
+    })
+    .await
+}
+
+/// `filesystem.Filesystem/RemoveWatcher`.
+pub async fn remove_watcher(
+    State(st): State<AppState>,
+    Extension(t): Extension<Target>,
+    h: HeaderMap,
+    body: Body,
+) -> Response {
+    unary(&h, body, |req: pb::WatcherId| async move {
+        st.e2b.watcher(&t.sandbox, &req.watcher_id)?;
+        st.e2b.drop_watcher(&req.watcher_id);
+        Ok(pb::Empty {})
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watch_events_name_paths_relative_to_the_watched_directory() {
+        let e = |name: &str| branchbox_protocol::WatchEvent { kind: WatchKind::Create, name: name.into() };
+        assert_eq!(fs_event("/home/user", e("/home/user/a/b.txt")).name, "a/b.txt");
+        assert_eq!(fs_event("/home/user/", e("/home/user/x")).name, "x");
+        assert_eq!(fs_event("/", e("/etc/x")).name, "etc/x");
+        assert_eq!(fs_event("/a", e("/a/f")).r#type, pb::EVENT_TYPE_CREATE);
+    }
+
+    #[test]
+    fn listings_show_the_command_without_its_gate() {
+        let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(ungated(v(&["/bin/sh", "-c", GATE, "sh", "ls", "-l"])), v(&["ls", "-l"]));
+        assert_eq!(ungated(v(&["/bin/sh", "-c", "x", "sh", "ls"])), v(&["/bin/sh", "-c", "x", "sh", "ls"]));
+        assert_eq!(ungated(v(&["ls"])), v(&["ls"]));
+    }
+
+    #[test]
+    fn terminal_pids_are_above_any_linux_pid() {
+        let r = Registry::default();
+        assert!(r.next_pid.load(Ordering::Relaxed) > PID_MAX_LIMIT);
+    }
+}
