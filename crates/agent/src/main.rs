@@ -254,7 +254,7 @@ impl Agent {
                     None => Response::StillRunning,
                 })
             }
-            Request::Attach { pid } => self.attach(pid, token, &emit),
+            Request::Attach { pid, replay } => self.attach(pid, replay, token, &emit),
             Request::Watch { path, recursive } => {
                 watch::watch(&path, recursive, token, &mut |c| emit(&Response::Data, c))
                     .map(|size| Response::FileEnd { size })
@@ -293,15 +293,25 @@ impl Agent {
         self.reply(id, r);
     }
 
-    /// Streams a background process's output from now on, then how it ended.
+    /// Streams a background process's output from now on (with `replay`, its kept output
+    /// first), then how it ended.
     fn attach(
         &self,
         pid: i32,
+        replay: bool,
         token: &cancel::Token,
         emit: &dyn Fn(&Response, &[u8]),
     ) -> Result<Response, Failure> {
         use std::sync::mpsc::RecvTimeoutError;
-        let rx = match self.shared.procs.attach(pid)? {
+        let attached = self.shared.procs.attach(pid, replay)?;
+        if let Some((stdout, stderr)) = attached.kept {
+            for (kind, kept) in [(Response::Stdout, stdout), (Response::Stderr, stderr)] {
+                for c in kept.chunks(branchbox_protocol::CHUNK) {
+                    emit(&kind, c);
+                }
+            }
+        }
+        let rx = match attached.live {
             Ok(rx) => rx,
             Err(status) => return Ok(Response::Exited(status)),
         };

@@ -32,6 +32,15 @@ struct Entry {
     attached: Vec<SyncSender<Output>>,
 }
 
+/// A reader attached to a process: the output kept until then, when asked for (stdout,
+/// stderr), and the rest as it comes, or how the process ended when it already has.
+pub struct Attached {
+    /// The kept tails, with `replay`.
+    pub kept: Option<(Vec<u8>, Vec<u8>)>,
+    /// What follows, or the exit status.
+    pub live: Result<Receiver<Output>, ExitStatus>,
+}
+
 /// What an attached reader receives.
 pub enum Output {
     /// A chunk of output.
@@ -181,11 +190,14 @@ impl Procs {
     }
 
     /// Attaches a reader to a process's output from now on: `Err(status)` when it has ended.
-    pub fn attach(&self, pid: i32) -> Result<Result<Receiver<Output>, ExitStatus>, Failure> {
+    /// With `replay`, the kept tails (stdout, stderr) are returned too, taken at the same
+    /// instant the reader is attached, so nothing falls between them.
+    pub fn attach(&self, pid: i32, replay: bool) -> Result<Attached, Failure> {
         let mut t = self.lock();
         let e = t.get_mut(&pid).ok_or_else(|| not_found(pid))?;
+        let kept = replay.then(|| (e.stdout.iter().copied().collect(), e.stderr.iter().copied().collect()));
         if let Some(status) = &e.exit {
-            return Ok(Err(status.clone()));
+            return Ok(Attached { kept, live: Err(status.clone()) });
         }
         if e.attached.len() >= MAX_ATTACHED {
             return Err(Failure::new(
@@ -195,7 +207,7 @@ impl Procs {
         }
         let (tx, rx) = sync_channel(ATTACH_DEPTH);
         e.attached.push(tx);
-        Ok(Ok(rx))
+        Ok(Attached { kept, live: Ok(rx) })
     }
 
     /// How a process ended, if it has and is still tracked.

@@ -126,7 +126,7 @@ fn an_attached_reader_gets_the_output_from_then_on_and_the_exit() {
     let pid = client.spawn(ExecSpec::new(Command::Shell(line.into()))).unwrap();
     let (mut out, mut err) = (String::new(), String::new());
     let status = client
-        .attach(pid, &mut |which, b| match which {
+        .attach(pid, false, &mut |which, b| match which {
             OutStream::Stdout => out.push_str(&String::from_utf8_lossy(b)),
             OutStream::Stderr => err.push_str(&String::from_utf8_lossy(b)),
         })
@@ -140,6 +140,24 @@ fn an_attached_reader_gets_the_output_from_then_on_and_the_exit() {
 }
 
 #[test]
+fn an_attach_with_replay_right_after_spawn_sees_all_of_a_short_commands_output_once() {
+    let (_agent, mut client) = agent();
+    for _ in 0..5 {
+        let pid = client
+            .spawn(ExecSpec::new(Command::Shell("echo first; echo oops >&2; echo second".into())))
+            .unwrap();
+        let (mut out, mut err) = (String::new(), String::new());
+        let status = client
+            .attach(pid, true, &mut |which, b| match which {
+                OutStream::Stdout => out.push_str(&String::from_utf8_lossy(b)),
+                OutStream::Stderr => err.push_str(&String::from_utf8_lossy(b)),
+            })
+            .unwrap();
+        assert_eq!((status.code, out.as_str(), err.as_str()), (Some(0), "first\nsecond\n", "oops\n"));
+    }
+}
+
+#[test]
 fn stdin_is_refused_to_a_process_started_without_it_and_attach_to_an_ended_one_answers_at_once() {
     let (_agent, mut client) = agent();
     let pid = client.spawn(ExecSpec::new(Command::Shell("exit 4".into()))).unwrap();
@@ -147,13 +165,13 @@ fn stdin_is_refused_to_a_process_started_without_it_and_attach_to_an_ended_one_a
     assert!(matches!(e, ClientError::Agent { code: ErrorCode::BadRequest, .. }), "{e}");
     let deadline = Instant::now() + Duration::from_secs(20);
     let status = loop {
-        let s = client.attach(pid, &mut |_, _| {}).unwrap();
+        let s = client.attach(pid, false, &mut |_, _| {}).unwrap();
         if s.code.is_some() || Instant::now() > deadline {
             break s;
         }
     };
     assert_eq!(status.code, Some(4));
-    let e = client.attach(999_999, &mut |_, _| {}).unwrap_err();
+    let e = client.attach(999_999, false, &mut |_, _| {}).unwrap_err();
     assert!(matches!(e, ClientError::Agent { code: ErrorCode::NotFound, .. }), "{e}");
 }
 

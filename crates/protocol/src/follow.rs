@@ -28,14 +28,16 @@ impl<S: Transport> AgentClient<S> {
         Ok(())
     }
 
-    /// Hands background process `pid`'s output from now on to `on_output` and returns how it
-    /// ended (at once when it already has). Output is passed on, never collected.
+    /// Hands background process `pid`'s output from now on (with `replay`, first the output it
+    /// kept so far) to `on_output` and returns how it ended (at once when it already has).
+    /// Output is passed on, never collected.
     pub fn attach(
         &mut self,
         pid: i32,
+        replay: bool,
         on_output: &mut dyn FnMut(OutStream, &[u8]),
     ) -> Result<ExitStatus, ClientError> {
-        let id = self.send(Request::Attach { pid }, Vec::new())?;
+        let id = self.send(Request::Attach { pid, replay }, Vec::new())?;
         loop {
             let f = self.recv_within(id, None)?;
             match f.msg {

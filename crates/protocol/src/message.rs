@@ -181,6 +181,11 @@ pub enum Request {
     Attach {
         /// Process id returned by `spawn`.
         pid: i32,
+        /// Send the output kept so far first (its last 1 MiB of stdout, then of stderr), with
+        /// nothing lost or repeated between that and what follows: a caller that spawns and
+        /// then attaches sees all of a short-lived command's output.
+        #[serde(default)]
+        replay: bool,
     },
     /// Watch a directory: one JSON [`WatchEvent`] per line in `data` frames as files under it
     /// are created, written, removed, renamed or change mode, until the request is cancelled

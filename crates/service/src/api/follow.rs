@@ -31,6 +31,16 @@ pub struct ProcessInput {
     pub eof: bool,
 }
 
+/// From where to follow a process's output.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct OutputQuery {
+    /// First send the output it kept so far (its last 1 MiB of stdout, then of stderr), with
+    /// nothing lost or repeated between that and what follows.
+    #[serde(default)]
+    pub replay: bool,
+}
+
 /// Which directory to watch.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -97,18 +107,20 @@ fn follower(conn: &mut AgentConn) -> ApiResult<(Events, mpsc::Receiver<Result<Ev
     Ok((tx, rx))
 }
 
-/// Streams a background process's output from now on as server-sent events, as
-/// `commands/stream` does: `stdout`/`stderr` with `{"data": base64}`, then `exit` (at once
+/// Streams a background process's output from now on (with `replay`, what it kept first) as
+/// server-sent events, as `commands/stream` does: `stdout`/`stderr` with `{"data": base64}`, then `exit` (at once
 /// when it has ended), or `error`. Its output so far is in `wait`'s tails.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/processes/{pid}/output", tag = "commands",
-    params(("id" = String, Path, description = "sandbox id"), ("pid" = String, Path, description = "process id")),
+    params(("id" = String, Path, description = "sandbox id"), ("pid" = String, Path, description = "process id"), OutputQuery),
     responses((status = 200, content_type = "text/event-stream", body = super::types::StreamEvent, description = "stdout/stderr events, then exit"),
               (status = "4XX", body = ErrorBody, description = "no such process (404), paused (409)")))]
 pub async fn output(
     State(st): State<AppState>,
     Path((id, pid)): Path<(String, String)>,
+    ApiQuery(q): ApiQuery<OutputQuery>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
     let (id, pid) = (sandbox_id(&id)?, pid_of(&pid)?);
+    let replay = q.replay;
     let mut conn = st
         .blocking(move |engine, st| {
             if !st.agent(engine, &id, Duration::ZERO)?.list_procs()?.iter().any(|p| p.pid == pid) {
@@ -122,7 +134,7 @@ pub async fn output(
     let (tx, rx) = follower(&mut conn)?;
     tokio::task::spawn_blocking(move || {
         let b64 = base64::engine::general_purpose::STANDARD;
-        let r = conn.attach(pid, &mut |which, chunk| {
+        let r = conn.attach(pid, replay, &mut |which, chunk| {
             let name = if which == OutStream::Stdout { "stdout" } else { "stderr" };
             let data = serde_json::json!({ "data": b64.encode(chunk) }).to_string();
             let _ = tx.blocking_send(Ok(Event::default().event(name).data(data)));

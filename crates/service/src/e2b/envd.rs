@@ -289,9 +289,8 @@ async fn list(
             .filter(|p| p.exit.is_none() && p.pid > 0)
             .map(|p| {
                 let (cmd, args) = match p.cmd {
-                    Command::Argv(a) if !a.is_empty() => {
-                        let mut a = super::follow::ungated(a);
-                        let first = if a.is_empty() { String::new() } else { a.remove(0) };
+                    Command::Argv(mut a) if !a.is_empty() => {
+                        let first = a.remove(0);
                         (first, a)
                     }
                     Command::Argv(_) => (String::new(), Vec::new()),

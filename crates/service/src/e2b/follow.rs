@@ -6,11 +6,10 @@
 //!   dropped, a lost connection) stops reading, and the process runs on until it exits, is
 //!   killed (`SendSignal`) or reaches the Start call's timeout (`Connect-Timeout-Ms`; none when
 //!   absent or 0, as in envd). `Connect` reads it again by pid.
-//! - So that the Start stream misses none of its output, the command starts behind a gate: a
-//!   `/bin/sh` that answers each line on its stdin with a `.` on stderr until it reads `go`,
-//!   then writes `!` and `exec`s the command (same pid). The service pings until the attached
-//!   reader hears a `.`, opens the gate, and drops stderr up to the `!`. Without `stdin` in the
-//!   request the gate closes stdin behind `go`, so the command reads end of file.
+//! - So that the Start stream misses none of its output, it attaches with `replay`: the agent
+//!   sends what the command printed before the attach (up to its kept 1 MiB of each stream),
+//!   then the rest, with nothing lost or repeated in between. Without `stdin` in the request
+//!   the command's stdin is empty (end of file at once).
 //! - A terminal (`Start` with `pty`) is an agent `exec` on a pseudo-terminal, held by the
 //!   service: its reader thread hands the output to the stream of the moment (Start, then any
 //!   `Connect`) and ends with the command. The agent reports no pid for it, so the service
@@ -57,22 +56,6 @@ pub const MAX_WATCHERS: usize = 256;
 pub const MAX_WATCH_EVENTS: usize = 10_000;
 /// A polling watcher not polled for this long is removed.
 pub const WATCHER_IDLE: Duration = Duration::from_secs(600);
-/// How often the gate is pinged, at most, before the command starts anyway.
-const GATE_TRIES: u32 = 200;
-/// The gate the command starts behind (see the module's documentation).
-const GATE: &str =
-    "while IFS= read -r l && [ \"$l\" != go ]; do printf . >&2; done; printf '!' >&2; exec \"$@\"";
-
-/// A command as it was asked for: without the gate it starts behind.
-pub fn ungated(argv: Vec<String>) -> Vec<String> {
-    match argv.get(..4) {
-        Some([sh, c, gate, name]) if sh == "/bin/sh" && c == "-c" && gate == GATE && name == "sh" => {
-            argv[4..].to_vec()
-        }
-        _ => argv,
-    }
-}
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -165,11 +148,16 @@ fn shut_on_drop(conn: &mut branchbox_model::AgentConn) -> Result<UnixStream, Rpc
 /// Reads an attached process into `tx` on a blocking thread: output, then its end. When the
 /// stream's reader goes, the agent connection is shut, which cancels the attach (not the
 /// process).
-fn pump_attach(mut conn: branchbox_model::AgentConn, pid: i32, tx: mpsc::Sender<Ev>) -> Result<(), RpcError> {
+fn pump_attach(
+    mut conn: branchbox_model::AgentConn,
+    pid: i32,
+    replay: bool,
+    tx: mpsc::Sender<Ev>,
+) -> Result<(), RpcError> {
     let shut = shut_on_drop(&mut conn)?;
     tokio::task::spawn_blocking(move || {
         let mut gone = false;
-        let r = conn.attach(pid, &mut |which, chunk| {
+        let r = conn.attach(pid, replay, &mut |which, chunk| {
             if gone {
                 return;
             }
@@ -199,14 +187,13 @@ struct After {
 
 /// Serves one process's events as a Start or Connect stream: the start event with `pid`, data
 /// events, keepalives, then the end event, or the error that ends the stream (`deadline`: the
-/// stream's own timeout). With `gated`, stderr is dropped up to the gate's `!`.
+/// stream's own timeout).
 fn serve(
     kind: Kind,
     pid: u32,
     mut rx: mpsc::Receiver<Ev>,
     keepalive: Option<u64>,
     deadline: Option<u64>,
-    gated: bool,
     after: Option<After>,
 ) -> Response {
     let Kind::Stream(codec) = kind else { unreachable!("streams only") };
@@ -219,25 +206,10 @@ fn serve(
         let period = Duration::from_secs(keepalive.unwrap_or(3600));
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         let until = tokio::time::Instant::now() + Duration::from_millis(deadline.unwrap_or(u64::MAX / 4));
-        let mut skipping = gated;
         let ended = loop {
             tokio::select! {
                 ev = rx.recv() => match ev {
-                    Some(Ev::Data(mut o)) => {
-                        if skipping {
-                            if let process_event::Output::Stderr(b) = &mut o {
-                                match b.iter().position(|c| *c == b'!') {
-                                    Some(i) => {
-                                        skipping = false;
-                                        b.drain(..=i);
-                                    }
-                                    None => b.clear(),
-                                }
-                                if b.is_empty() {
-                                    continue;
-                                }
-                            }
-                        }
+                    Some(Ev::Data(o)) => {
                         let m = event(process_event::Event::Data(process_event::DataEvent { output: Some(o) }));
                         if tx.send(message(codec, &m)).await.is_err() {
                             return;
@@ -382,12 +354,8 @@ async fn start_process(
     let want_stdin = req.stdin == Some(true);
     let keepalive = keepalive_of(h);
     let mut spec = spec_of(st, id, h, req.process.unwrap_or_default()).await?;
-    let Command::Argv(argv) = spec.cmd.clone() else { unreachable!("built from argv") };
     let recorded = spec.cmd.clone();
-    let mut gated = vec!["/bin/sh".to_string(), "-c".into(), GATE.into(), "sh".into()];
-    gated.extend(argv);
-    spec.cmd = Command::Argv(gated);
-    spec.stdin = true;
+    spec.stdin = want_stdin;
     let sid = id.clone();
     let (pid, conn) = st
         .blocking(move |engine, st| {
@@ -396,46 +364,10 @@ async fn start_process(
         })
         .await
         .map_err(api)?;
-    let (tx, mut rx) = mpsc::channel::<Ev>(64);
-    pump_attach(conn, pid, tx)?;
-    // Ping the gate until the attached reader hears it, then open it.
-    let mut heard = VecDeque::new();
-    for i in 0..GATE_TRIES {
-        if write_input(st, id, pid, b"p\n".to_vec(), false).await.is_err() {
-            break;
-        }
-        let wait = Duration::from_millis(10 * u64::from(i.min(9) + 1));
-        match tokio::time::timeout(wait, rx.recv()).await {
-            Ok(Some(ev)) => {
-                heard.push_back(ev);
-                break;
-            }
-            Ok(None) => break,
-            Err(_) => {}
-        }
-    }
-    let _ = write_input(st, id, pid, b"go\n".to_vec(), !want_stdin).await;
-    // What was heard while gating goes first.
-    let rx = if heard.is_empty() {
-        rx
-    } else {
-        let (ftx, frx) = mpsc::channel::<Ev>(64);
-        tokio::spawn(async move {
-            for ev in heard {
-                if ftx.send(ev).await.is_err() {
-                    return;
-                }
-            }
-            while let Some(ev) = rx.recv().await {
-                if ftx.send(ev).await.is_err() {
-                    return;
-                }
-            }
-        });
-        frx
-    };
+    let (tx, rx) = mpsc::channel::<Ev>(64);
+    pump_attach(conn, pid, true, tx)?;
     let after = After { st: st.clone(), sandbox: id.clone(), cmd: recorded };
-    Ok(serve(kind, pid as u32, rx, keepalive, None, true, Some(after)))
+    Ok(serve(kind, pid as u32, rx, keepalive, None, Some(after)))
 }
 
 async fn start_terminal(
@@ -480,7 +412,7 @@ async fn start_terminal(
         read_terminal(&term, output);
         lock(&st2.e2b.terminals).remove(&pid);
     });
-    Ok(serve(kind, pid, rx, keepalive, None, false, None))
+    Ok(serve(kind, pid, rx, keepalive, None, None))
 }
 
 /// Hands a terminal's output to its reader of the moment until the command ends.
@@ -548,7 +480,7 @@ pub async fn connect_to(
             let (tx, rx) = mpsc::channel::<Ev>(64);
             // The previous reader's stream ends; this one reads from now on.
             *lock(&term.reader) = Some(tx);
-            return Ok(serve(kind, pid as u32, rx, keepalive, deadline, false, None));
+            return Ok(serve(kind, pid as u32, rx, keepalive, deadline, None));
         }
         let id = t.sandbox.clone();
         let conn = st
@@ -562,8 +494,8 @@ pub async fn connect_to(
             .await
             .map_err(api)?;
         let (tx, rx) = mpsc::channel::<Ev>(64);
-        pump_attach(conn, pid, tx)?;
-        Ok(serve(kind, pid as u32, rx, keepalive, deadline, false, None))
+        pump_attach(conn, pid, false, tx)?;
+        Ok(serve(kind, pid as u32, rx, keepalive, deadline, None))
     }
     .await;
     r.unwrap_or_else(|e: RpcError| stream_error(kind, &e))
@@ -836,10 +768,12 @@ pub async fn watch_dir(
         Ok(s) => s,
         Err(e) => return stream_error(kind, &e),
     };
-    let (etx, mut erx) = mpsc::channel::<pb::FilesystemEvent>(256);
+    // `None` first, once the agent's watch is in place: the start event goes out then, so no
+    // change made after the client sees it is missed.
+    let (etx, mut erx) = mpsc::channel::<Option<pb::FilesystemEvent>>(256);
     let root = path.clone();
     let worker = tokio::task::spawn_blocking(move || {
-        conn.watch(&path, recursive, &mut |e| etx.blocking_send(fs_event(&root, e)).is_ok())
+        conn.watch(&path, recursive, &mut |e| etx.blocking_send(e.map(|e| fs_event(&root, e))).is_ok())
     });
     let keepalive = keepalive_of(&h);
     let (tx, body) = mpsc::channel::<Bytes>(16);
@@ -849,11 +783,16 @@ pub async fn watch_dir(
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         let until = tokio::time::Instant::now() + Duration::from_millis(deadline.unwrap_or(u64::MAX / 4));
         let mut end = None;
-        if tx.send(envelope(codec, &start)).await.is_ok() {
+        {
             loop {
                 tokio::select! {
                     e = erx.recv() => match e {
-                        Some(e) => {
+                        Some(None) => {
+                            if tx.send(envelope(codec, &start)).await.is_err() {
+                                break;
+                            }
+                        }
+                        Some(Some(e)) => {
                             let m = pb::WatchDirResponse { event: Some(pb::watch_dir::Event::Filesystem(e)) };
                             if tx.send(envelope(codec, &m)).await.is_err() {
                                 break;
@@ -916,9 +855,18 @@ pub async fn create_watcher(
         });
         lock(&st.e2b.watchers).insert(id.clone(), w.clone());
         let (st2, id2, w2, recursive) = (st.clone(), id.clone(), w.clone(), req.recursive);
+        // Answered once the agent's watch is in place, so no change made after it is missed.
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<()>();
+        let mut ready_tx = Some(ready_tx);
         tokio::task::spawn_blocking(move || {
             let root = path.clone();
             let r = conn.watch(&path, recursive, &mut |e| {
+                let Some(e) = e else {
+                    if let Some(t) = ready_tx.take() {
+                        let _ = t.send(());
+                    }
+                    return true;
+                };
                 let mut q = lock(&w2.events);
                 if q.len() >= MAX_WATCH_EVENTS {
                     q.pop_front();
@@ -932,6 +880,10 @@ pub async fn create_watcher(
                 st2.e2b.drop_watcher(&id2);
             }
         });
+        if tokio::time::timeout(Duration::from_secs(60), ready_rx).await.map_or(true, |r| r.is_err()) {
+            st.e2b.drop_watcher(&id);
+            return Err(RpcError::new("unavailable", "the watch could not be set up in the sandbox"));
+        }
         // Idle watchers go.
         let (st3, id3, sandbox) = (st.clone(), id.clone(), t.sandbox.clone());
         tokio::spawn(async move {
@@ -995,14 +947,6 @@ mod tests {
         assert_eq!(fs_event("/home/user/", e("/home/user/x")).name, "x");
         assert_eq!(fs_event("/", e("/etc/x")).name, "etc/x");
         assert_eq!(fs_event("/a", e("/a/f")).r#type, pb::EVENT_TYPE_CREATE);
-    }
-
-    #[test]
-    fn listings_show_the_command_without_its_gate() {
-        let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert_eq!(ungated(v(&["/bin/sh", "-c", GATE, "sh", "ls", "-l"])), v(&["ls", "-l"]));
-        assert_eq!(ungated(v(&["/bin/sh", "-c", "x", "sh", "ls"])), v(&["/bin/sh", "-c", "x", "sh", "ls"]));
-        assert_eq!(ungated(v(&["ls"])), v(&["ls"]));
     }
 
     #[test]

@@ -51,8 +51,11 @@ def input_call(sandbox_id: str, pid: int, data: Union[None, str, bytes], eof: bo
     return _api.Call("POST", _api.sandbox_path(sandbox_id, f"/processes/{int(pid)}/stdin"), json=body)
 
 
-def output_call(sandbox_id: str, pid: int) -> _api.Call:
-    return _api.Call("GET", _api.sandbox_path(sandbox_id, f"/processes/{int(pid)}/output"), timeout=READ_TIMEOUT)
+def output_call(sandbox_id: str, pid: int, replay: bool = False) -> _api.Call:
+    """The output of process `pid` from now on; with `replay`, what it printed so far first."""
+    params = {"replay": "true"} if replay else None
+    return _api.Call("GET", _api.sandbox_path(sandbox_id, f"/processes/{int(pid)}/output"), params=params,
+                     timeout=READ_TIMEOUT)
 
 
 #: Longest a watch may take to be in place in the sandbox.
@@ -152,14 +155,14 @@ class OutputFollower:
     """A background process's output from now on, read by a thread into callbacks and a result."""
 
     def __init__(self, http: Any, sandbox_id: str, pid: int, on_stdout: Optional[Callback],
-                 on_stderr: Optional[Callback], timeout: Optional[float]) -> None:
+                 on_stderr: Optional[Callback], timeout: Optional[float], replay: bool = False) -> None:
         self._what = f"the output of process {pid}"
         self._out = _Output(on_stdout, on_stderr)
         self._lock = threading.Lock()
         self._error: Optional[BaseException] = None
         self._closing = self._expired = False
         self._timeout = timeout
-        self._cm = http.stream(output_call(sandbox_id, pid))
+        self._cm = http.stream(output_call(sandbox_id, pid, replay))
         self._r = self._cm.__enter__()  # raises NotFoundError for a missing process
         self._sock = _socket_of(self._r)
         self._thread = threading.Thread(target=self._run, name=f"branchbox-output-{pid}", daemon=True)
@@ -232,12 +235,13 @@ class AsyncOutputFollower:
 
     @classmethod
     async def open(cls, http: Any, sandbox_id: str, pid: int, on_stdout: Optional[Callback],
-                   on_stderr: Optional[Callback], timeout: Optional[float]) -> "AsyncOutputFollower":
+                   on_stderr: Optional[Callback], timeout: Optional[float],
+                   replay: bool = False) -> "AsyncOutputFollower":
         self = cls()
         self._what = f"the output of process {pid}"
         self._out = _Output(on_stdout, on_stderr)
         self._timeout = timeout
-        self._cm = http.stream(output_call(sandbox_id, pid))
+        self._cm = http.stream(output_call(sandbox_id, pid, replay))
         self._r = await self._cm.__aenter__()  # raises NotFoundError for a missing process
         self._task = asyncio.ensure_future(self._run())
         return self

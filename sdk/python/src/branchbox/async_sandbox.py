@@ -158,7 +158,9 @@ class AsyncCommands:
             pid = r.json()["pid"]
             follower = None
             if on_stdout is not None or on_stderr is not None:
-                follower = await _follow.AsyncOutputFollower.open(self._s._http, sid, pid, on_stdout, on_stderr, None)
+                # From the start: what it printed before the stream was open comes first.
+                follower = await _follow.AsyncOutputFollower.open(self._s._http, sid, pid, on_stdout, on_stderr,
+                                                                  None, replay=True)
             return AsyncCommandHandle(self._s, pid, cmd, follower)
         body = _api.command_body(cmd, envs, cwd, timeout, text, user)
         http_timeout = _api.command_http_timeout(timeout)

@@ -176,7 +176,8 @@ class Commands:
             pid = self._s._http.call(_api.Call("POST", _api.sandbox_path(sid, "/processes"), json=body)).json()["pid"]
             follower = None
             if on_stdout is not None or on_stderr is not None:
-                follower = _follow.OutputFollower(self._s._http, sid, pid, on_stdout, on_stderr, None)
+                # From the start: what it printed before the stream was open comes first.
+                follower = _follow.OutputFollower(self._s._http, sid, pid, on_stdout, on_stderr, None, replay=True)
             return CommandHandle(self._s, pid, cmd, follower)
         body = _api.command_body(cmd, envs, cwd, timeout, text, user)
         http_timeout = _api.command_http_timeout(timeout)
