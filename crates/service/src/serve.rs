@@ -63,6 +63,10 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
+        // Streamed answers (server-sent events, Connect streams, terminals) are many small
+        // writes: without TCP_NODELAY each one after the first waits for the client's delayed
+        // ACK (40 ms on Linux), which made a streamed `true` take 50 ms instead of 10.
+        let _ = stream.set_nodelay(true);
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             // A fresh socket's send buffer takes this whole; if not, the client just sees the close.
             let _ = stream.try_write(&busy);

@@ -90,21 +90,40 @@ pub async fn input(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// A connection that follows something for as long as it lasts (no stall limit: a quiet
-/// process or directory is no stalled agent), and a channel to the client; when the client goes,
-/// the connection is shut, which ends the blocking read that follows.
-fn follower(conn: &mut AgentConn) -> ApiResult<(Events, mpsc::Receiver<Result<Event, Infallible>>)> {
+/// What a follower hands the client: the events its worker sends, until the worker ends (and
+/// drops its sender). Dropped when the client goes, it shuts the agent connection, which ends
+/// the worker's blocking read; the connection has no stall limit (a quiet process or directory
+/// is no stalled agent).
+struct Follow {
+    rx: mpsc::Receiver<Result<Event, Infallible>>,
+    shut: std::os::unix::net::UnixStream,
+}
+
+impl Stream for Follow {
+    type Item = Result<Event, Infallible>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+impl Drop for Follow {
+    fn drop(&mut self) {
+        let _ = self.shut.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// A channel for a worker reading `conn`, and the stream the client is answered with.
+fn follower(conn: &mut AgentConn) -> ApiResult<(Events, Follow)> {
     let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(64);
     let shut = conn
         .stream_mut()
         .try_clone()
         .map_err(|e| ApiError::internal(format!("cannot share the agent connection: {e}")))?;
-    let closed = tx.clone();
-    tokio::spawn(async move {
-        closed.closed().await;
-        let _ = shut.shutdown(std::net::Shutdown::Both);
-    });
-    Ok((tx, rx))
+    Ok((tx, Follow { rx, shut }))
 }
 
 /// Streams a background process's output from now on (with `replay`, what it kept first) as
@@ -145,7 +164,7 @@ pub async fn output(
         };
         let _ = tx.blocking_send(Ok(last));
     });
-    Ok(Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).keep_alive(KeepAlive::default()))
+    Ok(Sse::new(rx).keep_alive(KeepAlive::default()))
 }
 
 /// Watches a directory: `ready` once the watch is in place (every change after it is
@@ -190,5 +209,5 @@ pub async fn watch(
         };
         let _ = tx.blocking_send(Ok(last));
     });
-    Ok(Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).keep_alive(KeepAlive::default()))
+    Ok(Sse::new(rx).keep_alive(KeepAlive::default()))
 }
