@@ -44,7 +44,8 @@ const MAX_LIST: usize = 100_000;
 /// An error answer every data-plane client understands: Connect's JSON error object (a string
 /// `code` and a `message`) with the matching HTTP status. envd's HTTP clients read `message`.
 pub(super) fn error_response(e: &RpcError) -> Response {
-    let mut r = (e.http_status(), axum::Json(e.json())).into_response();
+    let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut r = (status, axum::Json(e.json())).into_response();
     r.extensions_mut().insert(ErrorCodeTag(e.code));
     r
 }

@@ -14,11 +14,11 @@
 //! it: see [`crate::auth::Tokens::sandbox_token`]) or the API key itself. `docs/e2b.md`
 //! lists what is served and what is not.
 
-pub mod connect;
 pub mod envd;
 pub mod follow;
-pub mod pb;
 pub mod rest;
+
+pub use branchbox_e2b_wire::{connect, pb};
 
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorCodeTag};
@@ -108,4 +108,46 @@ pub fn router(st: AppState) -> Router<AppState> {
     Router::new()
         .nest(PREFIX, control.merge(Router::new().nest("/envd", data)))
         .layer(from_fn_with_state(st, crate::api::audit))
+}
+
+/// A service error as a Connect error: the code the protocol has for its status.
+impl From<ApiError> for connect::RpcError {
+    fn from(e: ApiError) -> connect::RpcError {
+        let code = match (e.status.as_u16(), e.code) {
+            (_, "already_exists") => "already_exists",
+            (_, "timeout") => "deadline_exceeded",
+            (400 | 422, _) => "invalid_argument",
+            (401, _) => "unauthenticated",
+            (403, _) => "permission_denied",
+            (404, _) => "not_found",
+            (409, _) => "failed_precondition",
+            (413, _) => "resource_exhausted",
+            (502 | 503, _) => "unavailable",
+            (504, _) => "deadline_exceeded",
+            _ => "internal",
+        };
+        connect::RpcError::new(code, e.message)
+    }
+}
+
+#[cfg(test)]
+mod wire_tests {
+    use super::*;
+
+    #[test]
+    fn service_errors_map_to_connect_codes_and_statuses() {
+        let cases = [
+            (ApiError::invalid("x"), "invalid_argument", 400),
+            (ApiError::not_found("x"), "not_found", 404),
+            (ApiError::new(StatusCode::CONFLICT, "already_exists", "x"), "already_exists", 409),
+            (ApiError::new(StatusCode::CONFLICT, "conflict", "paused"), "failed_precondition", 400),
+            (ApiError::new(StatusCode::BAD_GATEWAY, "agent_unavailable", "x"), "unavailable", 503),
+            (ApiError::too_large("x"), "resource_exhausted", 429),
+            (ApiError::internal("x"), "internal", 500),
+        ];
+        for (api, code, status) in cases {
+            let r = connect::RpcError::from(api);
+            assert_eq!((r.code, r.http_status()), (code, status));
+        }
+    }
 }

@@ -4,8 +4,6 @@
 //! answered by enveloped messages and an end-of-stream message). Everything here is pure, so
 //! it can be tested and fuzzed without a server; every input is treated as hostile.
 
-use crate::error::ApiError;
-use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -87,8 +85,8 @@ impl RpcError {
     }
 
     /// The HTTP status a unary answer with this error carries (the Connect protocol's table).
-    pub fn http_status(&self) -> StatusCode {
-        let n = match self.code {
+    pub fn http_status(&self) -> u16 {
+        match self.code {
             "canceled" => 499,
             "invalid_argument" | "failed_precondition" | "out_of_range" => 400,
             "unauthenticated" => 401,
@@ -100,32 +98,12 @@ impl RpcError {
             "unavailable" => 503,
             "deadline_exceeded" => 504,
             _ => 500,
-        };
-        StatusCode::from_u16(n).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+        }
     }
 
     /// The JSON error object: `{"code": ..., "message": ...}`.
     pub fn json(&self) -> serde_json::Value {
         serde_json::json!({ "code": self.code, "message": self.message })
-    }
-}
-
-impl From<ApiError> for RpcError {
-    fn from(e: ApiError) -> RpcError {
-        let code = match (e.status.as_u16(), e.code) {
-            (_, "already_exists") => "already_exists",
-            (_, "timeout") => "deadline_exceeded",
-            (400 | 422, _) => "invalid_argument",
-            (401, _) => "unauthenticated",
-            (403, _) => "permission_denied",
-            (404, _) => "not_found",
-            (409, _) => "failed_precondition",
-            (413, _) => "resource_exhausted",
-            (502 | 503, _) => "unavailable",
-            (504, _) => "deadline_exceeded",
-            _ => "internal",
-        };
-        RpcError::new(code, e.message)
     }
 }
 
@@ -243,8 +221,8 @@ pub fn timeout_ms(header: Option<&str>) -> Result<Option<u64>, RpcError> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::pb;
     use super::*;
+    use crate::pb;
 
     #[test]
     fn content_types_select_the_kind_and_codec() {
@@ -306,23 +284,6 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&env[5..]).unwrap();
         assert_eq!(v, serde_json::json!({"error": {"code": "not_found", "message": "no such sandbox"}}));
         assert_eq!(&end_stream(None)[5..], b"{}");
-    }
-
-    #[test]
-    fn service_errors_map_to_connect_codes_and_statuses() {
-        let cases = [
-            (ApiError::invalid("x"), "invalid_argument", 400),
-            (ApiError::not_found("x"), "not_found", 404),
-            (ApiError::new(StatusCode::CONFLICT, "already_exists", "x"), "already_exists", 409),
-            (ApiError::new(StatusCode::CONFLICT, "conflict", "paused"), "failed_precondition", 400),
-            (ApiError::new(StatusCode::BAD_GATEWAY, "agent_unavailable", "x"), "unavailable", 503),
-            (ApiError::too_large("x"), "resource_exhausted", 429),
-            (ApiError::internal("x"), "internal", 500),
-        ];
-        for (api, code, status) in cases {
-            let r = RpcError::from(api);
-            assert_eq!((r.code, r.http_status().as_u16()), (code, status));
-        }
     }
 
     #[test]
