@@ -243,6 +243,7 @@ function nodeLabel(n) {
     parts.push(" ", el("span", { class: "state " + d.state, text: d.state }));
   } else {
     if (d.name) parts.push(" “" + d.name + "”");
+    for (const r of d.refs || []) parts.push(" ", el("span", { class: "ref", text: r }));
     if (d.source) parts.push(el("span", { class: "muted", text: " of " + d.source }));
     if (d.deleted) parts.push(el("span", { class: "deleted", text: " deleted" }));
     parts.push(el("span", { class: "muted", text: " " + age(d.created_ms) + " ago" }));
@@ -359,6 +360,9 @@ async function drawNodeInfo() {
         ...row("backend", s.backend), ...row("image", s.image),
         ...row("limits", s.limits.memory_mib + " MiB, " + s.limits.cpus + " CPU, " + s.limits.pids + " pids"));
       fillAgainst(s);
+      const refs = (await api("GET", "/v1/refs")).filter((r) => r.snapshot === id).map((r) => r.name);
+      if (S.node !== id) return;
+      $("node-info").append(...row("refs", refs.join(", ")));
     }
   } catch (e) {
     if (S.node !== id) return;
@@ -422,6 +426,8 @@ function fillRollback(id) {
 
 function snapshotActions(id) {
   const against = el("select", { id: "diff-against" });
+  // A ref (a movable name, `branchbox ref`) is made, or moved from wherever it pointed.
+  const refName = el("input", { id: "ref-name", placeholder: "ref name (made or moved)" });
   $("node-actions").replaceChildren(
     el("h2", { text: "Actions" }),
     action("Restore", [], el("button", { id: "do-restore", type: "button", text: "Start a sandbox from it",
@@ -430,7 +436,15 @@ function snapshotActions(id) {
         return "started " + sb.id;
       }) })),
     action("Diff against", [against], el("button", { id: "do-diff", type: "button", text: "Show diff",
-      onclick: () => showDiff(id, against.value) })));
+      onclick: () => showDiff(id, against.value) })),
+    action("Ref", [refName], el("button", { id: "do-ref", type: "button", text: "Point the ref here",
+      onclick: () => act("ref", async () => {
+        const name = refName.value.trim();
+        if (!name) throw new Error("give the ref a name");
+        const r = await api("PUT", "/v1/refs/" + encodeURIComponent(name), { snapshot: id });
+        drawNodeInfo();
+        return "ref " + r.name + " now names " + r.snapshot;
+      }) })));
 }
 
 // The nodes a snapshot may be compared with: its parent first, then every other live snapshot.

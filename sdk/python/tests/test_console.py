@@ -365,6 +365,40 @@ def test_console_terminal_runs_a_shell_in_the_sandbox(service: Service, browser,
     page.close()
 
 
+def test_console_points_and_moves_a_ref(service: Service, browser, tmp_path: Path) -> None:
+    """A snapshot's page points a ref at it, and moves it from another snapshot; the page and
+    the lineage tree show the ref where it points, and the API agrees."""
+    api = service.client()
+    d = api.post("/v1/sandboxes", json={"timeout": 600}).json()["id"]
+    c1 = api.post(f"/v1/sandboxes/{d}/checkpoints", json={}).json()["id"]
+    c2 = api.post(f"/v1/sandboxes/{d}/checkpoints", json={}).json()["id"]
+    page = browser.new_page(viewport=VIEW)
+    sign_in(page, service)
+    for target in (c1, c2):
+        page.goto(service.url + f"/ui#/node/{target}")
+        page.fill("#ref-name", "best")
+        page.click("#do-ref")
+        assert f"ref best now names {target}" in result(page, "ref")
+        assert {r["name"]: r["snapshot"] for r in api.get("/v1/refs").json()}["best"] == target
+        playwright_api.expect(page.locator("#node-info")).to_contain_text("best", timeout=WAIT_MS)
+    page.goto(service.url + f"/ui#/node/{c1}")
+    playwright_api.expect(page.locator("#node-info")).to_contain_text("refs", timeout=WAIT_MS)
+    assert "best" not in page.inner_text("#node-info"), "the ref still shows where it was"
+    page.goto(service.url + "/ui#/lineage")
+    ref = page.locator(f'#tree li[data-id="{c2}"] .ref').first
+    playwright_api.expect(ref).to_have_text("best", timeout=WAIT_MS)
+    shot(browser, page, tmp_path / "ref.png", c2)
+    # A bad name is refused by the page's own request, and the ref is removed through the API.
+    page.goto(service.url + f"/ui#/node/{c1}")
+    page.fill("#ref-name", "no spaces allowed")
+    page.click("#do-ref")
+    playwright_api.expect(page.locator("#result")).to_contain_text("ref failed", timeout=WAIT_MS)
+    assert api.delete("/v1/refs/best").status_code == 204
+    assert api.delete("/v1/refs/best").status_code == 404
+    api.delete(f"/v1/sandboxes/{d}")
+    page.close()
+
+
 def generated_lineage(n: int) -> dict:
     """`n` nodes: a ternary tree of snapshots with sandboxes hanging off it."""
     snaps, boxes = [], []

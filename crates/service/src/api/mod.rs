@@ -17,6 +17,7 @@ pub mod network;
 pub mod pools;
 pub mod proxy;
 pub mod pty;
+pub mod refs;
 pub mod sandboxes;
 pub mod snapshots;
 pub mod system;
@@ -99,6 +100,8 @@ pub fn router(st: AppState) -> (Router, OpenApiDoc) {
         .routes(routes!(snapshots::list))
         .routes(routes!(snapshots::get, snapshots::delete))
         .routes(routes!(diff::diff))
+        .routes(routes!(refs::list))
+        .routes(routes!(refs::point, refs::remove))
         .routes(routes!(diff::file))
         .routes(routes!(system::lineage))
         .routes(routes!(system::audit))

@@ -84,6 +84,10 @@ pub async fn lineage(
         .blocking(move |engine, _| {
             let snaps = engine.snapshots()?;
             let boxes = engine.list()?;
+            let mut refs: std::collections::HashMap<String, Vec<String>> = std::collections::HashMap::new();
+            for (name, snap) in engine.refs()? {
+                refs.entry(snap).or_default().push(name);
+            }
             if let Some(id) = &only {
                 if !boxes.iter().any(|b| &b.sandbox.id == id) {
                     return Err(branchbox_model::Error::not_found(
@@ -105,6 +109,7 @@ pub async fn lineage(
                         name: s.name.clone(),
                         created_ms: s.created_ms,
                         deleted: s.deleted_ms.is_some(),
+                        refs: refs.remove(s.id.as_str()).unwrap_or_default(),
                     })
                     .collect(),
                 sandboxes: boxes
@@ -192,6 +197,7 @@ mod tests {
             name: None,
             created_ms: 0,
             deleted: false,
+            refs: Vec::new(),
         }
     }
 

@@ -521,6 +521,8 @@ pub struct LineageSnapshot {
     pub created_ms: i64,
     /// True when its data was deleted.
     pub deleted: bool,
+    /// The refs that name it (`/v1/refs`).
+    pub refs: Vec<String>,
 }
 
 /// A sandbox node of the lineage.
