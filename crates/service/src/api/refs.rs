@@ -28,7 +28,7 @@ pub struct PointRef {
 }
 
 /// Every ref, by name.
-#[utoipa::path(get, path = "/v1/refs", tag = "snapshots",
+#[utoipa::path(get, path = "/v1/refs", tag = "refs",
     responses((status = 200, body = Vec<RefInfo>), (status = "4XX", body = ErrorBody, description = "not signed in")))]
 pub async fn list(State(st): State<AppState>) -> ApiResult<Json<Vec<RefInfo>>> {
     let refs = st.blocking(|engine, _| Ok(engine.refs()?)).await?;
@@ -36,7 +36,7 @@ pub async fn list(State(st): State<AppState>) -> ApiResult<Json<Vec<RefInfo>>> {
 }
 
 /// Points a ref at a snapshot, making it or moving it.
-#[utoipa::path(put, path = "/v1/refs/{name}", tag = "snapshots",
+#[utoipa::path(put, path = "/v1/refs/{name}", tag = "refs",
     params(("name" = String, Path, description = "ref name")), request_body = PointRef,
     responses((status = 200, body = RefInfo),
               (status = "4XX", body = ErrorBody, description = "bad name (422), no such snapshot (404), deleted snapshot (409)")))]
@@ -57,7 +57,7 @@ pub async fn point(
 }
 
 /// Removes a ref (the snapshot stays).
-#[utoipa::path(delete, path = "/v1/refs/{name}", tag = "snapshots",
+#[utoipa::path(delete, path = "/v1/refs/{name}", tag = "refs",
     params(("name" = String, Path, description = "ref name")),
     responses((status = 204, description = "removed"), (status = "4XX", body = ErrorBody, description = "no such ref (404)")))]
 pub async fn remove(State(st): State<AppState>, Path(name): Path<String>) -> ApiResult<StatusCode> {
