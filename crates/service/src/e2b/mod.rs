@@ -15,8 +15,10 @@
 //! lists what is served and what is not.
 
 pub mod envd;
+pub mod files;
 pub mod follow;
 pub mod rest;
+pub mod watch;
 
 pub use branchbox_e2b_wire::{connect, pb};
 
