@@ -173,7 +173,7 @@ echo "setup: node $(node --version), npm $(npm --version)"
     cd "$(dirname "$0")/.."
     py=target/py
     want="$(cat sdk/python/requirements-test.txt sdk/python/pyproject.toml | sha256sum | cut -d' ' -f1)"
-    if ! "$py/bin/python" -c "import branchbox, httpx, websockets, e2b, pytest, schemathesis, openapi_spec_validator, playwright" 2>/dev/null \
+    if ! "$py/bin/python" -c "import branchbox, httpx, websockets, e2b, mcp, pytest, schemathesis, openapi_spec_validator, playwright" 2>/dev/null \
         || [ "$(cat "$py/.installed-from" 2>/dev/null)" != "$want" ]; then
         command -v python3 >/dev/null 2>&1 || { echo "setup: python3 is missing; install Python 3.9 or later" >&2; exit 1; }
         if ! python3 -m venv "$py" >/dev/null 2>&1; then
