@@ -57,6 +57,11 @@ impl Registry {
         t
     }
 
+    /// True while request `id` runs (between [`Registry::start`] and [`Registry::finish`]).
+    pub fn is_running(&self, id: u64) -> bool {
+        self.lock().contains_key(&id)
+    }
+
     /// Forgets request `id`.
     pub fn finish(&self, id: u64) {
         self.lock().remove(&id);

@@ -83,14 +83,24 @@ struct Shared {
     vm: bool,
 }
 
+/// A terminal of a running `exec` with `pty`, as `resize` finds it.
+enum Pty {
+    /// Open: its master side.
+    Open(std::fs::File),
+    /// Not open yet: the size to give it once it is (a resize sent right after the `exec`
+    /// reaches the agent before the worker has opened the terminal).
+    Pending(PtySize),
+}
+
 /// One connection's state.
 struct Agent {
     out: Outbox,
     shared: Arc<Shared>,
     streams: Mutex<HashMap<u64, SyncSender<Option<Vec<u8>>>>>,
     running: cancel::Registry,
-    /// The master side of the terminal of each running `exec` with `pty`, for `resize`.
-    ptys: Mutex<HashMap<u64, std::fs::File>>,
+    /// The master side of the terminal of each running `exec` with `pty`, for `resize`; or,
+    /// for a request whose terminal is not open yet, the last size asked for meanwhile.
+    ptys: Mutex<HashMap<u64, Pty>>,
 }
 
 impl Agent {
@@ -182,11 +192,18 @@ impl Agent {
                 eprintln!("branchbox-agent: shutdown failed: {e}");
             }
             Request::Resize(size) => {
-                let ptys = self.ptys.lock().unwrap_or_else(|e| e.into_inner());
-                // A size out of bounds, or for a request that has no terminal (or has just
+                // A size out of bounds, or for a request that is not running (or has just
                 // ended), changes nothing: resize has no answer to carry an error.
-                if let (Some(master), Ok(size)) = (ptys.get(&id), PtySize::new(size.cols, size.rows)) {
-                    let _ = exec::set_size(master, size);
+                let Ok(size) = PtySize::new(size.cols, size.rows) else { return };
+                let mut ptys = self.ptys.lock().unwrap_or_else(|e| e.into_inner());
+                match ptys.get(&id) {
+                    Some(Pty::Open(master)) => {
+                        let _ = exec::set_size(master, size);
+                    }
+                    _ if self.running.is_running(id) => {
+                        ptys.insert(id, Pty::Pending(size));
+                    }
+                    _ => {}
                 }
             }
             Request::Data => self.route(id, Some(f.body)),
@@ -217,6 +234,9 @@ impl Agent {
                 std::thread::spawn(move || {
                     me.work(id, other, stream, &token);
                     me.running.finish(id);
+                    // A size a late resize left for this request (between its terminal's end
+                    // and here) is forgotten; from now on resizes for it change nothing.
+                    me.ptys.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
                 });
             }
         }
@@ -365,6 +385,7 @@ impl Agent {
         let started = match exec::start(&self.shared.reaper, &spec) {
             Ok(s) => s,
             Err(e) => {
+                self.ptys.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
                 match stream {
                     // A terminal's keys never end by themselves: forget the stream instead.
                     Some(_) if spec.pty.is_some() => self.end_stream(id),
@@ -380,7 +401,11 @@ impl Agent {
         match (stream, master) {
             (Some(rx), Some((Ok(typing), Ok(sizing)))) => {
                 exec::feed_pty(typing, rx);
-                self.ptys.lock().unwrap_or_else(|e| e.into_inner()).insert(id, sizing);
+                let mut ptys = self.ptys.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(Pty::Pending(size)) = ptys.get(&id) {
+                    let _ = exec::set_size(&sizing, *size);
+                }
+                ptys.insert(id, Pty::Open(sizing));
             }
             (Some(rx), None) => exec::feed_stdin(&mut started.child, rx),
             // A terminal whose master could not be shared: its keys are dropped as they come.
@@ -394,7 +419,7 @@ impl Agent {
             };
             emit(&kind, chunk);
         });
-        if self.ptys.lock().unwrap_or_else(|e| e.into_inner()).remove(&id).is_some() {
+        if let Some(Pty::Open(_)) = self.ptys.lock().unwrap_or_else(|e| e.into_inner()).remove(&id) {
             self.end_stream(id);
         }
         if token.is_cancelled() {

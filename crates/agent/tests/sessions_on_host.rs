@@ -76,6 +76,22 @@ fn a_command_on_a_terminal_sees_a_tty_of_the_asked_size_takes_keys_and_resizes()
 }
 
 #[test]
+fn a_resize_sent_right_after_the_exec_is_not_lost() {
+    for _ in 0..5 {
+        let (_agent, client) = agent();
+        // The command asks for its size a moment after it starts: a program that asks at once
+        // may see the first size (as on any terminal: the new one comes with SIGWINCH).
+        let spec = ExecSpec::new(Command::Shell("sleep 0.3; stty size".into()));
+        let (mut input, mut out) = client.open_pty(spec, PtySize::new(80, 24).unwrap()).unwrap();
+        // Sent before the agent's worker can have opened the terminal: kept until it has.
+        input.resize(PtySize::new(120, 40).unwrap()).unwrap();
+        let mut seen = String::new();
+        read_until(&mut out, &mut seen, "\n");
+        assert!(seen.contains("40 120"), "the early resize was lost: {seen:?}");
+    }
+}
+
+#[test]
 fn a_terminal_of_an_impossible_size_is_refused_and_the_agent_keeps_serving() {
     for (cols, rows) in [(0, 24), (80, 0), (1001, 24), (80, 1001)] {
         assert!(PtySize::new(cols, rows).is_err(), "{cols}x{rows} accepted by the host");

@@ -66,9 +66,6 @@ struct Terminal {
     input: Mutex<PtyInput>,
     reader: Mutex<Option<mpsc::Sender<Ev>>>,
     killed: AtomicBool,
-    /// The agent answers nothing when its terminal starts, and drops a resize that comes
-    /// before: the last size asked for before the first output is given again then.
-    early_size: Mutex<(bool, Option<PtySize>)>,
 }
 
 /// The service's terminals and polling watchers opened through envd's API.
@@ -390,7 +387,6 @@ async fn start_terminal(
         input: Mutex::new(input),
         reader: Mutex::new(Some(tx)),
         killed: AtomicBool::new(false),
-        early_size: Mutex::new((false, None)),
     });
     lock(&reg.terminals).insert(pid, term.clone());
     let st2 = st.clone();
@@ -406,14 +402,6 @@ fn read_terminal(term: &Terminal, mut output: PtyOutput) {
     let end = loop {
         match output.recv() {
             Ok(PtyEvent::Output(bytes)) => {
-                let mut early = lock(&term.early_size);
-                if !early.0 {
-                    early.0 = true;
-                    if let Some(size) = early.1.take() {
-                        let _ = lock(&term.input).resize(size);
-                    }
-                }
-                drop(early);
                 let reader = lock(&term.reader).clone();
                 if let Some(r) = reader {
                     if r.blocking_send(Ev::Data(process_event::Output::Pty(bytes))).is_err() {
@@ -564,16 +552,10 @@ pub async fn update(
         let term = st.e2b.terminal(&t.sandbox, pid).ok_or_else(|| {
             RpcError::new("not_found", format!("no terminal with pid {pid}; only terminals can be resized"))
         })?;
-        tokio::task::spawn_blocking(move || {
-            let mut early = lock(&term.early_size);
-            if !early.0 {
-                early.1 = Some(size);
-            }
-            lock(&term.input).resize(size)
-        })
-        .await
-        .map_err(|e| RpcError::new("internal", format!("a worker failed: {e}")))?
-        .map_err(|e| RpcError::new("unavailable", format!("the terminal is gone: {e}")))?;
+        tokio::task::spawn_blocking(move || lock(&term.input).resize(size))
+            .await
+            .map_err(|e| RpcError::new("internal", format!("a worker failed: {e}")))?
+            .map_err(|e| RpcError::new("unavailable", format!("the terminal is gone: {e}")))?;
         Ok(pb::Empty {})
     })
     .await
