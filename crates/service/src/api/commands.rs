@@ -246,7 +246,7 @@ pub async fn list_processes(
     ))
 }
 
-fn pid(s: &str) -> ApiResult<i32> {
+pub(super) fn pid(s: &str) -> ApiResult<i32> {
     s.parse::<i32>().ok().filter(|p| *p > 0).ok_or_else(|| {
         ApiError::bad_request("invalid_id", format!("{s:?} is not a process id (a positive integer)"))
     })

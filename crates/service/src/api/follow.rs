@@ -1,7 +1,7 @@
 //! Following what runs on in a sandbox: typing into a background process's stdin, streaming
 //! its output as it comes, and watching a directory for changes (server-sent events).
 
-use super::commands::{error_event, exit_event};
+use super::commands::{self, error_event, exit_event};
 use super::extract::{sandbox_id, sandbox_path, ApiJson, ApiQuery};
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::state::AppState;
@@ -55,13 +55,6 @@ pub struct WatchQuery {
 /// Where a follower's events go.
 type Events = mpsc::Sender<Result<Event, Infallible>>;
 
-fn pid_of(pid: &str) -> ApiResult<i32> {
-    pid.parse::<i32>()
-        .ok()
-        .filter(|p| *p > 0)
-        .ok_or_else(|| ApiError::bad_request("invalid_id", format!("{pid:?} is not a process id")))
-}
-
 /// Writes to the stdin of a background process that was started with `stdin` (its stdin then
 /// stays open until `eof`).
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/stdin", tag = "commands",
@@ -74,7 +67,7 @@ pub async fn input(
     Path((id, pid)): Path<(String, String)>,
     ApiJson(req): ApiJson<ProcessInput>,
 ) -> ApiResult<StatusCode> {
-    let (id, pid) = (sandbox_id(&id)?, pid_of(&pid)?);
+    let (id, pid) = (sandbox_id(&id)?, commands::pid(&pid)?);
     let bytes = match (req.data, req.data_base64) {
         (Some(_), Some(_)) => return Err(ApiError::invalid("give data or data_base64, not both")),
         (Some(text), None) => text.into_bytes(),
@@ -138,7 +131,7 @@ pub async fn output(
     Path((id, pid)): Path<(String, String)>,
     ApiQuery(q): ApiQuery<OutputQuery>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
-    let (id, pid) = (sandbox_id(&id)?, pid_of(&pid)?);
+    let (id, pid) = (sandbox_id(&id)?, commands::pid(&pid)?);
     let replay = q.replay;
     let mut conn = st
         .blocking(move |engine, st| {

@@ -63,6 +63,27 @@ pub fn entry(s: &FileStat, path: &str) -> pb::EntryInfo {
     }
 }
 
+/// Runs `op` on the sandbox's agent (it acts on `path`), then answers the entry `path` has.
+async fn entry_after<F>(
+    st: &AppState,
+    id: SandboxId,
+    path: String,
+    op: F,
+) -> Result<pb::EntryResponse, RpcError>
+where
+    F: FnOnce(&mut branchbox_model::AgentConn, &str) -> ApiResult<()> + Send + 'static,
+{
+    let (s, path) = st
+        .blocking(move |engine, st| {
+            let mut conn = st.agent(engine, &id, Duration::ZERO)?;
+            op(&mut conn, &path)?;
+            Ok((conn.stat(&path)?, path))
+        })
+        .await
+        .map_err(api)?;
+    Ok(pb::EntryResponse { entry: Some(entry(&s, &path)) })
+}
+
 pub(super) async fn stat(
     State(st): State<AppState>,
     Extension(t): Extension<Target>,
@@ -72,14 +93,7 @@ pub(super) async fn stat(
     let user = user_of(&h);
     unary(&h, body, |req: pb::PathRequest| async move {
         let path = resolve(&req.path, &user?)?;
-        let id = t.sandbox;
-        let s = st
-            .blocking(move |engine, st| {
-                Ok(st.agent(engine, &id, Duration::ZERO)?.stat(&path).map(|s| (s, path))?)
-            })
-            .await
-            .map_err(api)?;
-        Ok(pb::EntryResponse { entry: Some(entry(&s.0, &s.1)) })
+        entry_after(&st, t.sandbox, path, |_, _| Ok(())).await
     })
     .await
 }
@@ -141,23 +155,13 @@ pub(super) async fn make_dir(
     unary(&h, body, |req: pb::PathRequest| async move {
         let user = user?;
         let path = resolve(&req.path, &user)?;
-        let id = t.sandbox;
-        let s = st
-            .blocking(move |engine, st| {
-                let mut conn = st.agent(engine, &id, Duration::ZERO)?;
-                if conn.stat(&path).is_ok() {
-                    return Err(ApiError::new(
-                        StatusCode::CONFLICT,
-                        "already_exists",
-                        format!("{path} exists"),
-                    ));
-                }
-                conn.mkdir_as(&path, true, Some(&user))?;
-                Ok((conn.stat(&path)?, path))
-            })
-            .await
-            .map_err(api)?;
-        Ok(pb::EntryResponse { entry: Some(entry(&s.0, &s.1)) })
+        entry_after(&st, t.sandbox, path, move |conn, path| {
+            if conn.stat(path).is_ok() {
+                return Err(ApiError::new(StatusCode::CONFLICT, "already_exists", format!("{path} exists")));
+            }
+            Ok(conn.mkdir_as(path, true, Some(&user))?)
+        })
+        .await
     })
     .await
 }
@@ -172,16 +176,7 @@ pub(super) async fn move_path(
     unary(&h, body, |req: pb::MoveRequest| async move {
         let user = user?;
         let (from, to) = (resolve(&req.source, &user)?, resolve(&req.destination, &user)?);
-        let id = t.sandbox;
-        let s = st
-            .blocking(move |engine, st| {
-                let mut conn = st.agent(engine, &id, Duration::ZERO)?;
-                conn.rename(&from, &to)?;
-                Ok((conn.stat(&to)?, to))
-            })
-            .await
-            .map_err(api)?;
-        Ok(pb::EntryResponse { entry: Some(entry(&s.0, &s.1)) })
+        entry_after(&st, t.sandbox, to, move |conn, to| Ok(conn.rename(&from, to)?)).await
     })
     .await
 }
