@@ -382,6 +382,9 @@ def test_console_points_and_moves_a_ref(service: Service, browser, tmp_path: Pat
         assert {r["name"]: r["snapshot"] for r in api.get("/v1/refs").json()}["best"] == target
         playwright_api.expect(page.locator("#node-info")).to_contain_text("best", timeout=WAIT_MS)
     page.goto(service.url + f"/ui#/node/{c1}")
+    # A hash change redraws in place: the title names c1 once c1's rows replaced c2's, and the
+    # refs row comes last, so only then is the absence of "best" c1's own answer.
+    playwright_api.expect(page.locator("#node-title")).to_contain_text(c1, timeout=WAIT_MS)
     playwright_api.expect(page.locator("#node-info")).to_contain_text("refs", timeout=WAIT_MS)
     assert "best" not in page.inner_text("#node-info"), "the ref still shows where it was"
     page.goto(service.url + "/ui#/lineage")
