@@ -74,7 +74,7 @@ fuzz_start=$(date +%s)
 )
 mkdir -p "$work/fuzz-artifacts"
 for t in mmio_registers blk_requests vsock_packets rng_chains layer_file process_frames image_import \
-    template_parse dns_queries connect_requests; do
+    template_parse dns_queries connect_requests proc_net_tcp; do
     mkdir -p "$work/fuzz-corpus/$t"
     log="$work/fuzz-$t.log"
     if ! "fuzz/target/x86_64-unknown-linux-gnu/debug/$t" -max_total_time=10 -rss_limit_mb=1024 \

@@ -12,6 +12,8 @@ use std::sync::mpsc::Receiver;
 
 /// Longest path accepted.
 const MAX_PATH: usize = 4096;
+/// The most of a pseudo-file (`/proc`, `/sys`) read when the host set no limit.
+const MAX_PSEUDO_FILE: u64 = 16 << 20;
 /// Most entries a listing returns.
 pub const MAX_ENTRIES: usize = 100_000;
 
@@ -82,6 +84,9 @@ pub fn read(
         ));
     }
     let size = md.len();
+    if size == 0 && (p.starts_with("/proc") || p.starts_with("/sys")) {
+        return read_pseudo(&p, f, max.unwrap_or(MAX_PSEUDO_FILE), emit);
+    }
     if let Some(max) = max.filter(|m| size > *m) {
         return Err(Failure::new(
             ErrorCode::BadRequest,
@@ -104,6 +109,24 @@ pub fn read(
         emit(&buf[..n]);
         total += n as u64;
     }
+}
+
+/// Kernel pseudo-files (procfs, sysfs) say they hold 0 bytes and are made as they are read:
+/// such a file is read whole into memory first, at most `max` bytes (refused past that, as a
+/// regular file is), then sent.
+fn read_pseudo(p: &Path, f: fs::File, max: u64, emit: &mut dyn FnMut(&[u8])) -> Result<u64, Failure> {
+    let mut data = Vec::new();
+    f.take(max.saturating_add(1)).read_to_end(&mut data).map_err(ctx(p))?;
+    if data.len() as u64 > max {
+        return Err(Failure::new(
+            ErrorCode::BadRequest,
+            format!("{} has more than {max} bytes, over the limit for this read", p.display()),
+        ));
+    }
+    for chunk in data.chunks(CHUNK) {
+        emit(chunk);
+    }
+    Ok(data.len() as u64)
 }
 
 /// Where and how a `write_file` request writes.

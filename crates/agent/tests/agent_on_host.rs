@@ -297,6 +297,22 @@ fn a_file_over_the_callers_maximum_is_refused_up_front() {
 }
 
 #[test]
+fn pseudo_files_that_say_they_are_empty_are_read_to_their_end_within_the_maximum() {
+    let mut a = agent();
+    // /proc/self/status reports 0 bytes; what comes back is the agent's own status.
+    let path = "/proc/self/status";
+    assert_eq!(std::fs::metadata(path).unwrap().len(), 0);
+    let text = String::from_utf8(a.client.read_file_bytes(path, 1 << 20).unwrap()).unwrap();
+    assert!(text.starts_with("Name:") && text.contains("\nPid:"), "{text}");
+    let err = a.client.read_file_bytes(path, 16).unwrap_err();
+    assert!(
+        matches!(&err, ClientError::Agent { code: ErrorCode::BadRequest, message } if message.contains("more than 16 bytes")),
+        "{err}"
+    );
+    a.client.ping().unwrap();
+}
+
+#[test]
 fn a_cancelled_read_stops_streaming() {
     let mut a = agent();
     let dir = tempfile::tempdir().unwrap();

@@ -14,7 +14,10 @@ pub struct Runsc {
     /// runsc's state directory (`--root`).
     pub root: PathBuf,
     /// True for a sandbox with a network: runsc's own netstack over the interfaces of the
-    /// network namespace the bundle names (docs/network.md); else `--network=none`.
+    /// network namespace the bundle names, with `--net-disconnect-ok` so that a checkpoint
+    /// saves connections closed but still in `TIME_WAIT` (without it runsc refuses them as it
+    /// refuses open ones; the backend refuses open ones itself first, docs/network.md); else
+    /// `--network=none`.
     pub network: bool,
     /// The version line once [`Runsc::check`] accepted it: every sandbox start checks, and
     /// `runsc --version` costs tens of milliseconds on a loaded host.
@@ -47,8 +50,12 @@ impl Runsc {
     /// A command with the global flags set.
     pub fn command(&self) -> Command {
         let mut c = Command::new(&self.bin);
-        let network = if self.network { "--network=sandbox" } else { "--network=none" };
-        c.arg("--root").arg(&self.root).arg(network).args(SANDBOX_FLAGS);
+        c.arg("--root").arg(&self.root).args(SANDBOX_FLAGS);
+        if self.network {
+            c.args(["--network=sandbox", "--net-disconnect-ok"]);
+        } else {
+            c.arg("--network=none");
+        }
         c
     }
 

@@ -4,6 +4,7 @@
 //! an uplink by a veth with a per-sandbox address. Built with iproute2's `ip` and nftables'
 //! `nft`; everything of a sandbox is found again from its id, so teardown needs nothing else.
 
+pub mod conns;
 pub mod dns;
 mod exec;
 pub mod policy;
