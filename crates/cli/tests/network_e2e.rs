@@ -303,6 +303,44 @@ fn a_fork_is_refused_while_a_connection_is_open_and_goes_through_once_it_closed(
 }
 
 #[test]
+fn a_networked_sandbox_rolls_back_in_place_and_keeps_its_address_policy_and_ports() {
+    let mut net = Net::new("net-rollback");
+    let a = net.create(&["--network"]);
+    net.ok(&["exec", &a, "-s", "--", "echo before > /tmp/state"]);
+    serve(&mut net, &a, 8080);
+    let addr = net.ok(&["host", &a, "8080"]);
+    assert_eq!(fetch_from_uplink(&net, &format!("http://{addr}/whoami")), a);
+    let cp = net.ok(&["checkpoint", &a]).lines().last().unwrap_or_default().to_string();
+    net.ok(&["exec", &a, "-s", "--", "echo after > /tmp/state; rm -rf /tmp/www"]);
+    net.ok(&["rollback", &a, &cp]);
+    assert_eq!(net.ok(&["exec", &a, "--", "cat", "/tmp/state"]), "before");
+    // The same address from inside, the server of the checkpoint at the same exposed address,
+    // and the egress policy still applied.
+    assert_eq!(net.fetch(&a, PUBLIC).0, "200 10.200.0.2", "no network after the rollback");
+    assert_eq!(fetch_from_uplink(&net, &format!("http://{addr}/whoami")), a);
+    assert_eq!(net.fetch(&a, PRIVATE).1.status.code(), Some(REFUSED), "a private address answered");
+    // Twice in a row, and the sandbox answers through its agent after each.
+    net.ok(&["rollback", &a, &cp]);
+    assert_eq!(net.fetch(&a, PUBLIC).0, "200 10.200.0.2", "no network after a second rollback");
+    assert!(ended_of(&net, &a).is_none(), "the sandbox ended: {:?}", ended_of(&net, &a));
+
+    // A checkpoint that cannot come up: the old container is gone by then, so the sandbox ends
+    // and says why, and the error says so too.
+    let bad = net.ok(&["checkpoint", &a]).lines().last().unwrap_or_default().to_string();
+    let img = net.dir.join("snapshots").join(&bad).join("checkpoint").join("checkpoint.img");
+    std::fs::OpenOptions::new().write(true).open(&img).unwrap().set_len(64).unwrap();
+    let out = net.bb().args(["rollback", &a, &bad]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success() && text.contains("the sandbox has ended"), "{text}");
+    let ended = ended_of(&net, &a).unwrap_or_default();
+    assert!(ended.contains("rollback_failed"), "ended.json: {ended:?}");
+}
+
+fn ended_of(net: &Net, id: &str) -> Option<String> {
+    std::fs::read_to_string(net.dir.join("sandboxes").join(id).join("ended.json")).ok()
+}
+
+#[test]
 fn an_allow_list_of_host_names_reaches_what_the_resolver_answered_for_them_only() {
     let mut net = Net::new("net-dns");
     let dns = Dns::start(

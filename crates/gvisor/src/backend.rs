@@ -356,7 +356,8 @@ impl Backend for GvisorBackend {
     }
 }
 
-fn is_zombie(pid: i32) -> bool {
+/// True when process `pid` is gone or a zombie (it holds nothing open any more).
+pub(crate) fn is_zombie(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Err(_) => true,
         Ok(s) => s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),

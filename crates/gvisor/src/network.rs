@@ -38,6 +38,12 @@ pub fn attach(id: &str, dir: &Path, egress: &Egress) -> Result<Attached> {
     Ok(Attached { netns: attached.guest_ns_path, resolv_conf: path })
 }
 
+/// Readies sandbox `id`'s guest namespace for another runsc once the last one is gone
+/// (`NetConfig::readdress_guest`).
+pub fn readdress(id: &str) -> Result<()> {
+    NetConfig::from_env().map_err(map)?.readdress_guest(id).map_err(map)
+}
+
 /// Serves sandbox `id`'s resolver from this process (its shim) until it exits: the policy of
 /// each query is the one recorded in `dir` then.
 pub fn serve_dns(id: &str, dir: &Path) -> Result<()> {

@@ -183,6 +183,16 @@ impl Runsc {
         let _ = c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).status();
     }
 
+    /// The host pid of the container's sandbox process (`runsc state`), while runsc knows it.
+    pub fn sandbox_pid(&self, cid: &str) -> Option<i32> {
+        let mut c = self.command();
+        c.arg("state").arg(cid);
+        let out =
+            c.stdin(Stdio::null()).stderr(Stdio::null()).output().ok().filter(|o| o.status.success())?;
+        let state: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        state["pid"].as_i64().and_then(|p| i32::try_from(p).ok()).filter(|p| *p > 1)
+    }
+
     /// True while runsc reports the container as running or paused.
     fn is_up(&self, cid: &str) -> bool {
         let mut c = self.command();

@@ -156,6 +156,16 @@ fn spawn_container(
     Ok((Container { cid, generation, child: Some(child), stdin }, stdout))
 }
 
+/// Exits the shim with `code` shortly, so that the answer being sent reaches the caller,
+/// which waits for it.
+fn exit_after_answer(code: i32) {
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        crate::shimlog::flush();
+        std::process::exit(code);
+    });
+}
+
 impl Shim {
     fn start_reader(self: &Arc<Self>, stdout: ChildStdout, generation: u64) {
         let me = Arc::clone(self);
@@ -247,12 +257,17 @@ impl Shim {
     /// Stops a container the shim started. Its `runsc run` process lingers for seconds after
     /// the container is gone, so it is reaped on a thread of its own instead of waited for.
     fn retire(&self, c: &mut Container) {
-        self.cfg.runsc.destroy(&c.cid);
-        let _ = std::fs::remove_dir_all(self.cfg.dir.join(format!("bundle-{}", c.cid)));
-        if let Some(mut child) = c.child.take() {
+        self.retire_parts(&c.cid, c.child.take());
+    }
+
+    /// [`Shim::retire`] of container `cid` whose `runsc` process is `child`.
+    fn retire_parts(&self, cid: &str, child: Option<Child>) {
+        self.cfg.runsc.destroy(cid);
+        let _ = std::fs::remove_dir_all(self.cfg.dir.join(format!("bundle-{cid}")));
+        if let Some(mut child) = child {
             std::thread::spawn(move || child.wait());
         }
-        let cid = c.cid.clone();
+        let cid = cid.to_string();
         std::thread::spawn(move || crate::hostcg::remove(&cid));
     }
 
@@ -394,12 +409,7 @@ impl Shim {
                     self.swapping.store(true, Ordering::SeqCst);
                     self.retire(&mut lock(&self.container));
                     let _ = std::fs::remove_file(self.cfg.dir.join("agent.sock"));
-                    // Answer first, then exit: the caller waits for the answer.
-                    std::thread::spawn(|| {
-                        std::thread::sleep(Duration::from_millis(50));
-                        crate::shimlog::flush();
-                        std::process::exit(0);
-                    });
+                    exit_after_answer(0);
                     Ok(())
                 }
             };
@@ -432,8 +442,7 @@ impl Shim {
             return Err("the sandbox is paused; resume it before rolling back".into());
         }
         if self.cfg.runsc.network {
-            // Two generations would share the guest namespace's interface while both run.
-            return Err("rollback of a sandbox with a network is not built yet (docs/network.md); fork from the snapshot instead".into());
+            return self.rollback_networked(image);
         }
         let _closed = self.gate.write().unwrap_or_else(|e| e.into_inner());
         let next = lock(&self.container).generation + 1;
@@ -452,6 +461,72 @@ impl Shim {
         std::thread::spawn(move || me.retire(&mut old));
         self.abandon_client_requests("the sandbox was rolled back while this request ran");
         Ok(())
+    }
+
+    /// Rollback of a sandbox with a network: two generations cannot share the guest
+    /// namespace's one interface (each runsc reads every frame on it and takes its address
+    /// off), so the old container goes first, the interface is addressed again, and the
+    /// checkpoint is restored into it. Slower than the overlapping rollback by the old
+    /// container's removal, and a checkpoint that does not come up ends the sandbox (with
+    /// `ended.json` saying so) instead of leaving it as it was (docs/network.md).
+    fn rollback_networked(self: &Arc<Self>, image: PathBuf) -> Result<(), String> {
+        let _closed = self.gate.write().unwrap_or_else(|e| e.into_inner());
+        self.swapping.store(true, Ordering::SeqCst);
+        let next = {
+            let mut old = lock(&self.container);
+            self.stop_now(&old.cid);
+            // runsc's removal of a restored container takes about 2 s; off the path.
+            let (me, cid, child) = (Arc::clone(self), old.cid.clone(), old.child.take());
+            std::thread::spawn(move || me.retire_parts(&cid, child));
+            old.generation + 1
+        };
+        self.abandon_client_requests("the sandbox was rolled back while this request ran");
+        let restored = crate::network::readdress(&self.cfg.id)
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                spawn_container(&self.cfg, next, Some(&image)).map_err(|e| format!("runsc restore: {e}"))
+            })
+            .and_then(|(mut target, stdout)| {
+                self.start_reader(stdout, next);
+                match self.internal_to(&Request::Thaw { after_fork: None }, &mut target) {
+                    Ok(_) => Ok(target),
+                    Err(e) => {
+                        self.retire(&mut target);
+                        Err(format!("the checkpoint did not come up ({e})"))
+                    }
+                }
+            });
+        match restored {
+            Ok(target) => {
+                *lock(&self.container) = target;
+                self.swapping.store(false, Ordering::SeqCst);
+                Ok(())
+            }
+            Err(e) => {
+                let ended = crate::hostcg::Ended {
+                    reason: "rollback_failed",
+                    detail: format!("the rollback of this networked sandbox stopped it and then failed: {e}"),
+                };
+                if let Err(err) = crate::hostcg::record(&self.cfg.dir, &ended) {
+                    eprintln!("branchbox-shim: cannot record why the sandbox ended: {err}");
+                }
+                eprintln!("branchbox-shim: {}; shutting down", ended.detail);
+                exit_after_answer(1);
+                Err(format!("{e}; the sandbox has ended (the old container was already stopped)"))
+            }
+        }
+    }
+
+    /// Ends container `cid`'s sandbox process at once (SIGKILL) and waits, at most 5 s, until it
+    /// is gone: then nothing of it holds the guest namespace's interface.
+    fn stop_now(&self, cid: &str) {
+        let Some(pid) = self.cfg.runsc.sandbox_pid(cid) else { return };
+        // SAFETY: the pid runsc reports for this shim's own container, read just now.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !crate::backend::is_zombie(pid) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// Answers every client request still waiting on a retired container with an error.

@@ -243,6 +243,19 @@ impl NetConfig {
             .map_err(|e| Error::Io { path: PathBuf::from("/proc/sys/net/ipv4/ip_forward"), source: e })
     }
 
+    /// Gives sandbox `id`'s guest interface its address and default route again. runsc takes
+    /// them off the interface when it starts on it (so the host's stack stays out of the
+    /// guest's traffic), and a rollback restores a new runsc into the same namespace once the
+    /// old one is gone.
+    pub fn readdress_guest(&self, id: &str) -> Result<()> {
+        let n = Names::of(id)?;
+        let guest = format!(
+            "link set {GUEST_IF} up\naddr replace {GUEST_ADDR}/{GUEST_PREFIX} dev {GUEST_IF}\nroute replace default via {GATEWAY}\n"
+        );
+        run("ip", &["-n", &n.guest_ns, "-batch", "-"], &guest, None, "address the guest's interface again")
+            .map(drop)
+    }
+
     /// Replaces sandbox `id`'s egress policy in one nftables transaction.
     pub fn set_egress(&self, id: &str, egress: &Egress) -> Result<()> {
         let n = Names::of(id)?;

@@ -6,7 +6,8 @@
 //!   recorded (or provably complete) snapshot, and *reaped* (every process stopped, its
 //!   directory removed) otherwise;
 //! - a record whose runtime is gone is marked lost, with the reason the shim left in
-//!   `ended.json` (`memory_limit`, `process_limit`, `agent_exited`) or "runtime gone".
+//!   `ended.json` (`memory_limit`, `process_limit`, `agent_exited`, `rollback_failed`) or
+//!   "runtime gone".
 //!
 //! A child is complete when the engine wrote its intent (`intent.json`: the record of the
 //! snapshot it starts from) before starting it, that snapshot is recorded or its data is on
