@@ -343,11 +343,12 @@ fn ended_of(net: &Net, id: &str) -> Option<String> {
 #[test]
 fn an_allow_list_of_host_names_reaches_what_the_resolver_answered_for_them_only() {
     let mut net = Net::new("net-dns");
-    let dns = Dns::start(
-        &net.inet.netns,
-        &[("allowed.test", PUBLIC), ("other.test", OTHER_PUBLIC), ("rebind.test", METADATA)],
-    )
-    .unwrap();
+    // many.test has 40 addresses: its answer (about 700 bytes) comes truncated over UDP.
+    let many: Vec<(&str, std::net::Ipv4Addr)> =
+        (0..40).map(|i| ("many.test", std::net::Ipv4Addr::new(203, 0, 113, 100 + i))).collect();
+    let mut names = vec![("allowed.test", PUBLIC), ("other.test", OTHER_PUBLIC), ("rebind.test", METADATA)];
+    names.extend(many);
+    let dns = Dns::start(&net.inet.netns, &names).unwrap();
     let resolvers = DNS_SERVER.to_string();
     let sh = |net: &Net, id: &str, line: &str| {
         net.bb()
@@ -372,6 +373,10 @@ fn an_allow_list_of_host_names_reaches_what_the_resolver_answered_for_them_only(
     let out = sh(&net, &open, "cat /etc/resolv.conf; getent hosts other.test");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && text.contains("nameserver 10.200.0.1"), "{out:?}");
+    // A truncated answer: the guest's resolver asks again over TCP, and so does the forwarder.
+    let out = sh(&net, &open, "getent ahostsv4 many.test | awk '{print $1}' | sort -u | wc -l");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "40", "{out:?}");
+    assert!(dns.asked_over_tcp().contains(&"many.test".to_string()), "{:?}", dns.asked_over_tcp());
     assert!(text.contains(&OTHER_PUBLIC.to_string()), "{text}");
 
     let l = create(&mut net, &["--allow", "allowed.test", "--allow", "rebind.test"]);

@@ -1,5 +1,7 @@
 //! The sandbox's resolver: a DNS forwarder on the router's guest-side address (the guest's
-//! gateway, port 53, UDP), one per networked sandbox, run by its shim.
+//! gateway, port 53, UDP and TCP), one per networked sandbox, run by its shim. A query that
+//! comes over TCP (the guest's resolver retries there when a UDP answer was truncated) is
+//! asked upstream over TCP too, so large answers arrive whole.
 //!
 //! It asks the upstream resolvers ([`NetConfig::upstreams`]) from the host's namespace (or the
 //! uplink namespace), so a host resolver on loopback works and the guest never talks to a
@@ -23,7 +25,8 @@ use crate::sandbox::GATEWAY;
 use crate::{Error, Names, NetConfig, Result};
 use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
 use hickory_proto::rr::RData;
-use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,6 +37,10 @@ const MAX_MESSAGE: usize = 4096;
 const UPSTREAM_WAIT: Duration = Duration::from_secs(2);
 /// Queries worked on at once; more are dropped, and the guest's resolver asks again.
 const MAX_IN_FLIGHT: usize = 32;
+/// TCP connections from the guest served at once; more are closed at once.
+const MAX_TCP_CONNECTIONS: usize = 8;
+/// How long a guest's TCP connection may stay silent, before or between queries.
+const TCP_IDLE: Duration = Duration::from_secs(10);
 /// The shortest time a resolved address stays allowed: records with a TTL of seconds would
 /// expire between the answer and the connection.
 pub const MIN_ALLOW_S: u32 = 60;
@@ -66,6 +73,14 @@ struct Forwarder {
     upstreams: Vec<SocketAddr>,
     policy: Policy,
     in_flight: AtomicUsize,
+    tcp_connections: AtomicUsize,
+}
+
+/// How a query reached the forwarder, and so how it is asked upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    Udp,
+    Tcp,
 }
 
 /// Starts sandbox `id`'s forwarder: binds the guest's resolver address inside its router
@@ -73,19 +88,80 @@ struct Forwarder {
 /// serves it from a thread of its own for as long as the process lives.
 pub fn start(cfg: NetConfig, id: &str, policy: Policy) -> Result<()> {
     let names = Names::of(id)?;
-    let socket = in_netns(&names.router_ns, || UdpSocket::bind((GATEWAY, 53)))?.map_err(|e| {
+    let cannot = |e: std::io::Error| {
         Error::Command(format!("cannot serve DNS on {GATEWAY}:53 in the namespace {}: {e}", names.router_ns))
-    })?;
+    };
+    let socket = in_netns(&names.router_ns, || UdpSocket::bind((GATEWAY, 53)))?.map_err(cannot)?;
+    let listener = in_netns(&names.router_ns, || TcpListener::bind((GATEWAY, 53)))?.map_err(cannot)?;
     let upstreams: Vec<SocketAddr> = cfg.upstreams().into_iter().map(|a| SocketAddr::from((a, 53))).collect();
     if upstreams.is_empty() {
         eprintln!(
             "branchbox-dns: no upstream resolver (BRANCHBOX_NET_RESOLVERS is unset and /etc/resolv.conf names no IPv4 nameserver); every query will fail"
         );
     }
-    let fwd =
-        Arc::new(Forwarder { cfg, id: id.to_string(), upstreams, policy, in_flight: AtomicUsize::new(0) });
+    let fwd = Arc::new(Forwarder {
+        cfg,
+        id: id.to_string(),
+        upstreams,
+        policy,
+        in_flight: AtomicUsize::new(0),
+        tcp_connections: AtomicUsize::new(0),
+    });
+    let tcp = Arc::clone(&fwd);
+    std::thread::spawn(move || serve_tcp(listener, tcp));
     std::thread::spawn(move || serve(Arc::new(socket), fwd));
     Ok(())
+}
+
+/// Serves DNS over TCP (RFC 7766): each message behind its two-byte length, answered in turn
+/// on the same connection, which closes after [`TCP_IDLE`] of silence or on anything that
+/// is not a whole message.
+fn serve_tcp(listener: TcpListener, fwd: Arc<Forwarder>) {
+    for conn in listener.incoming() {
+        let Ok(conn) = conn else { continue };
+        if fwd.tcp_connections.fetch_add(1, Ordering::SeqCst) >= MAX_TCP_CONNECTIONS {
+            fwd.tcp_connections.fetch_sub(1, Ordering::SeqCst);
+            continue;
+        }
+        let fwd = Arc::clone(&fwd);
+        std::thread::spawn(move || {
+            let _ =
+                conn.set_read_timeout(Some(TCP_IDLE)).and_then(|()| conn.set_write_timeout(Some(TCP_IDLE)));
+            let mut conn = conn;
+            while let Some(query) = read_tcp_message(&mut conn) {
+                if let Some(reply) = fwd.answer(&query, Transport::Tcp) {
+                    if write_tcp_message(&mut conn, &reply).is_err() {
+                        break;
+                    }
+                }
+            }
+            fwd.tcp_connections.fetch_sub(1, Ordering::SeqCst);
+        });
+    }
+}
+
+/// One length-prefixed DNS message from `r`, or `None` at its end, on an error or timeout, or
+/// for an empty message.
+fn read_tcp_message(r: &mut impl Read) -> Option<Vec<u8>> {
+    let mut len = [0u8; 2];
+    r.read_exact(&mut len).ok()?;
+    let len = usize::from(u16::from_be_bytes(len));
+    if len == 0 {
+        return None;
+    }
+    let mut msg = vec![0u8; len];
+    r.read_exact(&mut msg).ok()?;
+    Some(msg)
+}
+
+/// Writes `msg` behind its two-byte length (a DNS message over TCP is at most 65,535 bytes).
+fn write_tcp_message(w: &mut impl Write, msg: &[u8]) -> std::io::Result<()> {
+    let len =
+        u16::try_from(msg.len()).map_err(|_| std::io::Error::other("a DNS message over 65,535 bytes"))?;
+    let mut framed = Vec::with_capacity(msg.len() + 2);
+    framed.extend_from_slice(&len.to_be_bytes());
+    framed.extend_from_slice(msg);
+    w.write_all(&framed)
 }
 
 fn serve(socket: Arc<UdpSocket>, fwd: Arc<Forwarder>) {
@@ -106,7 +182,7 @@ fn serve(socket: Arc<UdpSocket>, fwd: Arc<Forwarder>) {
         }
         let (query, socket, fwd) = (buf[..n].to_vec(), Arc::clone(&socket), Arc::clone(&fwd));
         std::thread::spawn(move || {
-            if let Some(reply) = fwd.answer(&query) {
+            if let Some(reply) = fwd.answer(&query, Transport::Udp) {
                 let _ = socket.send_to(&reply, from);
             }
             fwd.in_flight.fetch_sub(1, Ordering::SeqCst);
@@ -170,14 +246,17 @@ pub fn screen(raw: &[u8], egress: Option<&Egress>) -> Screened {
 }
 
 impl Forwarder {
-    /// The answer to the raw message `raw` from the guest, or `None` to say nothing.
-    fn answer(&self, raw: &[u8]) -> Option<Vec<u8>> {
+    /// The answer to the raw message `raw` from the guest, which came `via`, or `None` to say
+    /// nothing.
+    fn answer(&self, raw: &[u8], via: Transport) -> Option<Vec<u8>> {
         let (query, name, learn) = match screen(raw, (self.policy)().as_ref()) {
             Screened::Ignore => return None,
             Screened::Reply(reply) => return Some(reply),
             Screened::Forward { query, name, learn } => (query, name, learn),
         };
-        let Some(mut reply) = self.ask_upstream(raw) else { return refusal(&query, ResponseCode::ServFail) };
+        let Some(mut reply) = self.ask_upstream(raw, via) else {
+            return refusal(&query, ResponseCode::ServFail);
+        };
         let Ok(parsed) = Message::from_vec(&reply) else { return refusal(&query, ResponseCode::ServFail) };
         if parsed.message_type() != MessageType::Response || parsed.queries() != query.queries() {
             return refusal(&query, ResponseCode::ServFail);
@@ -194,11 +273,14 @@ impl Forwarder {
     }
 
     /// The raw answer of the first upstream resolver that answers `raw` (sent under an id of
-    /// our own, which the answer must carry).
-    fn ask_upstream(&self, raw: &[u8]) -> Option<Vec<u8>> {
+    /// our own, which the answer must carry), asked over the transport the guest used.
+    fn ask_upstream(&self, raw: &[u8], via: Transport) -> Option<Vec<u8>> {
         let mut query = raw.to_vec();
         let id = random_id();
         query[..2].copy_from_slice(&id.to_be_bytes());
+        if via == Transport::Tcp {
+            return self.upstreams.iter().find_map(|up| self.ask_upstream_tcp(*up, &query, id));
+        }
         for up in &self.upstreams {
             let socket = match self.cfg.uplink_ns() {
                 Some(ns) => in_netns(ns, || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))).ok()?.ok()?,
@@ -220,6 +302,21 @@ impl Forwarder {
             }
         }
         None
+    }
+
+    /// `query` (under `id`) asked of `up` over TCP, within [`UPSTREAM_WAIT`] for the
+    /// connection and for each read and write.
+    fn ask_upstream_tcp(&self, up: SocketAddr, query: &[u8], id: u16) -> Option<Vec<u8>> {
+        let connect = move || TcpStream::connect_timeout(&up, UPSTREAM_WAIT);
+        let mut conn = match self.cfg.uplink_ns() {
+            Some(ns) => in_netns(ns, connect).ok()?.ok()?,
+            None => connect().ok()?,
+        };
+        conn.set_read_timeout(Some(UPSTREAM_WAIT)).ok()?;
+        conn.set_write_timeout(Some(UPSTREAM_WAIT)).ok()?;
+        write_tcp_message(&mut conn, query).ok()?;
+        let reply = read_tcp_message(&mut conn)?;
+        (reply.len() >= 2 && reply[..2] == id.to_be_bytes()).then_some(reply)
     }
 }
 
@@ -274,6 +371,7 @@ mod tests {
             upstreams: vec![upstream],
             policy: Box::new(move || Some(egress.clone())),
             in_flight: AtomicUsize::new(0),
+            tcp_connections: AtomicUsize::new(0),
         }
     }
 
@@ -318,17 +416,18 @@ mod tests {
         // Nothing listens on this upstream: a query that went out would come back SERVFAIL
         // after UPSTREAM_WAIT instead of REFUSED.
         let f = forwarder(Egress::DenyAll, "127.0.0.1:9".parse().unwrap());
-        let r = Message::from_vec(&f.answer(&query("pypi.org.").to_vec().unwrap()).unwrap()).unwrap();
+        let r = Message::from_vec(&f.answer(&query("pypi.org.").to_vec().unwrap(), Transport::Udp).unwrap())
+            .unwrap();
         assert_eq!((r.id(), r.response_code(), r.queries().len()), (0x1234, ResponseCode::Refused, 1));
-        let r = Message::from_vec(&f.answer(&[0xab, 0xcd, 0xff]).unwrap()).unwrap();
+        let r = Message::from_vec(&f.answer(&[0xab, 0xcd, 0xff], Transport::Udp).unwrap()).unwrap();
         assert_eq!((r.id(), r.response_code()), (0xabcd, ResponseCode::FormErr));
-        assert_eq!(f.answer(&[0x01]), None, "a runt got an answer");
+        assert_eq!(f.answer(&[0x01], Transport::Udp), None, "a runt got an answer");
         let mut answer = query("pypi.org.");
         answer.set_message_type(MessageType::Response);
-        assert_eq!(f.answer(&answer.to_vec().unwrap()), None, "an answer was answered");
+        assert_eq!(f.answer(&answer.to_vec().unwrap(), Transport::Udp), None, "an answer was answered");
         let mut two = query("a.example.");
         two.add_query(Query::query(Name::from_str("b.example.").unwrap(), RecordType::A));
-        let r = Message::from_vec(&f.answer(&two.to_vec().unwrap()).unwrap()).unwrap();
+        let r = Message::from_vec(&f.answer(&two.to_vec().unwrap(), Transport::Udp).unwrap()).unwrap();
         assert_eq!(r.response_code(), ResponseCode::FormErr);
     }
 
@@ -336,12 +435,49 @@ mod tests {
     fn an_answer_comes_back_under_the_guests_id() {
         let (addr, server) = upstream(vec![([203, 0, 113, 10], 300)]);
         let f = forwarder(Egress::Internet, addr);
-        let reply = f.answer(&query("www.example.").to_vec().unwrap()).expect("an answer");
+        let reply = f.answer(&query("www.example.").to_vec().unwrap(), Transport::Udp).expect("an answer");
         let asked = server.join().unwrap();
         assert_eq!(asked.queries(), query("www.example.").queries(), "the question changed on the way");
         let reply = Message::from_vec(&reply).unwrap();
         assert_eq!((reply.id(), reply.response_code()), (0x1234, ResponseCode::NoError));
         assert_eq!(reply.answers().len(), 1);
+    }
+
+    #[test]
+    fn a_query_over_tcp_is_asked_over_tcp_and_a_large_answer_comes_back_whole() {
+        // 100 addresses: about 1.7 KB, past what a plain UDP answer may carry (512 bytes).
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let got = Message::from_vec(&read_tcp_message(&mut conn).unwrap()).unwrap();
+            let mut reply = got.clone();
+            reply.set_message_type(MessageType::Response);
+            let name = got.queries()[0].name().clone();
+            for i in 0..100u8 {
+                reply.add_answer(Record::from_rdata(name.clone(), 300, RData::A(A::new(203, 0, 113, i))));
+            }
+            write_tcp_message(&mut conn, &reply.to_vec().unwrap()).unwrap();
+            got
+        });
+        let f = forwarder(Egress::Internet, addr);
+        let reply = f.answer(&query("big.example.").to_vec().unwrap(), Transport::Tcp).expect("an answer");
+        assert_eq!(server.join().unwrap().queries(), query("big.example.").queries());
+        assert!(reply.len() > 1500, "{} bytes", reply.len());
+        let reply = Message::from_vec(&reply).unwrap();
+        assert_eq!((reply.id(), reply.answers().len()), (0x1234, 100));
+    }
+
+    #[test]
+    fn tcp_framing_takes_whole_messages_only() {
+        let mut framed = Vec::new();
+        write_tcp_message(&mut framed, b"abc").unwrap();
+        assert_eq!(framed, [0, 3, b'a', b'b', b'c']);
+        assert_eq!(read_tcp_message(&mut framed.as_slice()), Some(b"abc".to_vec()));
+        assert_eq!(read_tcp_message(&mut &[0u8, 5, 1, 2][..]), None, "a short message was taken");
+        assert_eq!(read_tcp_message(&mut &[0u8, 0][..]), None, "an empty message was taken");
+        assert_eq!(read_tcp_message(&mut &[7u8][..]), None, "half a length was taken");
+        assert!(write_tcp_message(&mut Vec::new(), &vec![0u8; 70_000]).is_err());
     }
 
     #[test]
@@ -357,7 +493,9 @@ mod tests {
             socket.send_to(&reply.to_vec().unwrap(), from).unwrap();
         });
         let f = forwarder(Egress::Internet, addr);
-        let reply = Message::from_vec(&f.answer(&query("www.example.").to_vec().unwrap()).unwrap()).unwrap();
+        let reply =
+            Message::from_vec(&f.answer(&query("www.example.").to_vec().unwrap(), Transport::Udp).unwrap())
+                .unwrap();
         liar.join().unwrap();
         assert_eq!(reply.response_code(), ResponseCode::ServFail);
     }

@@ -359,7 +359,7 @@ pub fn router_table(egress: &Egress, pool: Cidr, resolver: Ipv4Addr, guest: Ipv4
     ct state established,related accept
     iifname \"lo\" accept
     iifname \"{GUEST_SIDE}\" ip daddr {resolver} udp dport 53 accept
-    iifname \"{GUEST_SIDE}\" ip daddr {resolver} tcp dport 53 reject with tcp reset
+    iifname \"{GUEST_SIDE}\" ip daddr {resolver} tcp dport 53 accept
   }}
   chain postrouting {{
     type nat hook postrouting priority srcnat; policy accept;
@@ -488,15 +488,15 @@ mod tests {
     }
 
     #[test]
-    fn only_the_forwarder_is_reachable_in_the_router_and_only_over_udp() {
+    fn only_the_forwarder_is_reachable_in_the_router() {
         let t = router_table(&Egress::DenyAll, pool(), RESOLVER, GUEST);
         let input = &t[t.find("chain input").unwrap()..];
         let input = &input[..input.find('}').unwrap()];
         assert!(input.contains("policy drop"), "{input}");
         let accepts: Vec<&str> = input.lines().filter(|l| l.trim_end().ends_with("accept")).collect();
-        assert_eq!(accepts.len(), 3, "{input}");
-        assert!(accepts[2].contains("ip daddr 10.200.0.1 udp dport 53"), "{input}");
-        assert!(input.contains("tcp dport 53 reject with tcp reset"), "{input}");
+        assert_eq!(accepts.len(), 4, "{input}");
+        assert!(accepts[2].contains("iifname \"gw0\" ip daddr 10.200.0.1 udp dport 53"), "{input}");
+        assert!(accepts[3].contains("iifname \"gw0\" ip daddr 10.200.0.1 tcp dport 53"), "{input}");
     }
 
     #[test]

@@ -8,7 +8,8 @@ use crate::exec::{in_netns, run};
 use crate::{Error, Result};
 use hickory_proto::op::{Message, MessageType, ResponseCode};
 use hickory_proto::rr::{rdata::A, RData, Record, RecordType};
-use std::net::{Ipv4Addr, UdpSocket};
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpListener, UdpSocket};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 
@@ -97,50 +98,90 @@ impl Drop for Internet {
     }
 }
 
-/// A test resolver on [`DNS_SERVER`]:53 (UDP) inside a test internet's namespace: answers A
-/// queries for its names (TTL 300), NXDOMAIN for the rest, and remembers every name it was
-/// asked, so a test sees what reached upstream.
+/// A test resolver on [`DNS_SERVER`]:53 (UDP and TCP) inside a test internet's namespace:
+/// answers A queries for its names (TTL 300; a name listed more than once gets every address),
+/// NXDOMAIN for the rest, and remembers every name it was asked, so a test sees what reached
+/// upstream. Over UDP it behaves as a resolver without EDNS: an answer past 512 bytes goes
+/// out truncated (TC set, no records), and the asker must come back over TCP.
 pub struct Dns {
     asked: Arc<Mutex<Vec<String>>>,
+    asked_over_tcp: Arc<Mutex<Vec<String>>>,
+}
+
+/// The test resolver's answer to the raw query `raw`, and the name asked.
+fn test_answer(names: &[(String, Ipv4Addr)], raw: &[u8]) -> Option<(Message, String)> {
+    let q = Message::from_vec(raw).ok()?;
+    let question = q.queries().first()?.clone();
+    let name = question.name().to_ascii().trim_end_matches('.').to_ascii_lowercase();
+    let mut reply = q.clone();
+    reply.set_message_type(MessageType::Response).set_recursion_available(true);
+    let mut known = false;
+    for (_, addr) in names.iter().filter(|(n, _)| *n == name) {
+        known = true;
+        if question.query_type() == RecordType::A {
+            reply.add_answer(Record::from_rdata(question.name().clone(), 300, RData::A(A::from(*addr))));
+        }
+    }
+    if !known {
+        reply.set_response_code(ResponseCode::NXDomain);
+    }
+    Some((reply, name))
 }
 
 impl Dns {
-    /// Serves `names` (lowercase, without the trailing dot) in namespace `netns` from a thread
-    /// that lives as long as the test process.
+    /// Serves `names` (lowercase, without the trailing dot) in namespace `netns` from threads
+    /// that live as long as the test process.
     pub fn start(netns: &str, names: &[(&str, Ipv4Addr)]) -> Result<Dns> {
         let socket = in_netns(netns, || UdpSocket::bind((DNS_SERVER, 53)))?
             .map_err(|e| Error::Command(format!("the test resolver cannot listen: {e}")))?;
-        let names: Vec<(String, Ipv4Addr)> = names.iter().map(|(n, a)| (n.to_string(), *a)).collect();
-        let asked = Arc::new(Mutex::new(Vec::new()));
-        let log = Arc::clone(&asked);
+        let listener = in_netns(netns, || TcpListener::bind((DNS_SERVER, 53)))?
+            .map_err(|e| Error::Command(format!("the test resolver cannot listen over TCP: {e}")))?;
+        let names: Arc<Vec<(String, Ipv4Addr)>> =
+            Arc::new(names.iter().map(|(n, a)| (n.to_string(), *a)).collect());
+        let dns = Dns { asked: Arc::default(), asked_over_tcp: Arc::default() };
+        let (log, udp_names) = (Arc::clone(&dns.asked), Arc::clone(&names));
         std::thread::spawn(move || {
             let mut buf = [0u8; 4096];
             while let Ok((n, from)) = socket.recv_from(&mut buf) {
-                let Ok(q) = Message::from_vec(&buf[..n]) else { continue };
-                let Some(question) = q.queries().first() else { continue };
-                let name = question.name().to_ascii().trim_end_matches('.').to_ascii_lowercase();
-                log.lock().unwrap_or_else(|e| e.into_inner()).push(name.clone());
-                let mut reply = q.clone();
-                reply.set_message_type(MessageType::Response).set_recursion_available(true);
-                match names.iter().find(|(n, _)| *n == name) {
-                    Some((_, addr)) if question.query_type() == RecordType::A => {
-                        reply.add_answer(Record::from_rdata(
-                            question.name().clone(),
-                            300,
-                            RData::A(A::from(*addr)),
-                        ));
-                    }
-                    Some(_) => {}
-                    None => {
-                        reply.set_response_code(ResponseCode::NXDomain);
-                    }
+                let Some((mut reply, name)) = test_answer(&udp_names, &buf[..n]) else { continue };
+                log.lock().unwrap_or_else(|e| e.into_inner()).push(name);
+                if reply.to_vec().map_or(0, |b| b.len()) > 512 {
+                    reply.take_answers();
+                    reply.set_truncated(true);
                 }
                 if let Ok(bytes) = reply.to_vec() {
                     let _ = socket.send_to(&bytes, from);
                 }
             }
         });
-        Ok(Dns { asked })
+        let (log, tcp_log) = (Arc::clone(&dns.asked), Arc::clone(&dns.asked_over_tcp));
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                let mut len = [0u8; 2];
+                let mut msg = Vec::new();
+                let read = conn.read_exact(&mut len).and_then(|()| {
+                    msg.resize(usize::from(u16::from_be_bytes(len)), 0);
+                    conn.read_exact(&mut msg)
+                });
+                let Some((reply, name)) = read.ok().and_then(|()| test_answer(&names, &msg)) else {
+                    continue;
+                };
+                log.lock().unwrap_or_else(|e| e.into_inner()).push(name.clone());
+                tcp_log.lock().unwrap_or_else(|e| e.into_inner()).push(name);
+                if let Ok(bytes) = reply.to_vec() {
+                    let mut framed = (bytes.len() as u16).to_be_bytes().to_vec();
+                    framed.extend_from_slice(&bytes);
+                    let _ = conn.write_all(&framed);
+                }
+            }
+        });
+        Ok(dns)
+    }
+
+    /// Every name asked over TCP so far, in order.
+    pub fn asked_over_tcp(&self) -> Vec<String> {
+        self.asked_over_tcp.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Every name asked so far, in order.
