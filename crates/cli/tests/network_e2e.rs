@@ -463,6 +463,42 @@ fn fetch_from_uplink(net: &Net, url: &str) -> String {
     }
 }
 
+/// A UDP echo server on port 5353: answers `echo ` and what it got.
+const UDP_ECHO: &str = r#"
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(('0.0.0.0', 5353))
+while True:
+    d, a = s.recvfrom(512)
+    s.sendto(b'echo ' + d, a)
+"#;
+
+/// Sends `argv[3]` to `argv[1]:argv[2]` over UDP each second until an answer comes (a minute
+/// at most, while the server starts), and prints it.
+const UDP_CLIENT: &str = r#"
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(1)
+for _ in range(60):
+    s.sendto(sys.argv[3].encode(), (sys.argv[1], int(sys.argv[2])))
+    try:
+        print(s.recv(512).decode())
+        sys.exit(0)
+    except OSError:
+        time.sleep(0.2)
+sys.exit(1)
+"#;
+
+/// One datagram to `ip:port` from the test's internet namespace, and the answer's text.
+fn udp_from_uplink(net: &Net, ip: &str, port: u16, text: &str) -> String {
+    let out = Command::new("ip")
+        .args(["netns", "exec", &net.inet.netns, "python3", "-c", UDP_CLIENT, ip, &port.to_string(), text])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "no UDP answer from {ip}:{port}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
 #[test]
 fn exposed_ports_answer_from_the_uplink_side_only_each_sandbox_at_its_own_address() {
     let mut net = Net::new("net-ports");
@@ -486,6 +522,11 @@ fn exposed_ports_answer_from_the_uplink_side_only_each_sandbox_at_its_own_addres
     let url = format!("http://{addr}/whoami");
     let out = net.bb().args(["exec", &b, "--", "curl", "-s", "-m", "5", &url]).output().unwrap();
     assert_eq!(out.status.code(), Some(REFUSED), "b reached a's exposed port: {out:?}");
+
+    // UDP too: an echo server in the sandbox answers a datagram from the uplink side.
+    net.ok(&["spawn", &a, "--", "python3", "-c", UDP_ECHO]);
+    let ip = addr.split(':').next().unwrap_or_default().to_string();
+    assert_eq!(udp_from_uplink(&net, &ip, 5353, "ping"), "echo ping");
 
     // The child serves at its own address.
     serve(&mut net, &child, 8081);

@@ -327,11 +327,10 @@ fn private() -> Vec<Cidr> {
 pub const RESOLVED_SET: &str = "resolved";
 
 /// The whole table of a router namespace: forwarding from the guest through `egress`, replies
-/// only, nothing into the router itself from the guest but DNS to `resolver` (the forwarder on
-/// the router's guest-side address; TCP there is reset, as it is not served), and NAT out of
-/// the uplink. A TCP connection that arrives on the uplink, at the router's own uplink
-/// address, is passed on to the guest's `guest` address at the same port: the sandbox's
-/// exposed ports. Only the uplink's far side reaches that address (the host, or a test's
+/// only, nothing into the router itself from the guest but DNS (UDP and TCP) to `resolver`
+/// (the forwarder on the router's guest-side address), and NAT out of the uplink. A TCP
+/// connection or a UDP flow that arrives on the uplink, at the router's own uplink address, is
+/// passed on to the guest's `guest` address at the same port: the sandbox's exposed ports. Only the uplink's far side reaches that address (the host, or a test's
 /// namespace); the pool is refused to every guest, and the host refuses flows into uplinks
 /// from anywhere but itself.
 pub fn router_table(egress: &Egress, pool: Cidr, resolver: Ipv4Addr, guest: Ipv4Addr) -> String {
@@ -348,11 +347,11 @@ pub fn router_table(egress: &Egress, pool: Cidr, resolver: Ipv4Addr, guest: Ipv4
     type filter hook forward priority filter; policy drop;
     ct state established,related accept
     iifname \"{GUEST_SIDE}\" oifname \"{UPLINK_SIDE}\" jump egress
-    iifname \"{UPLINK_SIDE}\" oifname \"{GUEST_SIDE}\" ct status dnat meta l4proto tcp ip daddr {guest} accept
+    iifname \"{UPLINK_SIDE}\" oifname \"{GUEST_SIDE}\" ct status dnat meta l4proto {{ tcp, udp }} ip daddr {guest} accept
   }}
   chain prerouting {{
     type nat hook prerouting priority dstnat; policy accept;
-    iifname \"{UPLINK_SIDE}\" meta l4proto tcp dnat ip to {guest}
+    iifname \"{UPLINK_SIDE}\" meta l4proto {{ tcp, udp }} dnat ip to {guest}
   }}
   chain input {{
     type filter hook input priority filter; policy drop;
@@ -475,14 +474,14 @@ mod tests {
     }
 
     #[test]
-    fn only_tcp_from_the_uplink_is_passed_to_the_guest() {
+    fn only_tcp_and_udp_from_the_uplink_are_passed_to_the_guest() {
         let t = router_table(&Egress::DenyAll, pool(), RESOLVER, GUEST);
-        assert!(t.contains("iifname \"up0\" meta l4proto tcp dnat ip to 10.200.0.2"), "{t}");
+        assert!(t.contains("iifname \"up0\" meta l4proto { tcp, udp } dnat ip to 10.200.0.2"), "{t}");
         let inbound: Vec<&str> = t.lines().filter(|l| l.contains("iifname \"up0\"")).collect();
         assert_eq!(inbound.len(), 2, "{t}");
         assert!(
-            inbound.iter().all(|l| l.contains("meta l4proto tcp")),
-            "something but TCP enters from the uplink:\n{t}"
+            inbound.iter().all(|l| l.contains("meta l4proto { tcp, udp }")),
+            "something but TCP and UDP enters from the uplink:\n{t}"
         );
         assert!(inbound[0].contains("ct status dnat") && inbound[0].ends_with("accept"), "{t}");
     }
