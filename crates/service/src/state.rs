@@ -137,10 +137,13 @@ impl AppState {
     pub fn agent(&self, engine: &Engine, id: &SandboxId, beyond: Duration) -> ApiResult<AgentConn> {
         let mut conn = engine.connect(id)?;
         let stall = Some(self.cfg.agent_stall + beyond);
-        let stream = conn.stream_mut();
-        stream
-            .set_read_timeout(stall)
-            .and_then(|()| stream.set_write_timeout(stall))
+        // Reads wait for the client's own per-frame limit (it sets the socket's read timeout
+        // before each read), so that limit is the stall; writes keep the socket's timeout.
+        let mut limits = conn.limits();
+        limits.timeout = stall;
+        conn.set_limits(limits);
+        conn.stream_mut()
+            .set_write_timeout(stall)
             .map_err(|e| ApiError::internal(format!("cannot bound the agent connection: {e}")))?;
         Ok(conn)
     }

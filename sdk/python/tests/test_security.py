@@ -92,6 +92,7 @@ def test_an_agent_that_stops_answering_frees_its_worker(workdir):
     until the 600 s request limit (the client's own timeout is far below that)."""
     import os
     import subprocess
+    import time
 
     from conftest import _serve
 
@@ -103,8 +104,13 @@ def test_an_agent_that_stops_answering_frees_its_worker(workdir):
         # Frozen behind the service's back: the shim still accepts, the agent never answers.
         subprocess.run([*runsc, "pause", f"{sid}-g1"], check=True)
         try:
+            started = time.monotonic()
             r = c.get(f"/v1/sandboxes/{sid}/files/list", params={"path": "/"}, timeout=120)
+            waited = time.monotonic() - started
             assert (r.status_code, r.json()["error"]["code"]) == (502, "agent_unavailable"), r.text
+            # The service's --agent-stall (2 s here) bounds the wait, not the agent client's
+            # own 60 s default (which it once did: the client reset the socket's timeout).
+            assert waited < 30, f"the stall limit of 2 s was not applied: {waited:.1f} s"
         finally:
             subprocess.run([*runsc, "resume", f"{sid}-g1"], check=True)
         assert c.get(f"/v1/sandboxes/{sid}/files/list", params={"path": "/"}).status_code == 200
