@@ -84,7 +84,11 @@ def test_a_service_killed_mid_fork_shows_or_reaps_every_child_after_restart(work
         svc.stop(signal.SIGKILL)
         t.join()
         children = {d.name for d in boxes.iterdir() if d.name != src}
+        restarted = time.monotonic()
         svc.start()
+        # Each child is probed for 2 s at most (a child restored but never thawed holds its
+        # answers); the probe once waited the agent client's 60 s default instead.
+        assert time.monotonic() - restarted < 45, "the restart waited past its probes' bound"
         with svc.client() as c:
             listed = {s["id"]: s for s in c.get("/v1/sandboxes").json()}
             audit = c.get("/v1/audit").json()

@@ -257,10 +257,12 @@ impl Engine {
     /// True when the agent in `dir` answers, within [`PROBE_TIMEOUT`], as sandbox `id`.
     fn answers_as(&self, dir: &Path, id: &SandboxId) -> bool {
         let Ok(mut conn) = self.gvisor.connect(dir) else { return false };
-        let s = conn.stream_mut();
-        if s.set_read_timeout(Some(PROBE_TIMEOUT)).is_err()
-            || s.set_write_timeout(Some(PROBE_TIMEOUT)).is_err()
-        {
+        // The client sets the socket's read timeout from its own limit before each read, so
+        // the probe's bound goes there (a child restored but never thawed holds its answers).
+        let mut limits = conn.limits();
+        limits.timeout = Some(PROBE_TIMEOUT);
+        conn.set_limits(limits);
+        if conn.stream_mut().set_write_timeout(Some(PROBE_TIMEOUT)).is_err() {
             return false;
         }
         conn.info().is_ok_and(|i| i.sandbox_id == id.as_str())
