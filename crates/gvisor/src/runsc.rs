@@ -183,27 +183,24 @@ impl Runsc {
         let _ = c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).status();
     }
 
-    /// The host pid of the container's sandbox process (`runsc state`), while runsc knows it.
-    pub fn sandbox_pid(&self, cid: &str) -> Option<i32> {
+    /// `runsc state` of the container, while runsc knows it.
+    fn state(&self, cid: &str) -> Option<serde_json::Value> {
         let mut c = self.command();
         c.arg("state").arg(cid);
         let out =
             c.stdin(Stdio::null()).stderr(Stdio::null()).output().ok().filter(|o| o.status.success())?;
-        let state: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-        state["pid"].as_i64().and_then(|p| i32::try_from(p).ok()).filter(|p| *p > 1)
+        serde_json::from_slice(&out.stdout).ok()
     }
 
-    /// True while runsc reports the container as running or paused.
+    /// The host pid of the container's sandbox process, while runsc knows it.
+    pub fn sandbox_pid(&self, cid: &str) -> Option<i32> {
+        self.state(cid)?["pid"].as_i64().and_then(|p| i32::try_from(p).ok()).filter(|p| *p > 1)
+    }
+
+    /// True while runsc reports the container as running, paused or created.
     fn is_up(&self, cid: &str) -> bool {
-        let mut c = self.command();
-        c.arg("state").arg(cid);
-        match c.stdin(Stdio::null()).stderr(Stdio::null()).output() {
-            Ok(o) if o.status.success() => {
-                let text = String::from_utf8_lossy(&o.stdout);
-                text.contains("\"running\"") || text.contains("\"paused\"") || text.contains("\"created\"")
-            }
-            _ => false,
-        }
+        self.state(cid)
+            .is_some_and(|s| matches!(s["status"].as_str(), Some("running" | "paused" | "created")))
     }
 
     /// Kills the container, waits (briefly) until it has stopped and removes it. Killing

@@ -179,7 +179,8 @@ impl<S: Transport> AgentClient<S> {
         r
     }
 
-    /// The underlying stream.
+    /// The underlying stream. Its read timeout is set from [`Limits::timeout`] before every
+    /// read, so bound a call's waits with [`AgentClient::set_wait`], not on the stream.
     pub fn stream_mut(&mut self) -> &mut S {
         &mut self.stream
     }
@@ -192,6 +193,11 @@ impl<S: Transport> AgentClient<S> {
     /// Replaces the limits this client enforces.
     pub fn set_limits(&mut self, limits: Limits) {
         self.limits = limits;
+    }
+
+    /// Sets the longest wait for the next frame of an answer ([`Limits::timeout`]).
+    pub fn set_wait(&mut self, wait: Option<Duration>) {
+        self.limits.timeout = wait;
     }
 
     /// How long to wait for each frame of an answer to a request with its own timeout

@@ -137,11 +137,7 @@ impl AppState {
     pub fn agent(&self, engine: &Engine, id: &SandboxId, beyond: Duration) -> ApiResult<AgentConn> {
         let mut conn = engine.connect(id)?;
         let stall = Some(self.cfg.agent_stall + beyond);
-        // Reads wait for the client's own per-frame limit (it sets the socket's read timeout
-        // before each read), so that limit is the stall; writes keep the socket's timeout.
-        let mut limits = conn.limits();
-        limits.timeout = stall;
-        conn.set_limits(limits);
+        conn.set_wait(stall);
         conn.stream_mut()
             .set_write_timeout(stall)
             .map_err(|e| ApiError::internal(format!("cannot bound the agent connection: {e}")))?;

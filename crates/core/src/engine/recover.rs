@@ -257,11 +257,8 @@ impl Engine {
     /// True when the agent in `dir` answers, within [`PROBE_TIMEOUT`], as sandbox `id`.
     fn answers_as(&self, dir: &Path, id: &SandboxId) -> bool {
         let Ok(mut conn) = self.gvisor.connect(dir) else { return false };
-        // The client sets the socket's read timeout from its own limit before each read, so
-        // the probe's bound goes there (a child restored but never thawed holds its answers).
-        let mut limits = conn.limits();
-        limits.timeout = Some(PROBE_TIMEOUT);
-        conn.set_limits(limits);
+        // A child restored but never thawed holds its answers.
+        conn.set_wait(Some(PROBE_TIMEOUT));
         if conn.stream_mut().set_write_timeout(Some(PROBE_TIMEOUT)).is_err() {
             return false;
         }
