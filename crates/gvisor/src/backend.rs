@@ -2,6 +2,7 @@
 
 use crate::control::{self, ShimRequest};
 use crate::runsc::Runsc;
+use crate::shim::{Shell, Start, SHELL_CLAIMED};
 use branchbox_model::{AgentConn, Backend, BackendKind, ChildResult, Error, Result, SandboxId, SandboxPlan};
 use branchbox_net::Egress;
 use branchbox_protocol::{AgentClient, HookReport};
@@ -9,7 +10,9 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Longest a sandbox may take to start or restore.
@@ -69,6 +72,55 @@ impl GvisorBackend {
     /// Starts a shim for `plan` and waits until its socket answers; with `network`, in a
     /// network of its own with that policy.
     fn start_shim(&self, plan: &SandboxPlan, restore: Option<&Path>, network: Option<&Egress>) -> Result<()> {
+        let start = restore.map_or(Start::Fresh, |image| Start::Restore(image.to_path_buf()));
+        let mut child = self.spawn_shim(plan, &start, network)?;
+        let sock = socket(&plan.dir);
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if UnixStream::connect(&sock).is_ok() {
+                // Reap the shim when it ends, so a long-lived caller collects no zombies.
+                std::thread::spawn(move || child.wait());
+                return Ok(());
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(Error::Backend(format!(
+                    "the sandbox failed to start ({status}): {}",
+                    log_tail(&plan.dir)
+                )));
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                return Err(Error::Backend(format!(
+                    "the sandbox did not start within {}s: {}",
+                    START_TIMEOUT.as_secs(),
+                    log_tail(&plan.dir)
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Starts a restore shell for `plan` (docs/architecture.md, "Restore shells") and returns
+    /// without waiting: its shim creates the container and then renames `<marker>.starting`,
+    /// which the caller made, to `marker`; a shell that fails removes `<marker>.starting`.
+    /// Unclaimed, it ends itself after `idle`. Networks are not prepared in shells.
+    pub fn start_shell(&self, plan: &SandboxPlan, marker: &Path, idle: Duration) -> Result<()> {
+        let shell = Start::Shell(Shell { marker: marker.to_path_buf(), idle });
+        let mut child = self.spawn_shim(plan, &shell, None)?;
+        std::thread::spawn(move || child.wait());
+        Ok(())
+    }
+
+    /// Restores the snapshot in `src` into the shell a claim gave `plan` (its directory holds
+    /// [`SHELL_CLAIMED`]).
+    fn restore_into_shell(&self, src: &Path, plan: &SandboxPlan) -> Result<()> {
+        let image = checkpoint_image(src)?.canonicalize().map_err(|e| Error::io(src, e))?;
+        let req = ShimRequest::ShimRestore { image: image.display().to_string() };
+        control::call_within(&socket(&plan.dir), &req, Some(START_TIMEOUT))
+    }
+
+    /// Writes `plan`'s bundle and starts its shim; the shim's socket is not up yet.
+    fn spawn_shim(&self, plan: &SandboxPlan, start: &Start, network: Option<&Egress>) -> Result<Child> {
         self.runsc.check()?;
         let sock = socket(&plan.dir);
         if sock.as_os_str().len() > MAX_SOCKET_PATH {
@@ -105,8 +157,15 @@ impl GvisorBackend {
             .arg(&self.runsc.bin)
             .arg("--runsc-root")
             .arg(&self.runsc.root);
-        if let Some(image) = restore {
-            cmd.arg("--restore").arg(image);
+        match start {
+            Start::Fresh => {}
+            Start::Restore(image) => {
+                cmd.arg("--restore").arg(image);
+            }
+            Start::Shell(shell) => {
+                let idle = shell.idle.as_secs().max(1).to_string();
+                cmd.arg("--shell").arg(&shell.marker).arg("--shell-idle-s").arg(idle);
+            }
         }
         if net.is_some() {
             cmd.arg("--network");
@@ -120,30 +179,12 @@ impl GvisorBackend {
                 .spawn()
                 .map_err(|e| Error::Unavailable(format!("cannot start {}: {e}", self.shim.display())))?;
         let pid_path = plan.dir.join("shim.pid");
-        std::fs::write(&pid_path, child.id().to_string()).map_err(|e| Error::io(&pid_path, e))?;
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            if UnixStream::connect(&sock).is_ok() {
-                // Reap the shim when it ends, so a long-lived caller collects no zombies.
-                std::thread::spawn(move || child.wait());
-                return Ok(());
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(Error::Backend(format!(
-                    "the sandbox failed to start ({status}): {}",
-                    log_tail(&plan.dir)
-                )));
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                return Err(Error::Backend(format!(
-                    "the sandbox did not start within {}s: {}",
-                    START_TIMEOUT.as_secs(),
-                    log_tail(&plan.dir)
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(2));
+        if let Err(e) = std::fs::write(&pid_path, child.id().to_string()) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(Error::io(&pid_path, e));
         }
+        Ok(child)
     }
 
     /// Refuses, before anything pauses, to checkpoint a networked sandbox whose guest holds a
@@ -192,6 +233,32 @@ impl GvisorBackend {
         crate::network::carry(dir, dest)?;
         restrict_tree(dest).map_err(|e| Error::io(dest, e))?;
         Ok(dir_size(dest))
+    }
+
+    /// Stops everything sandbox `id` (directory `dir`) runs: its shim, every runsc container
+    /// of its generations, its host cgroups. The directory and the network stay.
+    fn stop_runtime(&self, id: &SandboxId, dir: &Path) {
+        let _ = control::call(&socket(dir), &ShimRequest::ShimStop);
+        for cid in self.runsc.list(&format!("{id}-")) {
+            self.runsc.destroy(&cid);
+        }
+        if let Some(pid) =
+            std::fs::read_to_string(dir.join("shim.pid")).ok().and_then(|s| s.trim().parse::<i32>().ok())
+        {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            // SAFETY: kill(pid, 0) only probes for existence.
+            while unsafe { libc::kill(pid, 0) } == 0 && Instant::now() < deadline {
+                if is_zombie(pid) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if !is_zombie(pid) && is_our_shim(pid, id) {
+                // SAFETY: the shim we started for this sandbox; it should be gone already.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        crate::hostcg::remove_all(id.as_str());
     }
 
     fn thaw_child(&self, plan: &SandboxPlan) -> Result<HookReport> {
@@ -285,7 +352,24 @@ impl Backend for GvisorBackend {
         // The checkpoint's network, not the plan's: runsc restores a netstack only into a
         // network like the one it was saved with.
         let network = crate::network::recorded(src)?;
-        self.start_shim(plan, Some(&image), network.as_ref())?;
+        let shelled = network.is_none()
+            && plan.dir.join(SHELL_CLAIMED).is_file()
+            && match self.restore_into_shell(src, plan) {
+                Ok(()) => true,
+                Err(e) => {
+                    // A shell that died or refused: this child starts the usual way instead.
+                    eprintln!(
+                        "branchbox: the restore shell of {} failed ({e}); restoring without it",
+                        plan.id
+                    );
+                    // Its directory stays: it holds the child's intent (for crash recovery).
+                    self.stop_runtime(&plan.id, &plan.dir);
+                    false
+                }
+            };
+        if !shelled {
+            self.start_shim(plan, Some(&image), network.as_ref())?;
+        }
         match self.thaw_child(plan) {
             Ok(report) => Ok(report),
             Err(e) => {
@@ -297,51 +381,35 @@ impl Backend for GvisorBackend {
 
     fn fork(&self, dir: &Path, dest: &Path, children: &[SandboxPlan]) -> Result<(u64, Vec<ChildResult>)> {
         let size = self.checkpoint(dir, dest)?;
-        let mut results: Vec<Option<ChildResult>> = (0..children.len()).map(|_| None).collect();
-        for (batch, slots) in
-            children.chunks(RESTORE_PARALLELISM).zip(results.chunks_mut(RESTORE_PARALLELISM))
-        {
-            std::thread::scope(|s| {
-                let handles: Vec<_> =
-                    batch.iter().map(|plan| s.spawn(move || self.restore(dest, plan))).collect();
-                for (slot, h) in slots.iter_mut().zip(handles) {
-                    *slot = Some(
-                        h.join().unwrap_or_else(|_| Err(Error::Backend("restore thread panicked".into()))),
-                    );
-                }
-            });
-        }
+        // A few workers take the children in order, each the next as soon as its last is up,
+        // so one slow restore holds back only itself.
+        let next = AtomicUsize::new(0);
+        let results: Vec<Mutex<Option<ChildResult>>> = children.iter().map(|_| Mutex::new(None)).collect();
+        std::thread::scope(|s| {
+            for _ in 0..RESTORE_PARALLELISM.min(children.len()) {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    let Some(plan) = children.get(i) else { return };
+                    let r = self.restore(dest, plan);
+                    *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+                });
+            }
+        });
         Ok((
             size,
             results
                 .into_iter()
-                .map(|r| r.unwrap_or_else(|| Err(Error::Backend("not started".into()))))
+                .map(|r| {
+                    r.into_inner().unwrap_or_else(|e| e.into_inner()).unwrap_or_else(|| {
+                        Err(Error::Backend("the restore of this child did not finish".into()))
+                    })
+                })
                 .collect(),
         ))
     }
 
     fn destroy(&self, id: &SandboxId, dir: &Path) -> Result<()> {
-        let _ = control::call(&socket(dir), &ShimRequest::ShimStop);
-        for cid in self.runsc.list(&format!("{id}-")) {
-            self.runsc.destroy(&cid);
-        }
-        if let Some(pid) =
-            std::fs::read_to_string(dir.join("shim.pid")).ok().and_then(|s| s.trim().parse::<i32>().ok())
-        {
-            let deadline = Instant::now() + Duration::from_secs(5);
-            // SAFETY: kill(pid, 0) only probes for existence.
-            while unsafe { libc::kill(pid, 0) } == 0 && Instant::now() < deadline {
-                if is_zombie(pid) {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            if !is_zombie(pid) && is_our_shim(pid, id) {
-                // SAFETY: the shim we started for this sandbox; it should be gone already.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-        }
-        crate::hostcg::remove_all(id.as_str());
+        self.stop_runtime(id, dir);
         // After runsc is gone; by id, so a sandbox whose directory is gone is cleaned too.
         let network = crate::network::detach(id.as_str());
         match std::fs::remove_dir_all(dir) {

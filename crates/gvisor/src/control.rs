@@ -22,6 +22,12 @@ pub enum ShimRequest {
         /// Directory of runsc's checkpoint image.
         image: String,
     },
+    /// Restore the checkpoint in `image` (an absolute directory) into this shell, whose
+    /// container was created empty; refused by a sandbox that runs already.
+    ShimRestore {
+        /// Directory of runsc's checkpoint image.
+        image: String,
+    },
     /// Pause every process.
     ShimPause,
     /// Resume after a pause.
@@ -45,9 +51,15 @@ pub enum ShimResponse {
 
 /// Sends one control request on a fresh connection and waits for its answer.
 pub fn call(socket: &Path, req: &ShimRequest) -> Result<()> {
+    call_within(socket, req, None)
+}
+
+/// [`call`], giving up when no answer came within `wait` (`None`: no limit).
+pub fn call_within(socket: &Path, req: &ShimRequest, wait: Option<std::time::Duration>) -> Result<()> {
     let mut conn = UnixStream::connect(socket).map_err(|e| {
         Error::Backend(format!("the sandbox's shim is not answering at {}: {e}", socket.display()))
     })?;
+    conn.set_read_timeout(wait).map_err(|e| Error::Backend(e.to_string()))?;
     write_raw(&mut conn, &encode_header(1, req), &[]).map_err(|e| Error::Backend(e.to_string()))?;
     let raw = read_raw(&mut conn)
         .map_err(|e| Error::Backend(e.to_string()))?

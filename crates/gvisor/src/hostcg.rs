@@ -52,6 +52,13 @@ pub fn prepare(cid: &str, spec: &serde_json::Value) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The host memory container `cid` uses now, as its memory cgroup counts it (cgroup v1 only;
+/// `None` elsewhere or when it has none).
+pub fn memory_bytes(cid: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(dir("memory", cid).join("memory.usage_in_bytes")).ok()?;
+    text.trim().parse().ok()
+}
+
 /// The counter `key` in a cgroup file of `key value` lines.
 fn counter(text: &str, key: &str) -> u64 {
     text.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(0)

@@ -162,6 +162,15 @@ impl Runsc {
         Ok(())
     }
 
+    /// `runsc restore --detach` of `image` into container `cid`, which `runsc create` made and
+    /// nothing started: the sandbox process and its gofer exist already, so only the state
+    /// is loaded. The restored container keeps the stdio `runsc create` had.
+    pub fn restore_created(&self, cid: &str, image: &Path) -> Result<()> {
+        let mut c = self.command();
+        c.arg("restore").arg("--detach").arg("--image-path").arg(image).arg(cid);
+        self.run("restore", c).map(drop)
+    }
+
     /// `runsc pause`.
     pub fn pause(&self, cid: &str) -> Result<()> {
         let mut c = self.command();

@@ -13,6 +13,7 @@ use branchbox_protocol::{Request, PROTOCOL_VERSION};
 use std::collections::HashMap;
 use std::io::Write;
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -27,7 +28,39 @@ pub enum Start {
     Fresh,
     /// `runsc restore` from a checkpoint image directory.
     Restore(PathBuf),
+    /// `runsc create` only: a shell, a sandbox process with nothing in it yet, waiting for a
+    /// [`ShimRequest::ShimRestore`] (docs/architecture.md, "Restore shells").
+    Shell(Shell),
 }
+
+/// A shell's place in the engine's list of ready shells.
+#[derive(Debug, Clone)]
+pub struct Shell {
+    /// The ready marker the shim publishes (renaming `<marker>.starting` to it) once the
+    /// container is created; whoever renames it away owns the shell from then on.
+    pub marker: PathBuf,
+    /// How long the shell waits unclaimed before it removes itself.
+    pub idle: Duration,
+}
+
+impl Shell {
+    /// The marker of a shell still being created.
+    pub fn starting(marker: &Path) -> PathBuf {
+        let mut s = marker.as_os_str().to_owned();
+        s.push(".starting");
+        PathBuf::from(s)
+    }
+}
+
+/// Niceness of a shell's runtime processes until a restore claims them: shells are made ahead
+/// of time and must not take CPU from running sandboxes (first of all the children of the
+/// fork that asked for them). The restore puts them back to 0 first.
+const SHELL_NICE: libc::c_int = 10;
+
+/// What a shell's marker is renamed to by a claim, inside the shell's sandbox directory.
+pub const SHELL_CLAIMED: &str = "shell-claimed";
+/// What a shell renames its own marker to when it expires unclaimed.
+const SHELL_EXPIRED: &str = "shell-expired";
 
 /// Shim configuration (its command line).
 #[derive(Debug, Clone)]
@@ -82,6 +115,58 @@ struct Shim {
     gate: RwLock<()>,
     swapping: AtomicBool,
     paused: AtomicBool,
+    /// False only in a shell that no restore has reached yet: its container runs nothing, so
+    /// agent frames are refused instead of waiting in the pipe for whatever comes.
+    restored: AtomicBool,
+    /// Set by the first [`ShimRequest::ShimRestore`]; a shell takes one.
+    restore_taken: AtomicBool,
+    /// Where a shell's marker lives (`None` for a sandbox started any other way).
+    shell: Option<Shell>,
+    /// A shell's runtime processes ([`runtime_pids`]), niced until its restore.
+    shell_pids: Mutex<Vec<i32>>,
+}
+
+/// Sets the niceness of every thread of process `pid` (niceness is per thread on Linux).
+fn renice(pid: i32, nice: libc::c_int) {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return };
+    for tid in tasks.flatten().filter_map(|t| t.file_name().to_str()?.parse::<libc::id_t>().ok()) {
+        // SAFETY: setpriority(2) on a thread of the shell's own runtime.
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) };
+    }
+}
+
+/// The processes of a created container's runtime: its sandbox process `sandbox` with every
+/// descendant (ptrace's stub processes: guest processes later run in stubs forked from them),
+/// and the gofer serving it, found by its command line, which names the generation's bundle.
+fn runtime_pids(cid: &str, sandbox: i32) -> Vec<i32> {
+    let bundle = format!("/bundle-{cid}");
+    let mut parents = Vec::new();
+    let mut gofer = None;
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let ppid = std::fs::read_to_string(e.path().join("stat")).ok().and_then(|stat| {
+            // `pid (comm) state ppid ...`; comm may hold anything, so read after its last ')'.
+            stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse::<i32>().ok()
+        });
+        if let Some(ppid) = ppid {
+            parents.push((pid, ppid));
+        }
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else { continue };
+        let mut args = cmd.split(|b| *b == 0);
+        let is_gofer = args.next().and_then(|p| p.rsplit(|b| *b == b'/').next()) == Some(b"runsc-gofer");
+        if is_gofer && args.any(|a| a.starts_with(b"--bundle=") && a.ends_with(bundle.as_bytes())) {
+            gofer = Some(pid);
+        }
+    }
+    let mut pids = vec![sandbox];
+    let mut i = 0;
+    while i < pids.len() {
+        let parent = pids[i];
+        pids.extend(parents.iter().filter(|(_, pp)| *pp == parent).map(|(p, _)| *p));
+        i += 1;
+    }
+    pids.extend(gofer);
+    pids
 }
 
 /// The sending side of one client connection.
@@ -134,25 +219,44 @@ fn generation_bundle(cfg: &ShimConfig, cid: &str) -> std::io::Result<PathBuf> {
     Ok(dir)
 }
 
-/// Starts `runsc run` (no image) or `runsc restore` (from `image`) as container generation
-/// `generation`, with pipes for the agent's stdio.
+/// Starts container generation `generation` as `start` says, with pipes for the agent's
+/// stdio: a created container (a shell) keeps those of `runsc create`, and a restore into it
+/// later inherits them.
 fn spawn_container(
     cfg: &ShimConfig,
     generation: u64,
-    image: Option<&Path>,
+    start: &Start,
 ) -> std::io::Result<(Container, ChildStdout)> {
     let cid = format!("{}-g{generation}", cfg.id);
     let bundle = generation_bundle(cfg, &cid)?;
     let mut cmd: Command = cfg.runsc.start_command();
-    match image {
-        Some(image) => cmd.arg("restore").arg("--image-path").arg(image),
-        None => cmd.arg("run"),
+    match start {
+        Start::Restore(image) => cmd.arg("restore").arg("--image-path").arg(image),
+        Start::Fresh => cmd.arg("run"),
+        Start::Shell(_) => cmd.arg("create"),
     };
     cmd.arg("--bundle").arg(&bundle).arg(&cid);
+    let create = matches!(start, Start::Shell(_));
+    if create {
+        // SAFETY: setpriority(2) on the child itself, between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setpriority(libc::PRIO_PROCESS, 0, SHELL_NICE);
+                Ok(())
+            });
+        }
+    }
     // Standard error is the shim's own: a pipe into the capped log (see `shimlog`).
     let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn()?;
     let stdin = child.stdin.take().ok_or_else(|| std::io::Error::other("no stdin pipe"))?;
     let stdout = child.stdout.take().ok_or_else(|| std::io::Error::other("no stdout pipe"))?;
+    if create {
+        let status = child.wait()?;
+        if !status.success() {
+            return Err(std::io::Error::other(format!("runsc create failed ({status})")));
+        }
+        return Ok((Container { cid, generation, child: None, stdin }, stdout));
+    }
     Ok((Container { cid, generation, child: Some(child), stdin }, stdout))
 }
 
@@ -272,6 +376,10 @@ impl Shim {
     }
 
     fn shutdown(&self, code: i32) -> ! {
+        if let Some(shell) = self.shell.as_ref().filter(|_| !self.restore_taken.load(Ordering::SeqCst)) {
+            // A shell that ended unclaimed: no claim may pick it any more.
+            let _ = std::fs::remove_file(&shell.marker);
+        }
         self.retire(&mut lock(&self.container));
         let _ = std::fs::remove_file(self.cfg.dir.join("agent.sock"));
         crate::shimlog::flush();
@@ -341,6 +449,14 @@ impl Shim {
                 self.deliver(conn_id, encode(&encode_header(orig, &reply), &[]));
                 continue;
             }
+            if !self.restored.load(Ordering::SeqCst) {
+                let msg = branchbox_protocol::Response::Error {
+                    code: branchbox_protocol::ErrorCode::Io,
+                    message: "this sandbox is an empty shell: nothing was restored into it yet".into(),
+                };
+                self.deliver(conn_id, encode(&encode_header(orig, &msg), &[]));
+                continue;
+            }
             let gid = {
                 let mut routes = lock(&self.routes);
                 match routes.by_client.get(&(conn_id, orig)) {
@@ -389,6 +505,8 @@ impl Shim {
                     .and_then(|image| self.checkpoint(image)),
                 ShimRequest::ShimRollback { image } => crate::control::confine_image(&self.cfg.dir, &image)
                     .and_then(|image| self.rollback(image)),
+                ShimRequest::ShimRestore { image } => crate::control::confine_image(&self.cfg.dir, &image)
+                    .and_then(|image| self.restore_into_shell(&image)),
                 ShimRequest::ShimPause => {
                     let cid = lock(&self.container).cid.clone();
                     self.cfg
@@ -419,6 +537,58 @@ impl Shim {
         }
     }
 
+    /// Restores `image` into this shell's created container. One restore per shell: a second
+    /// one, or one sent to a sandbox that runs already, is refused.
+    fn restore_into_shell(&self, image: &Path) -> Result<(), String> {
+        if self.restored.load(Ordering::SeqCst) || self.restore_taken.swap(true, Ordering::SeqCst) {
+            return Err("this sandbox is not an empty shell; only a shell takes a restore".into());
+        }
+        let cid = lock(&self.container).cid.clone();
+        for pid in lock(&self.shell_pids).drain(..) {
+            renice(pid, 0);
+        }
+        self.cfg.runsc.restore_created(&cid, image).map_err(|e| e.to_string())?;
+        self.restored.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Watches an unclaimed shell once a second: it ends itself when its sandbox directory is
+    /// gone (a data directory removed under it) or when it has waited [`Shell::idle`], taking
+    /// its marker away first so that no claim can race its end. A claim ends the watch.
+    fn watch_shell(&self, shell: &Shell, pid: Option<i32>) {
+        let born = Instant::now();
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+            if self.restore_taken.load(Ordering::SeqCst) {
+                return;
+            }
+            let expired = born.elapsed() >= shell.idle;
+            if self.cfg.dir.is_dir() && !expired {
+                continue;
+            }
+            match std::fs::rename(&shell.marker, self.cfg.dir.join(SHELL_EXPIRED)) {
+                Ok(()) => {}
+                // Claimed in the meantime: the claimer's restore follows.
+                Err(_) if self.cfg.dir.is_dir() && shell.marker.parent().is_some_and(Path::is_dir) => return,
+                Err(_) => {}
+            }
+            eprintln!(
+                "branchbox-shim: the shell {}; ending it",
+                if expired { "waited its idle limit unclaimed" } else { "lost its directory" }
+            );
+            self.swapping.store(true, Ordering::SeqCst);
+            if let Some(pid) = pid {
+                // SAFETY: the pid runsc reported for this shell's sandbox process when it was
+                // created; the shim would have ended with that process.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            self.retire(&mut lock(&self.container));
+            let _ = std::fs::remove_dir_all(&self.cfg.dir);
+            crate::shimlog::flush();
+            std::process::exit(0);
+        }
+    }
+
     /// Freezes the agent's answers, checkpoints the container with `--leave-running` and thaws
     /// it: the sandbox keeps its container, its processes and every in-flight request, and
     /// only pauses while runsc writes the image. The freeze is what the image records: an agent
@@ -446,8 +616,8 @@ impl Shim {
         }
         let _closed = self.gate.write().unwrap_or_else(|e| e.into_inner());
         let next = lock(&self.container).generation + 1;
-        let (mut target, stdout) =
-            spawn_container(&self.cfg, next, Some(&image)).map_err(|e| format!("runsc restore: {e}"))?;
+        let (mut target, stdout) = spawn_container(&self.cfg, next, &Start::Restore(image.clone()))
+            .map_err(|e| format!("runsc restore: {e}"))?;
         self.start_reader(stdout, next);
         if let Err(e) = self.internal_to(&Request::Thaw { after_fork: None }, &mut target) {
             self.retire(&mut target);
@@ -484,7 +654,8 @@ impl Shim {
         let restored = crate::network::readdress(&self.cfg.id)
             .map_err(|e| e.to_string())
             .and_then(|()| {
-                spawn_container(&self.cfg, next, Some(&image)).map_err(|e| format!("runsc restore: {e}"))
+                spawn_container(&self.cfg, next, &Start::Restore(image.clone()))
+                    .map_err(|e| format!("runsc restore: {e}"))
             })
             .and_then(|(mut target, stdout)| {
                 self.start_reader(stdout, next);
@@ -561,18 +732,35 @@ impl Shim {
 /// Runs the shim until the sandbox ends or is stopped.
 pub fn run(cfg: ShimConfig) -> Result<(), String> {
     crate::shimlog::capture_stderr(&cfg.dir).map_err(|e| format!("cannot set up the log: {e}"))?;
-    let sock = cfg.dir.join("agent.sock");
-    let _ = std::fs::remove_file(&sock);
-    let image = match &cfg.start {
-        Start::Fresh => None,
-        Start::Restore(image) => Some(image.clone()),
+    let _ = std::fs::remove_file(cfg.dir.join("agent.sock"));
+    let start = cfg.start.clone();
+    let shell = match &start {
+        Start::Shell(shell) => Some(shell.clone()),
+        _ => None,
     };
+    let result = serve_sandbox(cfg, start);
+    if let (Err(_), Some(shell)) = (&result, shell) {
+        // A shell that never became ready: nothing may count on it.
+        let _ = std::fs::remove_file(Shell::starting(&shell.marker));
+        let _ = std::fs::remove_file(&shell.marker);
+    }
+    result
+}
+
+/// Starts the container `start` asks for, publishes the socket and serves it.
+fn serve_sandbox(cfg: ShimConfig, start: Start) -> Result<(), String> {
+    let sock = cfg.dir.join("agent.sock");
     if cfg.runsc.network {
         // Before the container: its first lookup finds the resolver there.
         crate::network::serve_dns(&cfg.id, &cfg.dir).map_err(|e| format!("the sandbox's resolver: {e}"))?;
     }
+    let fresh = matches!(start, Start::Fresh);
     let (container, stdout) =
-        spawn_container(&cfg, 1, image.as_deref()).map_err(|e| format!("cannot start runsc: {e}"))?;
+        spawn_container(&cfg, 1, &start).map_err(|e| format!("cannot start runsc: {e}"))?;
+    let shell = match start {
+        Start::Shell(shell) => Some(shell),
+        _ => None,
+    };
     let shim = Arc::new(Shim {
         cfg,
         container: Mutex::new(container),
@@ -582,9 +770,13 @@ pub fn run(cfg: ShimConfig) -> Result<(), String> {
         gate: RwLock::new(()),
         swapping: AtomicBool::new(false),
         paused: AtomicBool::new(false),
+        restored: AtomicBool::new(shell.is_none()),
+        restore_taken: AtomicBool::new(false),
+        shell: shell.clone(),
+        shell_pids: Mutex::new(Vec::new()),
     });
     shim.start_reader(stdout, 1);
-    if image.is_none() {
+    if fresh {
         // A restored agent stays frozen until its creator thaws it with a new identity; a
         // fresh one must answer before the sandbox counts as started.
         shim.internal(&Request::Hello { version: PROTOCOL_VERSION }, &[])
@@ -598,6 +790,25 @@ pub fn run(cfg: ShimConfig) -> Result<(), String> {
     std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o600))
         .map_err(|e| format!("cannot restrict {}: {e}", tmp.display()))?;
     std::fs::rename(&tmp, &sock).map_err(|e| format!("cannot publish {}: {e}", sock.display()))?;
+    if let Some(shell) = shell {
+        // The sandbox process, recorded now: the watch may have to end it after runsc's state
+        // directory went away with the data directory.
+        let cid = lock(&shim.container).cid.clone();
+        let pid = shim.cfg.runsc.sandbox_pid(&cid);
+        if let Some(pid) = pid {
+            lock(&shim.shell_pids).extend(runtime_pids(&cid, pid));
+        }
+        if let Err(e) = std::fs::rename(Shell::starting(&shell.marker), &shell.marker) {
+            // Its marker was taken away while it started (the shells were dropped).
+            eprintln!(
+                "branchbox-shim: cannot publish the shell at {}: {e}; ending it",
+                shell.marker.display()
+            );
+            shim.shutdown(1);
+        }
+        let me = Arc::clone(&shim);
+        std::thread::spawn(move || me.watch_shell(&shell, pid));
+    }
     shim.serve(listener);
     Ok(())
 }

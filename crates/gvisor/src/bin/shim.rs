@@ -2,12 +2,14 @@
 //! Started by the gvisor backend; not meant to be run by hand.
 
 use branchbox_gvisor::runsc::Runsc;
-use branchbox_gvisor::shim::{run, ShimConfig, Start};
+use branchbox_gvisor::shim::{run, Shell, ShimConfig, Start};
 use std::path::PathBuf;
+use std::time::Duration;
 
 fn parse() -> Result<ShimConfig, String> {
     let mut args = std::env::args().skip(1);
     let (mut dir, mut id, mut bin, mut root, mut restore) = (None, None, None, None, None);
+    let (mut shell, mut idle) = (None, None);
     let mut network = false;
     while let Some(flag) = args.next() {
         if flag == "--network" {
@@ -21,6 +23,12 @@ fn parse() -> Result<ShimConfig, String> {
             "--runsc" => bin = Some(PathBuf::from(value)),
             "--runsc-root" => root = Some(PathBuf::from(value)),
             "--restore" => restore = Some(PathBuf::from(value)),
+            "--shell" => shell = Some(PathBuf::from(value)),
+            "--shell-idle-s" => {
+                idle = Some(Duration::from_secs(
+                    value.parse().map_err(|e| format!("--shell-idle-s {value}: {e}"))?,
+                ))
+            }
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -29,7 +37,14 @@ fn parse() -> Result<ShimConfig, String> {
         dir: dir.ok_or("--dir is required")?,
         id: id.ok_or("--id is required")?,
         runsc: if network { runsc.networked() } else { runsc },
-        start: restore.map_or(Start::Fresh, Start::Restore),
+        start: match (restore, shell) {
+            (Some(_), Some(_)) => return Err("--restore and --shell exclude each other".into()),
+            (Some(image), None) => Start::Restore(image),
+            (None, Some(marker)) => {
+                Start::Shell(Shell { marker, idle: idle.ok_or("--shell needs --shell-idle-s")? })
+            }
+            (None, None) => Start::Fresh,
+        },
     })
 }
 
