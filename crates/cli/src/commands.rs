@@ -129,7 +129,7 @@ pub fn run(cli: Cli) -> Result<i32> {
                 format!(
                     "{verb} {:.1} MiB: {} expired snapshot(s) ({} kept for descendants), {} unreachable fork point(s), \
                      {} interrupted snapshot(s), {} lost sandbox(es), {} stray sandbox dir(s), {} unused image(s), \
-                     {} unused root disk(s), {} orphaned network(s)",
+                     {} unused root disk(s), {} orphaned network(s), {} restore shell(s) ended",
                     r.freed_bytes as f64 / 1048576.0,
                     r.expired_snapshots.len(),
                     r.kept_with_descendants.len(),
@@ -139,7 +139,8 @@ pub fn run(cli: Cli) -> Result<i32> {
                     r.orphan_sandbox_dirs.len(),
                     r.unused_images.len(),
                     r.unused_disks.len(),
-                    r.orphan_networks.len()
+                    r.orphan_networks.len(),
+                    r.ended_shells.len()
                 )
             });
             Ok(0)

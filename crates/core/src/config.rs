@@ -2,6 +2,7 @@
 
 use branchbox_model::Limits;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// Engine configuration.
 #[derive(Debug, Clone)]
@@ -20,6 +21,11 @@ pub struct Config {
     pub mirror: String,
     /// Most children one fork may ask for.
     pub max_fork: usize,
+    /// Most restore shells kept ready per kind of sandbox (image and limits); 0 turns them off
+    /// (docs/architecture.md, "Restore shells").
+    pub fork_shells: usize,
+    /// How long a restore shell waits unclaimed before it ends itself.
+    pub shell_idle: Duration,
     /// Limits of sandboxes created without explicit ones.
     pub limits: Limits,
 }
@@ -28,6 +34,10 @@ pub struct Config {
 pub const DEFAULT_MIRROR: &str = "http://deb.debian.org/debian";
 /// Default most children per fork.
 pub const DEFAULT_MAX_FORK: usize = 64;
+/// Default most restore shells kept per kind of sandbox.
+pub const DEFAULT_FORK_SHELLS: usize = 16;
+/// Default idle limit of a restore shell.
+pub const DEFAULT_SHELL_IDLE: Duration = Duration::from_secs(600);
 
 fn env_path(name: &str) -> Option<PathBuf> {
     std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from)
@@ -72,6 +82,14 @@ impl Config {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(DEFAULT_MAX_FORK),
+            fork_shells: std::env::var("BRANCHBOX_FORK_SHELLS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(DEFAULT_FORK_SHELLS),
+            shell_idle: std::env::var("BRANCHBOX_SHELL_IDLE_S")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map_or(DEFAULT_SHELL_IDLE, Duration::from_secs),
             limits: Limits::default(),
             data_dir,
         }

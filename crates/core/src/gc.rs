@@ -33,6 +33,9 @@ pub struct GcReport {
     /// Sandbox networks on this host whose sandbox directory is gone, in any data directory
     /// (`branchbox_net::NetConfig::sweep`): their namespaces, links and uplink slots.
     pub orphan_networks: Vec<String>,
+    /// Restore shells ended (every one outside a dry run: they are a cache that the next
+    /// fork starts again, and an image they hold may be collected).
+    pub ended_shells: Vec<SandboxId>,
     /// Bytes freed (or that would be freed).
     pub freed_bytes: u64,
 }
@@ -65,6 +68,7 @@ pub fn collect(engine: &Engine, dry_run: bool) -> Result<GcReport> {
     let only_gc = engine.exclusive()?;
     let mut r = GcReport { dry_run, ..GcReport::default() };
     if !dry_run {
+        r.ended_shells = engine.end_shells(true);
         r.reconciled = Some(engine.reconcile_held(&only_gc)?);
     }
     let views = engine.list()?;
@@ -126,8 +130,9 @@ pub fn collect(engine: &Engine, dry_run: bool) -> Result<GcReport> {
         }
     }
     let box_root = engine.config().data_dir.join("sandboxes");
+    let shells = engine.shell_ids();
     for name in names(&box_root) {
-        if known.contains(&name) {
+        if known.contains(&name) || shells.contains(&name) {
             continue;
         }
         let p = box_root.join(&name);

@@ -116,6 +116,17 @@ async fn serve(st: AppState, listener: std::net::TcpListener) -> anyhow::Result<
     let limits =
         ServeLimits { header_timeout: st.cfg.header_timeout, max_connections: st.cfg.max_connections };
     serve::serve(listener, router, limits, stop_signal(), Duration::from_secs(10)).await;
+    // Restore shells are a cache this service started: a stopped service leaves none running.
+    let engine_cfg = st.cfg.engine.clone();
+    match tokio::task::spawn_blocking(move || {
+        branchbox_core::Engine::open(engine_cfg).map(|e| e.end_shells(true))
+    })
+    .await
+    {
+        Ok(Ok(ended)) if !ended.is_empty() => tracing::info!("ended {} restore shell(s)", ended.len()),
+        Ok(Err(e)) => tracing::warn!("cannot end the restore shells: {e}"),
+        _ => {}
+    }
     // Only our own URL is removed: another branchboxd may have started on this directory since.
     if std::fs::read_to_string(&url_file).is_ok_and(|u| u.trim() == url) {
         let _ = std::fs::remove_file(&url_file);

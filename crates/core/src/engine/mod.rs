@@ -20,6 +20,7 @@ mod flag;
 mod lock;
 mod network;
 mod recover;
+mod shells;
 mod storage;
 mod template;
 mod timeline;
@@ -522,8 +523,12 @@ impl Engine {
         }
         let (s, backend) = self.running(id)?;
         let rootfs = self.image_rootfs(&s.image)?;
+        let shell_key = self.shell_key(&s, &rootfs)?;
+        let mut ids = shell_key.as_deref().map(|k| self.claim_shells(k, n)).unwrap_or_default();
+        let claimed = ids.len();
+        ids.resize_with(n, SandboxId::generate);
         let plans: Vec<SandboxPlan> =
-            (0..n).map(|_| self.plan(SandboxId::generate(), rootfs.clone(), s.limits)).collect();
+            ids.into_iter().map(|c| self.plan(c, rootfs.clone(), s.limits)).collect();
         let snap_id = SnapshotId::generate();
         let dir = self.snapshot_dir(&snap_id);
         let opts = SnapshotOptions { kind: SnapshotKind::ForkPoint, name: None, ttl: None };
@@ -538,7 +543,11 @@ impl Engine {
             Ok(r) => r,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
-                for p in &plans {
+                for (i, p) in plans.iter().enumerate() {
+                    if i < claimed {
+                        // A claimed shell runs: end it, not only its directory.
+                        let _ = backend.destroy(&p.id, &p.dir);
+                    }
                     let _ = std::fs::remove_dir_all(&p.dir);
                 }
                 return Err(e);
@@ -557,6 +566,10 @@ impl Engine {
                 }
             })
             .collect();
+        // Shells for the next fork this wide, once this one is done.
+        if let Some(key) = &shell_key {
+            self.refill_shells(key, &rootfs, s.limits, n);
+        }
         Ok(ForkOutcome { snapshot, children })
     }
 

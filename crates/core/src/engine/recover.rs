@@ -178,8 +178,11 @@ impl Engine {
         let mut r = ReconcileReport::default();
         let recorded: BTreeSet<String> =
             self.store.sandboxes()?.into_iter().map(|s| s.id.to_string()).collect();
+        // Shells that died or never came up go first; the rest are not debris.
+        self.end_shells(false);
+        let shells = self.shell_ids();
         for name in names(&self.cfg.data_dir.join("sandboxes")) {
-            if recorded.contains(&name) {
+            if recorded.contains(&name) || shells.contains(&name) {
                 continue;
             }
             match SandboxId::parse(&name) {
