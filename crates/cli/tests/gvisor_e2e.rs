@@ -154,3 +154,163 @@ fn a_rollback_replaces_the_container_and_retires_the_old_one_after_answering() {
         now.len() == 1 && now != before
     });
 }
+
+/// Restore shells of data directory `dir`: (ready ones, how many are still starting).
+fn shells(dir: &std::path::Path) -> (Vec<String>, usize) {
+    let (mut ready, mut starting) = (Vec::new(), 0);
+    for key in std::fs::read_dir(dir.join("shells")).into_iter().flatten().flatten() {
+        for m in std::fs::read_dir(key.path()).into_iter().flatten().flatten() {
+            let name = m.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".starting") {
+                starting += 1;
+            } else {
+                ready.push(name);
+            }
+        }
+    }
+    ready.sort();
+    (ready, starting)
+}
+
+/// Waits (at most 60 s) until `dir` has `n` ready shells and none starting.
+fn ready_shells(dir: &std::path::Path, n: usize) -> Vec<String> {
+    let t = std::time::Instant::now();
+    loop {
+        let (ready, starting) = shells(dir);
+        if ready.len() >= n && starting == 0 {
+            return ready;
+        }
+        assert!(t.elapsed().as_secs() < 60, "{n} shells never became ready: {ready:?}, {starting} starting");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// The niceness of every thread of every runtime process (shim, runsc sandbox, gofer and the
+/// sandbox's stub processes) whose command line names sandbox `id`.
+fn runtime_niceness(id: &str) -> Vec<i32> {
+    let mut nice = Vec::new();
+    for p in std::fs::read_dir("/proc").unwrap().flatten() {
+        if !p.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(cmd) = std::fs::read(p.path().join("cmdline")) else { continue };
+        if !String::from_utf8_lossy(&cmd).contains(id) {
+            continue;
+        }
+        for t in std::fs::read_dir(p.path().join("task")).into_iter().flatten().flatten() {
+            let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else { continue };
+            // Field 19, counted after the `(comm)` field, which may hold spaces.
+            if let Some(n) = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(16)) {
+                nice.push(n.parse().unwrap());
+            }
+        }
+    }
+    nice
+}
+
+#[test]
+fn a_fork_takes_ready_restore_shells_which_run_niced_until_claimed_and_gc_ends_the_rest() {
+    let dir = private_dir("shells");
+    let src = Sandbox::new_in(&dir);
+    src_write(&src, "/tmp/mark", "from-the-source");
+    // The first fork finds no shells; it leaves two for the next fork this wide.
+    let first: Vec<Sandbox> = ok_in(&dir, &["fork", &src.0, "-n", "2"])
+        .lines()
+        .map(|l| Sandbox(l.trim().to_string(), dir.clone()))
+        .collect();
+    assert_eq!(first.len(), 2);
+    let shells_before = ready_shells(&dir, 2);
+    assert_eq!(shells_before.len(), 2, "{shells_before:?}");
+    for shell in &shells_before {
+        let nice = runtime_niceness(shell);
+        assert!(nice.contains(&10), "shell {shell} is not niced: {nice:?}");
+        assert!(!ok_in(&dir, &["ls"]).contains(shell.as_str()), "shell {shell} is listed as a sandbox");
+    }
+    let second: Vec<Sandbox> = ok_in(&dir, &["fork", &src.0, "-n", "2"])
+        .lines()
+        .map(|l| Sandbox(l.trim().to_string(), dir.clone()))
+        .collect();
+    let mut ids: Vec<String> = second.iter().map(|s| s.0.clone()).collect();
+    ids.sort();
+    assert_eq!(ids, shells_before, "the fork did not take the ready shells");
+    for (i, child) in second.iter().enumerate() {
+        let out = ok_in(
+            &dir,
+            &[
+                "exec",
+                &child.0,
+                "--",
+                "sh",
+                "-c",
+                &format!("cat /tmp/mark; echo; hostname; echo {i} > /tmp/own"),
+            ],
+        );
+        assert_eq!(out.lines().collect::<Vec<_>>(), ["from-the-source", &format!("bb-{}", &child.0[4..12])]);
+        let nice = runtime_niceness(&child.0);
+        assert!(
+            !nice.is_empty() && nice.iter().all(|n| *n == 0),
+            "claimed shell {} still niced: {nice:?}",
+            child.0
+        );
+    }
+    for (i, child) in second.iter().enumerate() {
+        assert_eq!(ok_in(&dir, &["exec", &child.0, "--", "cat", "/tmp/own"]).trim(), i.to_string());
+    }
+    // The second fork started two more; gc ends them and leaves nothing of them.
+    let refilled = ready_shells(&dir, 2);
+    assert!(refilled.iter().all(|s| !shells_before.contains(s)), "{refilled:?}");
+    let gc = ok_in(&dir, &["--json", "gc"]);
+    let v: serde_json::Value = serde_json::from_str(&gc).expect("gc json");
+    let mut ended: Vec<String> = v["ended_shells"]
+        .as_array()
+        .expect("ended_shells")
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect();
+    ended.sort();
+    assert_eq!(ended, refilled, "{gc}");
+    assert!(v["orphan_sandbox_dirs"].as_array().unwrap().is_empty(), "{gc}");
+    for shell in &refilled {
+        assert!(runtime_niceness(shell).is_empty(), "shell {shell} still runs after gc");
+        assert!(!dir.join("sandboxes").join(shell).exists());
+    }
+    assert_eq!(shells(&dir), (Vec::new(), 0));
+    drop((first, second, src));
+}
+
+#[test]
+fn a_dead_shell_is_passed_over_and_an_unclaimed_one_ends_itself() {
+    let dir = private_dir("shells-idle");
+    let fork = |src: &str| {
+        let out =
+            bb_in(&dir).env("BRANCHBOX_SHELL_IDLE_S", "3").args(["fork", src, "-n", "1"]).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        Sandbox(String::from_utf8_lossy(&out.stdout).trim().to_string(), dir.clone())
+    };
+    let src = Sandbox::new_in(&dir);
+    src_write(&src, "/tmp/mark", "kept");
+    let _first = fork(&src.0);
+    let dead = ready_shells(&dir, 1).remove(0);
+    // Its shim dies without a word: the marker stays, the socket no longer answers.
+    let shim = std::fs::read_to_string(dir.join("sandboxes").join(&dead).join("shim.pid")).unwrap();
+    assert!(std::process::Command::new("kill").args(["-KILL", shim.trim()]).status().unwrap().success());
+    let child = fork(&src.0);
+    assert_ne!(child.0, dead, "the fork took a dead shell");
+    assert_eq!(ok_in(&dir, &["exec", &child.0, "--", "cat", "/tmp/mark"]).trim(), "kept");
+    assert!(runtime_niceness(&dead).is_empty(), "the dead shell's runtime is still there");
+    assert!(!dir.join("sandboxes").join(&dead).exists());
+    // The shell that fork started waits three seconds unclaimed, then ends itself.
+    let idle = ready_shells(&dir, 1).remove(0);
+    assert!(!runtime_niceness(&idle).is_empty());
+    let t = std::time::Instant::now();
+    while !runtime_niceness(&idle).is_empty() || dir.join("sandboxes").join(&idle).exists() {
+        assert!(t.elapsed().as_secs() < 30, "idle shell {idle} never ended");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(shells(&dir), (Vec::new(), 0));
+}
+
+/// Writes `text` to `path` in sandbox `s`.
+fn src_write(s: &Sandbox, path: &str, text: &str) {
+    ok_in(&s.1, &["exec", &s.0, "--", "sh", "-c", &format!("printf %s {text} > {path}")]);
+}
