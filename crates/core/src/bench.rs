@@ -1,6 +1,7 @@
 //! Benchmarks of the engine on real sandboxes (see `docs/benchmarks.md`). Each returns one
 //! [`Report`]; clocks stop only when the work is really done (the agent answered).
 
+use crate::config::Config;
 use crate::engine::{BackendChoice, Engine};
 use branchbox_model::bench::{Report, Stats};
 use branchbox_model::{AgentConn, BackendKind, Error, Result, SandboxId};
@@ -133,6 +134,9 @@ pub fn exec(engine: &Engine, runs: usize) -> Result<Report> {
     })
 }
 
+/// Longest the fork benchmark waits for restore shells to be ready.
+const SHELL_WAIT: Duration = Duration::from_secs(60);
+
 /// Fork of 1 and `wide` children from a sandbox whose Python process holds `mib` MiB, the
 /// source's pause during each fork, and the raw-runsc floor of the wide fork.
 pub fn fork(engine: &Engine, mib: u64, wide: usize, runs: usize) -> Result<Report> {
@@ -158,32 +162,55 @@ pub fn fork(engine: &Engine, mib: u64, wide: usize, runs: usize) -> Result<Repor
     }
     figures.insert("ref_probe_gap_idle_1s".to_string(), stats(&idle)?);
     let mut snapshot_bytes = 0;
+    // The same data directory without restore shells: every child starts a sandbox process.
+    let shell_less = Engine::open(Config { fork_shells: 0, ..engine.config().clone() })?;
+    let (mut refill, mut shell_bytes, mut shells_used) = (Vec::new(), Vec::new(), 0);
     for n in [1, wide] {
-        let (mut samples, mut pauses) = (Vec::new(), Vec::new());
+        let (mut samples, mut pauses, mut cold, mut cold_pauses) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..runs {
-            probe_gap(&mut conn)?;
-            let t = Instant::now();
-            let outcome = engine.fork(&source.id, n)?;
-            let mut ok = 0;
-            for c in outcome.children.iter().flatten() {
-                guard.ids.push(c.sandbox.id.clone());
-                engine.connect(&c.sandbox.id)?.ping().map_err(|e| Error::Backend(e.to_string()))?;
-                ok += 1;
+            if n == wide {
+                // The refill from none: the shells a fork this wide would want.
+                engine.end_shells(true);
+                let t = Instant::now();
+                engine.prepare_shells(&source.id, n, SHELL_WAIT)?;
+                refill.push(t.elapsed());
             }
-            samples.push(t.elapsed());
-            pauses.push(probe_gap(&mut conn)?);
-            snapshot_bytes = outcome.snapshot.size_bytes;
-            if ok != n {
-                return Err(Error::Backend(format!("only {ok} of {n} children started")));
+            // Shells ready, and nothing starting beside either fork.
+            let ready = engine.prepare_shells(&source.id, n, SHELL_WAIT)?;
+            shells_used = ready.len().min(n);
+            shell_bytes.extend(ready.iter().filter_map(|(_, b)| *b));
+            for (fork_engine, samples, pauses) in
+                [(&shell_less, &mut cold, &mut cold_pauses), (engine, &mut samples, &mut pauses)]
+            {
+                probe_gap(&mut conn)?;
+                let t = Instant::now();
+                let outcome = fork_engine.fork(&source.id, n)?;
+                let mut ok = 0;
+                for c in outcome.children.iter().flatten() {
+                    guard.ids.push(c.sandbox.id.clone());
+                    engine.connect(&c.sandbox.id)?.ping().map_err(|e| Error::Backend(e.to_string()))?;
+                    ok += 1;
+                }
+                samples.push(t.elapsed());
+                pauses.push(probe_gap(&mut conn)?);
+                snapshot_bytes = outcome.snapshot.size_bytes;
+                if ok != n {
+                    return Err(Error::Backend(format!("only {ok} of {n} children started")));
+                }
+                for id in guard.ids.split_off(1) {
+                    engine.kill(&id)?;
+                }
+                engine.delete_snapshot(outcome.snapshot.id.as_str(), false)?;
             }
-            for id in guard.ids.split_off(1) {
-                engine.kill(&id)?;
-            }
-            engine.delete_snapshot(outcome.snapshot.id.as_str(), false)?;
         }
         figures.insert(format!("fork_{n}"), stats(&samples)?);
         figures.insert(format!("fork_{n}_source_pause"), stats(&pauses)?);
+        figures.insert(format!("fork_{n}_without_shells"), stats(&cold)?);
+        figures.insert(format!("fork_{n}_without_shells_source_pause"), stats(&cold_pauses)?);
     }
+    engine.end_shells(true);
+    figures.insert(format!("shell_refill_{wide}"), stats(&refill)?);
     let mut snap_samples = Vec::new();
     for _ in 0..runs {
         let t = Instant::now();
@@ -207,12 +234,23 @@ pub fn fork(engine: &Engine, mib: u64, wide: usize, runs: usize) -> Result<Repor
     let (f1, fw) = (figures["fork_1"].p50, figures[&format!("fork_{wide}")].p50);
     let raw = figures[&format!("floor_raw_runsc_{wide}")].p50;
     let pause = figures[&format!("fork_{wide}_source_pause")].p50;
+    let (c1, cw) =
+        (figures["fork_1_without_shells"].p50, figures[&format!("fork_{wide}_without_shells")].p50);
+    let shell_mib = if shell_bytes.is_empty() {
+        "not measured (no cgroup v1 memory counter)".to_string()
+    } else {
+        format!("{:.1} MiB", shell_bytes.iter().sum::<u64>() as f64 / shell_bytes.len() as f64 / 1048576.0)
+    };
     let summary = format!(
-        "gvisor fork with a {mib} MiB Python process: 1 child {f1:.0} ms, {wide} children {fw:.0} ms \
-         ({:.2}x the raw runsc floor of {raw:.0} ms: checkpoint + {wide} restores in a row); source paused \
-         {pause:.0} ms (probe's idle gap {:.0} ms); snapshot in place {:.0} ms; image {:.1} MiB; p50 of {runs} runs",
+        "gvisor fork with a {mib} MiB Python process, restore shells ready: 1 child {f1:.0} ms, {wide} children \
+         {fw:.0} ms ({:.2}x the raw runsc floor of {raw:.0} ms: checkpoint + {wide} restores in a row); without \
+         shells {c1:.0} ms and {cw:.0} ms ({:.2}x); source paused {pause:.0} ms (probe's idle gap {:.0} ms); \
+         {wide} shells started from none in {:.0} ms, {shell_mib} each; snapshot in place {:.0} ms; image {:.1} MiB; \
+         p50 of {runs} runs",
         fw / raw.max(1e-9),
+        cw / raw.max(1e-9),
         figures["ref_probe_gap_idle_1s"].p50,
+        figures[&format!("shell_refill_{wide}")].p50,
         figures["ref_snapshot_in_place"].p50,
         snapshot_bytes as f64 / 1048576.0
     );
@@ -221,16 +259,22 @@ pub fn fork(engine: &Engine, mib: u64, wide: usize, runs: usize) -> Result<Repor
         backend: "gvisor".into(),
         method:
             "clock starts at the fork call and stops when every child's agent has answered a ping over a \
-                 new connection; the source's pause is the longest wall-clock gap a probe in the source \
+                 new connection; each run forks once without restore shells and then once with as many shells \
+                 ready as children (started and waited for off the clock, nothing starting during either \
+                 fork); the source's pause is the longest wall-clock gap a probe in the source \
                  (ticking every 5 ms) saw during the fork, next to its longest gap over an idle second; \
-                 floor: the same runsc work with nothing around it, `runsc checkpoint` of the source and one \
-                 `runsc restore --detach` per child in a row; reference: an in-place snapshot of the source"
+                 refill: starting the wide fork's shells with none left until all are ready; shell memory: \
+                 its host memory cgroup's usage; floor: the same runsc work with nothing around it, \
+                 `runsc checkpoint` of the source and one `runsc restore --detach` per child in a row (no \
+                 shells); reference: an in-place snapshot of the source"
                 .into(),
-        inputs: serde_json::json!({"touched_mib": mib, "children": [1, wide], "runs": runs}),
+        inputs: serde_json::json!({"touched_mib": mib, "children": [1, wide], "runs": runs,
+                                   "shells_ready_for_the_wide_fork": shells_used}),
         host: host_facts(engine),
         ratios: BTreeMap::from([
             (format!("fork_{wide}/fork_1"), fw / f1.max(1e-9)),
             (format!("fork_{wide}/floor_raw_runsc_{wide}"), fw / raw.max(1e-9)),
+            (format!("fork_{wide}_without_shells/floor_raw_runsc_{wide}"), cw / raw.max(1e-9)),
         ]),
         figures,
         summary,
