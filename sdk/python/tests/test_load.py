@@ -38,6 +38,10 @@ def _fork_and_kill(sdk, i):
 
 
 def test_fifty_concurrent_clients_create_run_fork_and_kill_without_error_or_leak(service):
+    # Up to 68 sandboxes of this test may run at once (50, and 6 with two children each) on a
+    # service that allows 80; sandboxes earlier tests left in this session's service (about
+    # ten, plus their pools' members) would make the test depend on how its clients interleave.
+    service.kill_all()
     sdk = service.sdk()
     with ThreadPoolExecutor(max_workers=56) as pool:
         runs = [pool.submit(_create_run_kill, sdk, i) for i in range(50)]
