@@ -43,11 +43,14 @@ pub struct Shell {
     pub idle: Duration,
 }
 
+/// Suffix of the marker of a shell still being created (see [`Shell::starting`]).
+pub const SHELL_STARTING: &str = ".starting";
+
 impl Shell {
     /// The marker of a shell still being created.
     pub fn starting(marker: &Path) -> PathBuf {
         let mut s = marker.as_os_str().to_owned();
-        s.push(".starting");
+        s.push(SHELL_STARTING);
         PathBuf::from(s)
     }
 }

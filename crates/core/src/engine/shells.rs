@@ -11,16 +11,15 @@
 //! An unrecorded sandbox directory that a marker names is a shell, not debris.
 
 use super::Engine;
-use branchbox_gvisor::shim::{Shell, SHELL_CLAIMED};
+use branchbox_gvisor::shim::{Shell, SHELL_CLAIMED, SHELL_STARTING as STARTING};
 use branchbox_model::{Backend, BackendKind, Limits, Result, Sandbox, SandboxId};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// Suffix of a marker whose shell is still being created.
-const STARTING: &str = ".starting";
-/// A shell still not ready after this long (its shim gone or stuck) is dropped by `gc`.
+/// A shell still not ready after this long (its shim gone or stuck) is ended by the next
+/// reconciliation.
 const START_GRACE_MS: u64 = 120_000;
 
 /// The key of the shells that can take children of sandboxes with `rootfs` and `limits`.
