@@ -73,7 +73,7 @@ fuzz_start=$(date +%s)
         cargo build --locked --quiet --target x86_64-unknown-linux-gnu --bins
 )
 mkdir -p "$work/fuzz-artifacts"
-for t in mmio_registers blk_requests vsock_packets rng_chains layer_file process_frames image_import \
+for t in mmio_registers blk_requests vsock_packets net_frames rng_chains layer_file process_frames image_import \
     template_parse dns_queries connect_requests proc_net_tcp; do
     mkdir -p "$work/fuzz-corpus/$t"
     log="$work/fuzz-$t.log"

@@ -1,10 +1,11 @@
 //! The devices this crate serves: branchbox-virtio's device logic ([`VirtioDevice`]) plus
-//! what a vhost-user server needs on top of it, a name and, for devices with a host side (vsock),
+//! what a vhost-user server needs on top of it, a name and, for devices with a host side (vsock, net),
 //! a descriptor to poll next to the queues.
 
 use std::os::fd::RawFd;
 
 use branchbox_virtio::blk::Block;
+use branchbox_virtio::net::Net;
 use branchbox_virtio::rng::Rng;
 use branchbox_virtio::vsock::Vsock;
 use branchbox_virtio::VirtioDevice;
@@ -14,11 +15,11 @@ pub type Memory = vm_memory::GuestMemoryMmap<()>;
 
 /// A branchbox-virtio device as the vhost-user server drives it.
 pub trait ServedDevice: VirtioDevice + 'static {
-    /// Short name, for logs and thread names (`blk`, `vsock`, `rng`).
+    /// Short name, for logs and thread names (`blk`, `net`, `vsock`, `rng`).
     const NAME: &'static str;
 
     /// A descriptor that becomes readable when the device's host side has work (vsock: host
-    /// connections with data for the guest). The server polls it next to the queues' kick
+    /// connections with data for the guest; net: frames waiting on the tap). The server polls it next to the queues' kick
     /// events and then calls [`ServedDevice::handle_host_events`].
     fn host_event_fd(&self) -> Option<RawFd> {
         None
@@ -46,5 +47,17 @@ impl ServedDevice for Vsock {
 
     fn handle_host_events(&mut self) {
         Vsock::handle_host_events(self);
+    }
+}
+
+impl ServedDevice for Net {
+    const NAME: &'static str = "net";
+
+    fn host_event_fd(&self) -> Option<RawFd> {
+        Some(Net::host_event_fd(self))
+    }
+
+    fn handle_host_events(&mut self) {
+        Net::handle_host_events(self);
     }
 }

@@ -7,6 +7,7 @@ use anyhow::Context;
 use branchbox_layers::{LayeredBackend, Store};
 use branchbox_vhost::{Backend, ServedDevice, VhostServer};
 use branchbox_virtio::blk::{Block, OverlayBackend};
+use branchbox_virtio::net::{Net, Tap, GUEST_MAC};
 use branchbox_virtio::rng::Rng;
 use branchbox_virtio::vsock::Vsock;
 use clap::{Parser, Subcommand};
@@ -56,6 +57,14 @@ enum DeviceArgs {
     },
     /// virtio-rng fed by the host kernel's random pool (QEMU: vhost-user-rng-pci).
     Rng,
+    /// virtio-net over a tap device of the server's network namespace (QEMU: `-netdev
+    /// vhost-user` with `virtio-net-pci,mac=02:62:62:00:00:02`, the MAC every guest has).
+    Net {
+        /// The tap to attach to (created if missing; one made beforehand must be a plain tap,
+        /// `ip tuntap add NAME mode tap`).
+        #[arg(long)]
+        tap: String,
+    },
     /// virtio-vsock whose host side is a Unix socket: connect, send `CONNECT <port>\n`, read
     /// `OK <port>\n`, then the stream is the guest connection (QEMU: vhost-user-vsock-pci).
     Vsock {
@@ -84,6 +93,10 @@ fn main() -> anyhow::Result<()> {
                 serve(&mut server, Block::new(Box::new(disk), id))?
             }
             DeviceArgs::Rng => serve(&mut server, Rng::new())?,
+            DeviceArgs::Net { tap } => {
+                let port = Tap::open(tap).with_context(|| format!("opening tap {tap}"))?;
+                serve(&mut server, Net::new(Box::new(port), GUEST_MAC))?
+            }
             DeviceArgs::Vsock { guest_cid, host_socket } => {
                 serve(&mut server, Vsock::new(*guest_cid, host_socket)?)?
             }

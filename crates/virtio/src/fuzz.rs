@@ -14,6 +14,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::blk::{Block, BlockBackend, SECTOR_SIZE};
 use crate::mmio::MmioTransport;
+use crate::net::Net;
 use crate::rng::Rng;
 use crate::testing::{handshake, notify, CountingInterrupt, DriverQueue};
 use crate::vsock::Vsock;
@@ -105,6 +106,14 @@ pub fn vsock_packets(data: &[u8]) {
     let path: PathBuf = std::env::temp_dir().join(format!("bb-fuzz-{}-{n}.sock", std::process::id()));
     let vsock = Vsock::new(3, &path).expect("a Unix socket in the temporary directory");
     run_queue(vsock, crate::vsock::TX, data);
+}
+
+/// virtio-net TX chains (headers, frames, chain shapes) from arbitrary bytes; the host side is
+/// a datagram socket pair whose far end is dropped, so sends fail and are counted.
+pub fn net_frames(data: &[u8]) {
+    let (port, _) = std::os::unix::net::UnixDatagram::pair().expect("a socket pair");
+    port.set_nonblocking(true).expect("a non-blocking socket");
+    run_queue(Net::new(Box::new(port), crate::net::GUEST_MAC), crate::net::TX, data);
 }
 
 /// virtio-mmio register accesses from arbitrary bytes: each 8-byte record is

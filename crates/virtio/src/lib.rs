@@ -1,7 +1,7 @@
 //! Virtio devices of the branchbox microVM, written once.
 //!
-//! Each device ([`blk::Block`], [`rng::Rng`], [`vsock::Vsock`]) implements [`VirtioDevice`]:
-//! given one `virtio_queue::Queue` and a `vm_memory::GuestMemory`, it processes the queue's
+//! Each device ([`blk::Block`], [`net::Net`], [`rng::Rng`], [`vsock::Vsock`]) implements
+//! [`VirtioDevice`]: given one `virtio_queue::Queue` and a `vm_memory::GuestMemory`, it processes the queue's
 //! available descriptor chains, puts them on the used ring and says whether the guest wants an
 //! interrupt. Two transports call that same code: [`mmio::MmioTransport`] in the VMM process
 //! (virtio-mmio, version 2) and the vhost-user server in `branchbox-vhost`, which hands the
@@ -18,6 +18,7 @@ pub mod chain;
 #[cfg(feature = "testing")]
 pub mod fuzz;
 pub mod mmio;
+pub mod net;
 pub mod queue;
 pub mod rng;
 #[cfg(feature = "testing")]
@@ -56,7 +57,7 @@ pub enum DeviceError {
 
 /// A virtio device's logic, independent of the transport that carries it.
 pub trait VirtioDevice: Send {
-    /// The virtio device id (`VIRTIO_ID_BLOCK`, `VIRTIO_ID_RNG`, `VIRTIO_ID_VSOCK`).
+    /// The virtio device id (`VIRTIO_ID_BLOCK`, `VIRTIO_ID_NET`, `VIRTIO_ID_RNG`, `VIRTIO_ID_VSOCK`).
     fn device_type(&self) -> u32;
 
     /// The largest size each queue accepts; the slice's length is the number of queues.

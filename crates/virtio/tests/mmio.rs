@@ -251,6 +251,11 @@ proptest! {
     }
 
     #[test]
+    fn fuzz_body_net_frames(data in proptest::collection::vec(any::<u8>(), 0..1024)) {
+        fuzz::net_frames(&data);
+    }
+
+    #[test]
     fn fuzz_body_vsock_packets(data in proptest::collection::vec(any::<u8>(), 0..1024)) {
         fuzz::vsock_packets(&data);
     }
