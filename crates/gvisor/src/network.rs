@@ -1,16 +1,10 @@
 //! A gvisor sandbox's network (docs/network.md): its namespaces, links and policy come from
-//! `branchbox-net`; this module records the policy beside the sandbox and its snapshots, so
+//! `branchbox-net`, which also keeps the policy record beside the sandbox and its snapshots, so
 //! children and restores get the network their checkpoint was taken with.
 
 use branchbox_model::{Error, Result};
 use branchbox_net::{Egress, NetConfig};
-use std::io::Read;
 use std::path::{Path, PathBuf};
-
-/// The policy record in a sandbox's or a snapshot's directory.
-const POLICY_FILE: &str = "network.json";
-/// The largest policy record read back (an allow-list of 256 CIDRs is about 6 KiB).
-const MAX_POLICY_BYTES: u64 = 64 * 1024;
 
 fn map(e: branchbox_net::Error) -> Error {
     match e {
@@ -52,32 +46,15 @@ pub fn serve_dns(id: &str, dir: &Path) -> Result<()> {
     branchbox_net::dns::start(cfg, id, Box::new(move || recorded(&dir).ok().flatten())).map_err(map)
 }
 
-/// Records `egress` as the policy of the sandbox or snapshot in `dir` (replaced whole, by
-/// rename, so a reader never sees half of it).
+/// Records `egress` as the policy of the sandbox or snapshot in `dir`
+/// (`branchbox_net::record`).
 pub fn record(dir: &Path, egress: &Egress) -> Result<()> {
-    let path = dir.join(POLICY_FILE);
-    let tmp = dir.join(format!("{POLICY_FILE}.tmp"));
-    let text = serde_json::to_vec(egress).map_err(|e| Error::Backend(e.to_string()))?;
-    std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
-    std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))
+    branchbox_net::record::record(dir, egress).map_err(map)
 }
 
 /// The policy recorded in `dir`, or `None` for a sandbox or snapshot without a network.
 pub fn recorded(dir: &Path) -> Result<Option<Egress>> {
-    let path = dir.join(POLICY_FILE);
-    let file = match std::fs::File::open(&path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io(&path, e)),
-    };
-    let mut bytes = Vec::new();
-    file.take(MAX_POLICY_BYTES).read_to_end(&mut bytes).map_err(|e| Error::io(&path, e))?;
-    serde_json::from_slice(&bytes).map(Some).map_err(|e| {
-        Error::Backend(format!(
-            "{} is not a network policy ({e}); the snapshot cannot be restored",
-            path.display()
-        ))
-    })
+    branchbox_net::record::recorded(dir).map_err(map)
 }
 
 /// Copies sandbox `dir`'s policy record, if any, into the snapshot directory `dest`.

@@ -22,6 +22,10 @@ pub const GUEST_PREFIX: u8 = 30;
 pub const GUEST_MAC: &str = "02:62:62:00:00:02";
 /// The guest's interface name.
 const GUEST_IF: &str = "eth0";
+/// The tap a microVM's VMM attaches to in the guest namespace ([`GuestSide::Tap`]).
+pub const GUEST_TAP: &str = "tap0";
+/// The bridge that joins [`GUEST_TAP`] and the guest link ([`GuestSide::Tap`]).
+const GUEST_BRIDGE: &str = "br0";
 /// Most upstream resolvers a forwarder is given (it asks them in turn).
 const MAX_RESOLVERS: usize = 8;
 /// Where slot files live unless `BRANCHBOX_NET_STATE` says otherwise.
@@ -37,6 +41,28 @@ pub enum Uplink {
     /// A named namespace (under /run/netns) that routes the pool itself; tests give their own
     /// "internet" namespace here, so nothing reaches the host's real interface.
     Netns(String),
+}
+
+/// What holds the guest's end of the network in its namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuestSide {
+    /// The runtime takes the interface itself (runsc's `--network=sandbox`): `eth0` gets the
+    /// guest's MAC, address and default route, which runsc moves into its own stack.
+    Interface,
+    /// A VMM serves virtio-net over the tap [`GUEST_TAP`], bridged to `eth0` with no address:
+    /// the guest kernel holds the address (from its command line), and frames pass between
+    /// it and the router exactly as they do for runsc.
+    Tap,
+}
+
+/// The guest kernel's `ip=` argument for [`GuestSide::Tap`]: the guest's address, gateway and
+/// netmask on `eth0`, set by the kernel before init runs, with no autoconfiguration, and the
+/// gateway as its name server (the sandbox's resolver; the kernel lists it in
+/// `/proc/net/pnp`, which the agent turns into `/etc/resolv.conf`). A restored or forked guest
+/// keeps what it booted with, so every child has the same addresses.
+pub fn guest_ip_arg() -> String {
+    let mask = Ipv4Addr::from(u32::MAX << (32 - u32::from(GUEST_PREFIX)));
+    format!("ip={GUEST_ADDR}::{GATEWAY}:{mask}::{GUEST_IF}:off:{GATEWAY}")
 }
 
 /// How sandboxes are networked on this host.
@@ -152,8 +178,14 @@ impl NetConfig {
 
     /// Creates sandbox `id`'s namespaces, links, addresses, routes, NAT and `egress` policy,
     /// recording `owner` (the sandbox's directory) as the one that holds them, for
-    /// [`NetConfig::sweep`]. On failure everything created is removed again.
+    /// [`NetConfig::sweep`]. On failure everything created is removed again. The guest
+    /// namespace is made for a runtime that takes its interface ([`GuestSide::Interface`]).
     pub fn setup(&self, id: &str, egress: &Egress, owner: &Path) -> Result<Attached> {
+        self.setup_for(id, egress, owner, GuestSide::Interface)
+    }
+
+    /// [`NetConfig::setup`] with the guest namespace made for `side`.
+    pub fn setup_for(&self, id: &str, egress: &Egress, owner: &Path, side: GuestSide) -> Result<Attached> {
         let names = Names::of(id)?;
         if let Some(ns) = self.uplink_ns() {
             valid_ns_name(ns)?;
@@ -166,7 +198,7 @@ impl NetConfig {
         // A crash may have left a half of this id behind.
         self.teardown(id)?;
         let slot = slots::reserve(&self.state_dir, self.pool, id)?;
-        let built = self.record_owner(&names, owner).and_then(|()| self.build(&names, slot, egress));
+        let built = self.record_owner(&names, owner).and_then(|()| self.build(&names, slot, egress, side));
         match built {
             Ok(()) => Ok(Attached { guest_ns_path: names.guest_ns_path(), egress_addr: slot.router }),
             Err(e) => {
@@ -176,7 +208,7 @@ impl NetConfig {
         }
     }
 
-    fn build(&self, n: &Names, slot: Slot, egress: &Egress) -> Result<()> {
+    fn build(&self, n: &Names, slot: Slot, egress: &Egress, side: GuestSide) -> Result<()> {
         let uplink_netns = match self.uplink_ns() {
             Some(ns) => format!(" netns {ns}"),
             None => String::new(),
@@ -188,9 +220,16 @@ impl NetConfig {
             u = n.uplink_link,
         );
         run("ip", &["-batch", "-"], &root, None, "create the sandbox's namespaces and links")?;
-        let guest = format!(
-            "link set lo up\nlink set {GUEST_IF} address {GUEST_MAC}\naddr add {GUEST_ADDR}/{GUEST_PREFIX} dev {GUEST_IF}\nlink set {GUEST_IF} up\nroute add default via {GATEWAY}\n"
-        );
+        let guest = match side {
+            GuestSide::Interface => format!(
+                "link set lo up\nlink set {GUEST_IF} address {GUEST_MAC}\naddr add {GUEST_ADDR}/{GUEST_PREFIX} dev {GUEST_IF}\nlink set {GUEST_IF} up\nroute add default via {GATEWAY}\n"
+            ),
+            // eth0 keeps its own MAC: a bridge port with the guest's MAC would take the
+            // guest's frames for itself instead of passing them to the tap.
+            GuestSide::Tap => format!(
+                "link set lo up\ntuntap add {GUEST_TAP} mode tap\nlink add {GUEST_BRIDGE} type bridge\nlink set {GUEST_IF} master {GUEST_BRIDGE}\nlink set {GUEST_TAP} master {GUEST_BRIDGE}\nlink set {GUEST_IF} up\nlink set {GUEST_TAP} up\nlink set {GUEST_BRIDGE} up\n"
+            ),
+        };
         run("ip", &["-n", &n.guest_ns, "-batch", "-"], &guest, None, "address the guest's interface")?;
         let router = format!(
             "link set lo up\naddr add {GATEWAY}/{GUEST_PREFIX} dev {GUEST_SIDE}\nlink set {GUEST_SIDE} up\naddr add {r}/31 dev {UPLINK_SIDE}\nlink set {UPLINK_SIDE} up\nroute add default via {u}\n",
@@ -443,6 +482,11 @@ pub fn leftovers() -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tap_guest_is_addressed_by_its_kernel_as_the_runsc_guest_is_by_the_namespace() {
+        assert_eq!(guest_ip_arg(), "ip=10.200.0.2::10.200.0.1:255.255.255.252::eth0:off:10.200.0.1");
+    }
 
     #[test]
     fn counters_are_read_from_nfts_json() {

@@ -3,7 +3,7 @@
 //! stands in for the guest (the gvisor end-to-end test runs runsc there).
 
 use branchbox_net::testing::{curl_in, Internet, METADATA, OTHER_PUBLIC, PRIVATE, PUBLIC};
-use branchbox_net::{AllowList, Egress, NetConfig, Uplink};
+use branchbox_net::{AllowList, Egress, GuestSide, NetConfig, Uplink, GUEST_MAC, GUEST_TAP};
 use std::path::PathBuf;
 
 /// Tears the sandboxes' networks down when the test ends, passed or failed.
@@ -103,6 +103,47 @@ fn teardown_leaves_no_namespace_link_rule_or_slot_and_can_repeat() {
     assert_eq!(curl_in(&guest(&a), PUBLIC).unwrap(), "200");
     drop(guard);
     assert!(!branchbox_net::leftovers().contains(&hex.to_string()));
+}
+
+#[test]
+fn a_tap_guest_namespace_bridges_the_tap_to_the_router_link_and_holds_no_address() {
+    let inet = Internet::start(&format!("bbt-inet4-{}", std::process::id())).unwrap();
+    let cfg = config(&inet, "tap");
+    let a = id(5);
+    let guard = Sandboxes { cfg: &cfg, ids: vec![a.clone()] };
+    cfg.setup_for(&a, &Egress::Internet, &cfg.state_dir, GuestSide::Tap).unwrap();
+    let ip = |args: &[&str]| {
+        let out = std::process::Command::new("ip").args(["-n", &guest(&a)]).args(args).output().unwrap();
+        assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let tap = ip(&["-d", "-o", "link", "show", GUEST_TAP]);
+    assert!(tap.contains("master br0") && tap.contains("tun type tap pi off vnet_hdr off"), "{tap}");
+    let eth0 = ip(&["-o", "link", "show", "eth0"]);
+    assert!(eth0.contains("master br0"), "{eth0}");
+    assert!(
+        !eth0.contains(GUEST_MAC),
+        "a bridge port with the guest's MAC would keep the guest's frames: {eth0}"
+    );
+    let addrs = ip(&["-4", "-o", "addr"]);
+    assert!(
+        addrs.lines().all(|l| l.contains(" lo ")),
+        "the namespace holds an address beside loopback: {addrs}"
+    );
+    assert_eq!(ip(&["-4", "route"]), "", "the guest's routes belong to its kernel");
+    // The router side is the runsc one, with its egress policy.
+    let router = format!("bbr-{}", &a[4..]);
+    let tables = std::process::Command::new("ip")
+        .args(["netns", "exec", &router, "nft", "list", "tables"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&tables.stdout).contains("inet branchbox"),
+        "the router has no egress policy"
+    );
+    cfg.teardown(&a).unwrap();
+    assert!(!std::path::Path::new("/run/netns").join(guest(&a)).exists(), "the guest namespace is left");
+    drop(guard);
 }
 
 #[test]
