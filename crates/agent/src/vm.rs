@@ -82,6 +82,20 @@ pub fn hostname_from_cmdline(cmdline: &str) -> Option<String> {
     valid.then(|| name.to_string())
 }
 
+/// The resolver file for the name servers the kernel's `ip=` argument gave (`/proc/net/pnp`
+/// lists them as `nameserver A.B.C.D`): a networked microVM's resolver is its gateway
+/// (docs/network.md). `None` when the kernel configured no name server.
+pub fn resolv_conf_from_pnp(pnp: &str) -> Option<String> {
+    let servers: Vec<std::net::Ipv4Addr> = pnp
+        .lines()
+        .filter_map(|l| l.strip_prefix("nameserver "))
+        .filter_map(|a| a.trim().parse().ok())
+        .filter(|a: &std::net::Ipv4Addr| !a.is_unspecified())
+        .take(3)
+        .collect();
+    (!servers.is_empty()).then(|| servers.iter().map(|a| format!("nameserver {a}\n")).collect())
+}
+
 /// The AF_VSOCK address the agent listens on: any CID, `port`.
 pub fn vsock_addr(port: u32) -> libc::sockaddr_vm {
     // SAFETY: sockaddr_vm is plain data; all-zero is a valid value to fill in.
@@ -202,6 +216,14 @@ pub fn boot() {
     }
     if let Err(e) = loopback_up() {
         eprintln!("branchbox-agent: cannot bring up loopback: {e}");
+    }
+    let pnp = std::fs::read_to_string("/proc/net/pnp").unwrap_or_default();
+    if let Some(resolv) = resolv_conf_from_pnp(&pnp) {
+        // A symlink in the image (systemd-resolved's) would send the write elsewhere.
+        let _ = std::fs::remove_file("/etc/resolv.conf");
+        if let Err(e) = std::fs::write("/etc/resolv.conf", resolv) {
+            eprintln!("branchbox-agent: cannot write /etc/resolv.conf: {e}");
+        }
     }
     // A panic in PID 1 would panic the kernel with no word of why: say it, then power off.
     let default = std::panic::take_hook();
@@ -390,6 +412,15 @@ mod tests {
         assert_eq!(hostname_from_cmdline("branchbox.hostname="), None);
         assert_eq!(hostname_from_cmdline("branchbox.hostname=a/b"), None);
         assert_eq!(hostname_from_cmdline(&format!("branchbox.hostname={}", "a".repeat(65))), None);
+    }
+
+    #[test]
+    fn the_kernels_name_servers_become_the_resolver_file() {
+        let pnp = "#MANUAL\nnameserver 10.200.0.1\nnameserver 0.0.0.0\n";
+        assert_eq!(resolv_conf_from_pnp(pnp).as_deref(), Some("nameserver 10.200.0.1\n"));
+        assert_eq!(resolv_conf_from_pnp("#MANUAL\n"), None);
+        assert_eq!(resolv_conf_from_pnp("nameserver 10.0.0.1; rm -rf /\n"), None);
+        assert_eq!(resolv_conf_from_pnp(""), None);
     }
 
     #[test]

@@ -397,6 +397,8 @@ mod tests {
             "CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES",
             "CONFIG_VIRTIO_BLK",
             "CONFIG_VIRTIO_VSOCKETS",
+            "CONFIG_VIRTIO_NET",
+            "CONFIG_IP_PNP",
             "CONFIG_HW_RANDOM_VIRTIO",
             "CONFIG_VMGENID",
             "CONFIG_SERIAL_8250_CONSOLE",
