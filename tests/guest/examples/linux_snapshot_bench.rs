@@ -182,6 +182,7 @@ fn main() -> Result<(), String> {
             vsock_socket: None,
             disk_store: work.join("restored-disk"),
             disk_chain: "restored".into(),
+            net: None,
         };
         let t = Instant::now();
         let vm = LinuxVm::restore(&hv, &snap, &opts).map_err(|e| e.to_string())?;

@@ -52,6 +52,7 @@ impl VmmGuest {
             vcpus: 1,
             vsock_socket: work.join("vsock.sock"),
             serial_log: work.join("serial.log"),
+            net: None,
         }
     }
 }

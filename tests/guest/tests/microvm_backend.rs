@@ -131,6 +131,7 @@ fn boot_mid_way(g: &CachedGuest, dir: &Path) {
         vcpus: 1,
         vsock_socket: dir.join("vsock.sock"),
         serial_log: dir.join("serial.log"),
+        net: None,
     })
     .expect("boot");
     let start = std::time::Instant::now();

@@ -33,6 +33,7 @@ fn restore_request(snap: &Path, work: &Path, name: &str, resume: bool) -> Restor
         disk_store: work.join(format!("{name}-disk")),
         disk_chain: "root".into(),
         resume,
+        net: None,
     }
 }
 

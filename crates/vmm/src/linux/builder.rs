@@ -17,6 +17,7 @@ use branchbox_devices::{Bus, BusDevice};
 use branchbox_layers::{LayeredBackend, Store};
 use branchbox_virtio::blk::Block;
 use branchbox_virtio::mmio::MmioTransport;
+use branchbox_virtio::net::Net;
 use branchbox_virtio::rng::Rng;
 use branchbox_virtio::vmgenid::VmGenId;
 use branchbox_virtio::VirtioDevice;
@@ -264,7 +265,7 @@ impl LinuxVm {
     /// Adds a vsock device for guest CID `cid` whose host side listens on the Unix socket
     /// `socket`: a host client connects, writes `CONNECT <port>\n`, reads `OK <port>\n`.
     pub fn add_vsock(&mut self, cid: u64, socket: &Path) -> LinuxResult<()> {
-        if self.vsock().is_some() {
+        if self.host_sides_ref().0.is_some() {
             return Err(LinuxError::Config("a guest has one vsock device".into()));
         }
         let device = devices::vsock(cid, socket)?;
@@ -273,12 +274,37 @@ impl LinuxVm {
         Ok(())
     }
 
-    /// The vsock device, if the guest has one.
-    pub(super) fn vsock(&self) -> Option<&devices::VsockTransport> {
-        self.virtio.iter().find_map(|d| match d {
-            VirtioHandle::Vsock(t) => Some(t),
-            _ => None,
-        })
+    /// Adds the guest's network interface: virtio-net with MAC `mac` over the tap `at` names
+    /// (docs/network.md), and serves the sandbox's resolver from this process. The guest's
+    /// address comes from its command line (`ip=`), which the caller sets.
+    pub fn add_net(&mut self, at: &devices::NetAttach, mac: [u8; 6]) -> LinuxResult<()> {
+        if self.host_sides_ref().1.is_some() {
+            return Err(LinuxError::Config("a guest has one network interface".into()));
+        }
+        at.check().map_err(LinuxError::Config)?;
+        let tap = devices::open_tap(&at.netns, &at.tap)?;
+        devices::serve_resolver(at)?;
+        let t = self.add_virtio(Net::new(Box::new(tap), mac))?;
+        self.virtio.push(VirtioHandle::Net(t));
+        Ok(())
+    }
+
+    /// The devices whose host side a thread serves while the guest runs.
+    pub(super) fn host_sides(&self) -> devices::HostSides {
+        let (vsock, net) = self.host_sides_ref();
+        devices::HostSides { vsock: vsock.cloned(), net: net.cloned() }
+    }
+
+    fn host_sides_ref(&self) -> (Option<&devices::VsockTransport>, Option<&devices::NetTransport>) {
+        let mut sides = (None, None);
+        for d in &self.virtio {
+            match d {
+                VirtioHandle::Vsock(t) => sides.0 = Some(t),
+                VirtioHandle::Net(t) => sides.1 = Some(t),
+                _ => {}
+            }
+        }
+        sides
     }
 
     fn add_virtio<D>(&mut self, device: D) -> LinuxResult<Arc<Mutex<Transport<D>>>>

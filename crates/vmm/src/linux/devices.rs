@@ -1,11 +1,12 @@
 //! The virtio devices of a Linux guest on virtio-mmio: block (base + overlay), vsock (a Unix
-//! socket per sandbox on the host side), rng; and the thread that serves vsock's host side
-//! while the guest runs.
+//! socket per sandbox on the host side), rng, net (a tap in the sandbox's guest network
+//! namespace); and the thread that serves vsock's and net's host sides while the guest runs.
 
 use super::error::{LinuxError, LinuxResult};
 use crate::seccomp::{self, ThreadKind};
 use branchbox_virtio::blk::{Block, OverlayBackend};
 use branchbox_virtio::mmio::MmioTransport;
+use branchbox_virtio::net::{Net, Tap};
 use branchbox_virtio::rng::Rng;
 use branchbox_virtio::vsock::Vsock;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -18,8 +19,11 @@ use vmm_sys_util::eventfd::EventFd;
 /// A device on the virtio-mmio transport over this VM's RAM.
 pub type Transport<D> = MmioTransport<D, Arc<GuestMemoryMmap>>;
 
-/// The guest's vsock device, served from the host side by [`serve_vsock_host`].
+/// The guest's vsock device, served from the host side by [`serve_host_sides`].
 pub(super) type VsockTransport = Arc<Mutex<Transport<Vsock>>>;
+
+/// The guest's net device, served from the host side by [`serve_host_sides`].
+pub(super) type NetTransport = Arc<Mutex<Transport<Net>>>;
 
 /// A virtio device the VM keeps a typed handle to, so that a snapshot can save it.
 #[derive(Clone)]
@@ -27,6 +31,7 @@ pub(super) enum VirtioHandle {
     Block(Arc<Mutex<Transport<Block>>>),
     Vsock(VsockTransport),
     Rng(Arc<Mutex<Transport<Rng>>>),
+    Net(NetTransport),
 }
 
 /// Locks a device (or vCPU); a panic on another thread while it held the lock leaves the
@@ -48,16 +53,112 @@ pub(super) fn vsock(cid: u64, socket: &Path) -> LinuxResult<Vsock> {
     Vsock::new(cid, socket).map_err(|e| LinuxError::Device { what: "virtio-vsock", detail: e.to_string() })
 }
 
-/// Serves the vsock device's host side until `stop` is signalled: waits for host events
-/// (clients connecting, data to forward) and lets the transport move what they produced into
-/// the guest's queues. The thread confines itself to the VMM thread's system calls first.
-pub(super) fn serve_vsock_host(vsock: &VsockTransport, stop: &EventFd) -> LinuxResult<()> {
-    let host_fd = vsock.lock().unwrap_or_else(|e| e.into_inner()).device().host_event_fd();
+/// Where a guest's network interface attaches: a tap of a network namespace (the sandbox's
+/// guest namespace, docs/network.md).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub struct NetAttach {
+    /// The namespace's file (`/run/netns/bbg-...`); an absolute path.
+    pub netns: std::path::PathBuf,
+    /// The tap in that namespace (`tap0`): 1-15 letters, digits, `-` or `_`.
+    pub tap: String,
+    /// The sandbox whose network it is (`sbx-<16 hex>`): the VMM process serves its resolver
+    /// on its gateway, as the gvisor backend's shim does.
+    pub sandbox: String,
+    /// Where the sandbox's policy record is (`branchbox_net::record`), read by each query of
+    /// the resolver; an absolute path.
+    pub policy_dir: std::path::PathBuf,
+}
+
+impl NetAttach {
+    /// Checks what can be checked before touching anything; returns what is wrong.
+    pub fn check(&self) -> Result<(), String> {
+        if !self.netns.is_absolute() {
+            return Err(format!(
+                "network namespace {} is a relative path; give the absolute path of its file (/run/netns/NAME)",
+                self.netns.display()
+            ));
+        }
+        if !self.policy_dir.is_absolute() {
+            return Err(format!(
+                "policy directory {} is a relative path; give an absolute path",
+                self.policy_dir.display()
+            ));
+        }
+        branchbox_net::Names::of(&self.sandbox).map_err(|e| e.to_string())?;
+        let ok = (1..=15).contains(&self.tap.len())
+            && self.tap.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !ok {
+            return Err(format!("tap name {:?} is not 1-15 letters, digits, '-' or '_'", self.tap));
+        }
+        Ok(())
+    }
+}
+
+/// Serves the resolver of the sandbox `at` names from this process, on its gateway in its
+/// router namespace, for as long as the process lives; each query follows the policy recorded
+/// then (`branchbox_net::dns`). Its threads are the control thread's children, outside the
+/// device threads' seccomp filters: they open sockets, which those filters forbid.
+pub(super) fn serve_resolver(at: &NetAttach) -> LinuxResult<()> {
+    let err = |e: branchbox_net::Error| LinuxError::Device {
+        what: "the sandbox's resolver",
+        detail: e.to_string(),
+    };
+    let cfg = branchbox_net::NetConfig::from_env().map_err(err)?;
+    let dir = at.policy_dir.clone();
+    let policy = Box::new(move || branchbox_net::record::recorded(&dir).ok().flatten());
+    branchbox_net::dns::start(cfg, &at.sandbox, policy).map_err(err)
+}
+
+/// Opens the tap `tap` of the network namespace at `netns` (a file under `/run/netns`): a
+/// short-lived thread enters the namespace and attaches, and the descriptor it returns works
+/// from any namespace. The VMM's own threads never change namespace.
+pub(super) fn open_tap(netns: &Path, tap: &str) -> LinuxResult<Tap> {
+    let err = |detail: String| LinuxError::Device { what: "virtio-net", detail };
+    let ns =
+        std::fs::File::open(netns).map_err(|e| err(format!("network namespace {}: {e}", netns.display())))?;
+    let name = tap.to_string();
+    let opened = std::thread::spawn(move || {
+        // SAFETY: `ns` is an open namespace file; setns changes only this thread, which ends
+        // right after the tap is opened.
+        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Tap::open(&name)
+    })
+    .join()
+    .map_err(|_| err("the thread opening the tap panicked".into()))?;
+    opened.map_err(|e| err(format!("tap {tap} in {}: {e}", netns.display())))
+}
+
+/// The devices with a host side, each polled by [`serve_host_sides`].
+#[derive(Clone, Default)]
+pub(super) struct HostSides {
+    pub(super) vsock: Option<VsockTransport>,
+    pub(super) net: Option<NetTransport>,
+}
+
+impl HostSides {
+    pub(super) fn is_empty(&self) -> bool {
+        self.vsock.is_none() && self.net.is_none()
+    }
+}
+
+/// Serves the host sides of the guest's vsock and net devices until `stop` is signalled: waits
+/// for host events (vsock clients connecting or sending, frames arriving on the tap) and lets
+/// each transport move what they produced into the guest's queues. The thread confines itself
+/// to the VMM thread's system calls first.
+pub(super) fn serve_host_sides(sides: &HostSides, stop: &EventFd) -> LinuxResult<()> {
     let epoll = Epoll::new().map_err(epoll_err)?;
-    epoll.add(host_fd, HOST).map_err(epoll_err)?;
+    if let Some(vsock) = &sides.vsock {
+        epoll.add(lock(vsock).device().host_event_fd(), VSOCK).map_err(epoll_err)?;
+    }
+    if let Some(net) = &sides.net {
+        epoll.add(lock(net).device().host_event_fd(), NET).map_err(epoll_err)?;
+    }
     epoll.add(stop.as_raw_fd(), STOP).map_err(epoll_err)?;
     seccomp::apply(ThreadKind::Vmm)?;
-    let mut events = [libc::epoll_event { events: 0, u64: 0 }; 2];
+    let mut events = [libc::epoll_event { events: 0, u64: 0 }; 3];
     loop {
         let n = match epoll.wait(&mut events) {
             Ok(n) => n,
@@ -68,22 +169,28 @@ pub(super) fn serve_vsock_host(vsock: &VsockTransport, stop: &EventFd) -> LinuxR
         if ready().any(|t| t == STOP) {
             return Ok(());
         }
-        if ready().any(|t| t == HOST) {
-            let mut t = vsock.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(vsock) = sides.vsock.as_ref().filter(|_| ready().any(|t| t == VSOCK)) {
+            let mut t = lock(vsock);
+            t.device_mut().handle_host_events();
+            t.process_pending();
+        }
+        if let Some(net) = sides.net.as_ref().filter(|_| ready().any(|t| t == NET)) {
+            let mut t = lock(net);
             t.device_mut().handle_host_events();
             t.process_pending();
         }
     }
 }
 
-const HOST: u64 = 1;
+const VSOCK: u64 = 1;
 const STOP: u64 = 2;
+const NET: u64 = 3;
 
 fn epoll_err(e: std::io::Error) -> LinuxError {
-    LinuxError::Device { what: "the vsock host thread", detail: format!("epoll: {e}") }
+    LinuxError::Device { what: "the devices' host thread", detail: format!("epoll: {e}") }
 }
 
-/// A minimal epoll set: the two descriptors the vsock host thread waits on.
+/// A minimal epoll set: the descriptors the devices' host thread waits on.
 struct Epoll(OwnedFd);
 
 impl Epoll {

@@ -18,7 +18,7 @@ mod stop;
 mod vcpu;
 
 pub use builder::{LinuxVm, LinuxVmConfig, VirtioSlot};
-pub use devices::{connect_guest_port, Transport};
+pub use devices::{connect_guest_port, NetAttach, Transport};
 pub use end::RunEnd;
 pub use error::{LinuxError, LinuxResult};
 pub use snapshot::{LinuxRestore, Saved, Snapshotter, SNAPSHOT_DISK_STORE};

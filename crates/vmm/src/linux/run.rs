@@ -20,10 +20,10 @@ impl LinuxVm {
         let first: Mutex<Option<LinuxResult<RunEnd>>> = Mutex::new(None);
         let (mmio, pio, pauses, hold) = (&self.mmio, &self.pio, &self.pauses, &self.hold);
         let host_stop = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| LinuxError::Device {
-            what: "the vsock host thread",
+            what: "the devices' host thread",
             detail: format!("eventfd: {e}"),
         })?;
-        let vsock = self.vsock().cloned();
+        let host_sides = self.host_sides();
         // vCPU threads confine themselves to the vCPU system calls; with virtio devices
         // attached, their queues are served on the vCPU thread at each notification, so those
         // threads also get the device thread's file and Unix-socket calls.
@@ -36,17 +36,17 @@ impl LinuxVm {
             }
         };
         let spawned = std::thread::scope(|s| -> LinuxResult<()> {
-            if let Some(vsock) = &vsock {
-                let (host_stop, stop, first) = (&host_stop, &stop, &first);
+            if !host_sides.is_empty() {
+                let (host_sides, host_stop, stop, first) = (&host_sides, &host_stop, &stop, &first);
                 let body = move || {
-                    if let Err(e) = devices::serve_vsock_host(vsock, host_stop) {
+                    if let Err(e) = devices::serve_host_sides(host_sides, host_stop) {
                         record(first, Err(e));
                         stop.stop();
                     }
                 };
-                std::thread::Builder::new().name("vsock-host".into()).spawn_scoped(s, body).map_err(|e| {
-                    LinuxError::Device { what: "the vsock host thread", detail: e.to_string() }
-                })?;
+                std::thread::Builder::new().name("device-host".into()).spawn_scoped(s, body).map_err(
+                    |e| LinuxError::Device { what: "the devices' host thread", detail: e.to_string() },
+                )?;
             }
             for (id, fd) in self.vcpus.iter().enumerate() {
                 let id = id as u8;

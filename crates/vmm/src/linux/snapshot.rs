@@ -41,6 +41,9 @@ pub struct LinuxRestore {
     pub serial_log_cap: u64,
     /// Where the vsock device's host side listens, for a guest with one.
     pub vsock_socket: Option<PathBuf>,
+    /// Where the restored guest's network interface attaches, for a guest with one: each
+    /// restore or fork child its own namespace's tap.
+    pub net: Option<super::NetAttach>,
     /// This VM's layer store (created if missing): the snapshot's frozen disk is recorded
     /// there and the new top written there.
     pub disk_store: PathBuf,
@@ -144,6 +147,14 @@ impl LinuxVm {
                     vm.add_vsock(v.device.guest_cid, socket)?;
                 }
                 VirtioState::Rng(_) => vm.add_rng()?,
+                VirtioState::Net(v) => {
+                    let at = opts.net.as_ref().ok_or_else(|| {
+                        LinuxError::Config(
+                            "the snapshot's guest has a network interface: give its namespace and tap".into(),
+                        )
+                    })?;
+                    vm.add_net(at, v.device.mac)?;
+                }
             }
         }
         vm.load(&s)?;
@@ -163,6 +174,7 @@ impl LinuxVm {
                 (VirtioHandle::Block(t), VirtioState::Block(v)) => lock(t).restore(v, &NoContext),
                 (VirtioHandle::Vsock(t), VirtioState::Vsock(v)) => lock(t).restore(v, &NoContext),
                 (VirtioHandle::Rng(t), VirtioState::Rng(v)) => lock(t).restore(v, &NoContext),
+                (VirtioHandle::Net(t), VirtioState::Net(v)) => lock(t).restore(v, &NoContext),
                 _ => Err(RestoreError::new("virtio-mmio", "devices out of their saved slot order")),
             }
             .map_err(device)?;
@@ -187,9 +199,13 @@ impl Snapshotter {
                     .into(),
             ));
         }
-        // Held to the end: the vsock host thread must not write guest memory meanwhile.
+        // Held to the end: the devices' host thread must not write guest memory meanwhile.
         let mut vsock = self.virtio.iter().find_map(|d| match d {
             VirtioHandle::Vsock(t) => Some(lock(t)),
+            _ => None,
+        });
+        let mut net = self.virtio.iter().find_map(|d| match d {
+            VirtioHandle::Net(t) => Some(lock(t)),
             _ => None,
         });
         let mut vcpu_states = Vec::with_capacity(self.vcpus.len());
@@ -209,6 +225,10 @@ impl Snapshotter {
                     None => return Err(LinuxError::Config("the vsock device vanished".into())),
                 },
                 VirtioHandle::Rng(t) => VirtioState::Rng(lock(t).save(&mut NoContext).map_err(device)?),
+                VirtioHandle::Net(_) => match &mut net {
+                    Some(t) => VirtioState::Net(t.save(&mut NoContext).map_err(device)?),
+                    None => return Err(LinuxError::Config("the network device vanished".into())),
+                },
             });
         }
         let disk = match &self.disk {
@@ -217,6 +237,7 @@ impl Snapshotter {
         };
         let memory_bytes = memfile::write(&self.mem, dir, LINUX_MEMORY_FILE)?;
         drop(vsock);
+        drop(net);
         let state = LinuxState {
             kernel: self.config.kernel.clone(),
             cmdline: self.config.cmdline.clone(),

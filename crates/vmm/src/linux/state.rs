@@ -16,6 +16,7 @@ use branchbox_devices::i8042::I8042State;
 use branchbox_devices::serial::SerialDeviceState;
 use branchbox_virtio::blk::BlockState;
 use branchbox_virtio::mmio::MmioState;
+use branchbox_virtio::net::NetState;
 use branchbox_virtio::rng::RngState;
 use branchbox_virtio::vmgenid::VmGenIdState;
 use branchbox_virtio::vsock::VsockState;
@@ -42,6 +43,9 @@ pub enum VirtioState {
     Vsock(MmioState<VsockState>),
     /// The entropy device.
     Rng(MmioState<RngState>),
+    /// The network interface (its MAC; frames in flight are not saved). Restored over the
+    /// tap of the new guest's own network namespace.
+    Net(MmioState<NetState>),
 }
 
 /// The guest's RAM in the snapshot directory: a raw image of guest-physical RAM, the
@@ -130,6 +134,7 @@ fn validate(s: &LinuxState) -> std::result::Result<(), String> {
     }
     let blocks = s.virtio.iter().filter(|v| matches!(v, VirtioState::Block(_))).count();
     let vsocks = s.virtio.iter().filter(|v| matches!(v, VirtioState::Vsock(_))).count();
+    let nets = s.virtio.iter().filter(|v| matches!(v, VirtioState::Net(_))).count();
     match &s.disk {
         Some(d) if !d.store.is_absolute() => {
             return Err(format!("disk store {} is not an absolute path", d.store.display()))
@@ -140,6 +145,9 @@ fn validate(s: &LinuxState) -> std::result::Result<(), String> {
     }
     if vsocks > 1 {
         return Err(format!("{vsocks} vsock devices (at most one)"));
+    }
+    if nets > 1 {
+        return Err(format!("{nets} network devices (at most one)"));
     }
     Ok(())
 }

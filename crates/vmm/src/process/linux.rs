@@ -9,6 +9,7 @@ use crate::linux::{
     DEFAULT_SERIAL_LOG_CAP,
 };
 use branchbox_layers::Store;
+use branchbox_virtio::net::GUEST_MAC;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -37,7 +38,8 @@ fn missing(what: &str, path: &std::path::Path) -> String {
 }
 
 impl LinuxGuest {
-    /// Builds the VM `boot` describes (block, vsock, rng), boots it and starts running it.
+    /// Builds the VM `boot` describes (block, vsock, rng, and net for a networked sandbox),
+    /// boots it and starts running it.
     /// The error says what could not be built.
     pub(super) fn boot(hv: &Arc<Hypervisor>, boot: &BootLinux) -> Result<LinuxGuest, String> {
         // Checked here so that the answer names the file rather than a loader's detail.
@@ -68,6 +70,9 @@ impl LinuxGuest {
             vm.add_layered_block(store, chain, "rootfs")?;
             vm.add_vsock(GUEST_CID, &boot.vsock_socket)?;
             vm.add_rng()?;
+            if let Some(net) = &boot.net {
+                vm.add_net(net, GUEST_MAC)?;
+            }
             vm.boot()?;
             Ok(vm)
         };
@@ -84,6 +89,7 @@ impl LinuxGuest {
             vsock_socket: Some(req.vsock_socket.clone()),
             disk_store: req.disk_store.clone(),
             disk_chain: req.disk_chain.clone(),
+            net: req.net.clone(),
         };
         let vm = LinuxVm::restore(hv, &req.dir, &opts).map_err(|e| e.to_string())?;
         LinuxGuest::start(vm, req.resume)

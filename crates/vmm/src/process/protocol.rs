@@ -13,6 +13,7 @@
 //! instead of decoding into the wrong variant.
 
 use crate::config::VmConfig;
+use crate::linux::NetAttach;
 use crate::testguest::{Answer, Command};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -21,8 +22,9 @@ use std::path::PathBuf;
 
 /// The protocol version this build speaks; both sides must speak the same one (2 added
 /// [`Request::BootLinux`]; 3 gave it a layered disk instead of an overlay file, and added
-/// [`Request::RestoreLinux`] and snapshots of Linux guests).
-pub const PROTOCOL_VERSION: u32 = 3;
+/// [`Request::RestoreLinux`] and snapshots of Linux guests; 4 added a network interface to
+/// both).
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Largest frame payload either side accepts, in bytes.
 pub const MAX_FRAME: usize = 64 * 1024;
@@ -56,6 +58,10 @@ pub struct BootLinux {
     pub vsock_socket: PathBuf,
     /// Where the guest's serial console goes (created, truncated, capped).
     pub serial_log: PathBuf,
+    /// The guest's network interface, for a networked sandbox (its `ip=` address goes in
+    /// `cmdline_extra`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net: Option<NetAttach>,
 }
 
 impl BootLinux {
@@ -77,6 +83,9 @@ impl BootLinux {
             }
         }
         check_chain_name(&self.disk_chain)?;
+        if let Some(net) = &self.net {
+            net.check()?;
+        }
         if self.cmdline_extra.len() > MAX_CMDLINE_EXTRA {
             return Err(format!(
                 "the command-line addition is {} bytes, over the limit of {MAX_CMDLINE_EXTRA}",
@@ -122,6 +131,9 @@ pub struct RestoreLinux {
     pub disk_chain: String,
     /// Run the guest right away instead of leaving it paused.
     pub resume: bool,
+    /// Where the guest's network interface attaches, for a snapshot of a networked guest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net: Option<NetAttach>,
 }
 
 impl RestoreLinux {
@@ -139,6 +151,9 @@ impl RestoreLinux {
                     path.display()
                 ));
             }
+        }
+        if let Some(net) = &self.net {
+            net.check()?;
         }
         check_chain_name(&self.disk_chain)
     }
@@ -463,8 +478,30 @@ mod tests {
             vcpus: 1,
             vsock_socket: "/s/vsock.sock".into(),
             serial_log: "/s/serial.log".into(),
+            net: None,
         };
         assert_eq!(boot.check(), Ok(()));
+        let net = NetAttach {
+            netns: "/run/netns/bbg-0123456789abcdef".into(),
+            tap: "tap0".into(),
+            sandbox: "sbx-0123456789abcdef".into(),
+            policy_dir: "/s".into(),
+        };
+        let networked = BootLinux { net: Some(net.clone()), ..boot.clone() };
+        assert_eq!(networked.check(), Ok(()));
+        let frame = encode(&Request::BootLinux(networked.clone())).unwrap();
+        assert_eq!(decode::<Request>(&frame[4..]).unwrap(), Request::BootLinux(networked));
+        for (bad, says) in [
+            (NetAttach { netns: "bbg-x".into(), ..net.clone() }, "bbg-x is a relative path"),
+            (NetAttach { tap: "tap0 up".into(), ..net.clone() }, "tap name \"tap0 up\""),
+            (NetAttach { tap: "a".repeat(16), ..net.clone() }, "is not 1-15"),
+            (NetAttach { tap: String::new(), ..net.clone() }, "is not 1-15"),
+            (NetAttach { sandbox: "sbx-../x".into(), ..net.clone() }, "is not a sandbox id"),
+            (NetAttach { policy_dir: "s".into(), ..net.clone() }, "policy directory s is a relative path"),
+        ] {
+            let e = BootLinux { net: Some(bad), ..boot.clone() }.check().unwrap_err();
+            assert!(e.contains(says), "{e}");
+        }
         let relative = BootLinux { disk_store: "disk".into(), ..boot.clone() };
         assert!(relative.check().unwrap_err().contains("disk_store disk is a relative path"));
         let chain = BootLinux { disk_chain: "../x".into(), ..boot.clone() };
@@ -487,8 +524,17 @@ mod tests {
             disk_store: "/s/disk".into(),
             disk_chain: "root".into(),
             resume: true,
+            net: None,
         };
         assert_eq!(req.check(), Ok(()));
+        let net = NetAttach {
+            netns: "netns".into(),
+            tap: "tap0".into(),
+            sandbox: "sbx-0123456789abcdef".into(),
+            policy_dir: "/s".into(),
+        };
+        let e = RestoreLinux { net: Some(net), ..req.clone() }.check().unwrap_err();
+        assert!(e.contains("netns is a relative path"), "{e}");
         let relative = RestoreLinux { disk_store: "disk".into(), ..req.clone() };
         assert!(relative.check().unwrap_err().contains("disk_store disk is a relative path"));
         let chain = RestoreLinux { disk_chain: "a/b".into(), ..req.clone() };
