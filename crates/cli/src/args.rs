@@ -57,7 +57,7 @@ pub struct CreateArgs {
     /// user apply to every command. Limits, image and backend come from the template.
     #[arg(long, conflicts_with_all = ["memory", "cpus", "pids", "image", "network", "allow", "deny_all"])]
     pub template: Option<String>,
-    /// Give the sandbox a network (gvisor only): public internet allowed; private ranges,
+    /// Give the sandbox a network: public internet allowed; private ranges,
     /// link-local and the cloud metadata address refused (docs/network.md).
     #[arg(long)]
     pub network: bool,

@@ -132,6 +132,10 @@ impl MicrovmBackend {
             Error::InvalidInput(format!("{} CPUs is more than a microVM has (at most 255)", plan.limits.cpus))
         })?;
         let config = VmConfig { mem_size, vcpus, irqchip: false };
+        let net = match &plan.network {
+            Some(egress) => Some(crate::network::attach(plan.id.as_str(), dir, egress)?),
+            None => None,
+        };
         let pid = spawn_listening(
             &self.cfg.vmm,
             config,
@@ -148,11 +152,16 @@ impl MicrovmBackend {
             disk,
             disk_store: files::disk_store(dir),
             disk_chain: files::DISK_CHAIN.into(),
-            cmdline_extra: format!("branchbox.hostname={}", plan.hostname),
+            cmdline_extra: format!(
+                "branchbox.hostname={}{}",
+                plan.hostname,
+                crate::network::cmdline(net.as_ref())
+            ),
             mem_size,
             vcpus,
             vsock_socket: files::vsock(dir),
             serial_log: files::serial_log(dir),
+            net,
         })
         .map_err(vmm_err)
     }
@@ -186,9 +195,12 @@ impl Backend for MicrovmBackend {
         let dir = self.sandbox_dir(plan)?;
         let started = self.boot(plan, &dir).and_then(|()| self.connect(&dir).map(drop));
         if started.is_err() {
-            // Leave no VMM behind; the directory keeps the logs the error quotes until the
-            // engine removes it.
+            // Leave no VMM and no network behind; the directory keeps the logs the error
+            // quotes until the engine removes it.
             self.stop_vmm(&dir);
+            if plan.network.is_some() {
+                let _ = crate::network::detach(plan.id.as_str());
+            }
         }
         started
     }
@@ -221,8 +233,13 @@ impl Backend for MicrovmBackend {
         self.fork_guest(dir, dest, children)
     }
 
-    fn destroy(&self, _id: &SandboxId, dir: &Path) -> Result<()> {
+    fn destroy(&self, id: &SandboxId, dir: &Path) -> Result<()> {
+        // Read before the directory goes; a record that cannot be read still tears down.
+        let networked = crate::network::is_networked(dir).unwrap_or(true);
         self.stop_vmm(dir);
+        if networked {
+            crate::network::detach(id.as_str())?;
+        }
         match std::fs::remove_dir_all(dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

@@ -6,10 +6,12 @@
 //!
 //! Built: create, connect (so exec and files), pause and resume, snapshot, restore and fork
 //! (with the agent's after-fork hook), rollback in place (a second VMM restores the snapshot,
-//! then takes over the sandbox's sockets: `rollback.rs`), destroy, liveness.
+//! then takes over the sandbox's sockets: `rollback.rs`), destroy, liveness; networked
+//! sandboxes (`network.rs`: a tap in the sandbox's guest namespace, docs/network.md).
 
 mod backend;
 mod files;
+mod network;
 mod rollback;
 mod snapshots;
 

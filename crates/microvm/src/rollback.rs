@@ -107,6 +107,13 @@ impl MicrovmBackend {
     pub(crate) fn rollback_guest(&self, dir: &Path, src: &Path) -> Result<()> {
         let dir = std::path::absolute(dir).map_err(|e| Error::io(dir, e))?;
         let src = std::path::absolute(src).map_err(|e| Error::io(src, e))?;
+        if crate::network::is_networked(&dir)? {
+            // The new VMM restores while the old one still holds the guest namespace's tap,
+            // which takes one VMM at a time.
+            return Err(Error::Unavailable(
+                "rollback in place of a networked microvm sandbox is not built yet; restore the snapshot into a new sandbox (`branchbox restore`) instead".into(),
+            ));
+        }
         let state = linux_state::read(&src.join(LINUX_STATE_FILE))
             .map_err(|e| Error::InvalidInput(format!("{} is not a microvm snapshot: {e}", src.display())))?;
         let old_pid = files::our_vmm(&dir).ok_or_else(|| {
@@ -195,6 +202,7 @@ impl MicrovmBackend {
             disk_store: files::disk_store(dir),
             disk_chain: chain.into(),
             resume: true,
+            net: None,
         })
         .map_err(vmm_err)?;
         // The listening VMM serves one connection at a time: `connect` asks it for the

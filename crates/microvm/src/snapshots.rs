@@ -7,7 +7,9 @@
 //! notification), and its vsock device drops the connections the snapshot had while the
 //! guest keeps its listeners (the device sends the transport-reset event): the agent is
 //! reached by a new connection, which then carries the after-fork hook (sandbox id, host
-//! name, machine id, wall clock, entropy).
+//! name, machine id, wall clock, entropy). A snapshot of a networked guest carries its policy
+//! record; each restore gets a network of its own with that policy, and its guest keeps the
+//! source's address and MAC (docs/network.md).
 
 use crate::backend::{vmm_err, MicrovmBackend};
 use crate::files;
@@ -46,7 +48,7 @@ impl MicrovmBackend {
         if running {
             vmm.pause().map_err(vmm_err)?;
         }
-        let taken = vmm.snapshot(&dest).map_err(vmm_err);
+        let taken = vmm.snapshot(&dest).map_err(vmm_err).and_then(|_| crate::network::carry(dir, &dest));
         if running {
             vmm.resume().map_err(vmm_err)?;
         }
@@ -64,6 +66,8 @@ impl MicrovmBackend {
         // The shell the VMM starts with is dropped for the restored guest: only its shape is
         // reported by `status`.
         let config = VmConfig { mem_size: state.memory.size, vcpus: state.vcpus, irqchip: false };
+        let net = crate::network::attach_restored(plan.id.as_str(), &dir, &src)?;
+        let networked = net.is_some();
         let started = (|| {
             let pid = spawn_listening(
                 &self.config().vmm,
@@ -83,6 +87,7 @@ impl MicrovmBackend {
                 disk_store: files::disk_store(&dir),
                 disk_chain: files::DISK_CHAIN.into(),
                 resume: true,
+                net,
             })
             .map_err(vmm_err)?;
             // The listening VMM serves one connection at a time: `connect` asks it for the
@@ -92,6 +97,9 @@ impl MicrovmBackend {
         })();
         if started.is_err() {
             self.stop_vmm(&dir);
+            if networked {
+                let _ = crate::network::detach(plan.id.as_str());
+            }
         }
         started
     }

@@ -3,7 +3,7 @@
 
 use super::{BackendChoice, Engine};
 use branchbox_image::DEFAULT_IMAGE;
-use branchbox_model::{now_ms, BackendKind, Error, Limits, Result, Sandbox, SandboxId, SandboxState};
+use branchbox_model::{now_ms, Limits, Result, Sandbox, SandboxId, SandboxState};
 
 impl Engine {
     /// Creates and starts a sandbox from the default image (built first when missing).
@@ -28,8 +28,8 @@ impl Engine {
         self.create_networked(choice, limits, image, None, progress)
     }
 
-    /// [`Engine::create_from`] with a network and egress policy (`None`: no network); gvisor
-    /// only (docs/network.md).
+    /// [`Engine::create_from`] with a network and egress policy (`None`: no network;
+    /// docs/network.md).
     pub fn create_networked(
         &self,
         choice: BackendChoice,
@@ -42,11 +42,6 @@ impl Engine {
         let limits = limits.unwrap_or(self.cfg.limits);
         limits.validate()?;
         let kind = self.resolve(choice);
-        if network.is_some() && kind != BackendKind::Gvisor {
-            return Err(Error::InvalidInput(format!(
-                "networking is built for the gvisor backend only; the {kind} backend was chosen: add --backend gvisor"
-            )));
-        }
         let backend = self.backend(kind)?;
         let defaults = self.image_defaults(image)?;
         let image = self.build_image(image, progress)?;

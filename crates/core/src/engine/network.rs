@@ -1,9 +1,9 @@
 //! Reading and changing a networked sandbox's egress policy while it runs (docs/network.md).
 
 use super::Engine;
-use branchbox_model::{BackendKind, Error, Result, SandboxId};
+use branchbox_model::{Error, Result, SandboxId};
 use branchbox_net::{Counters, Egress, NetConfig};
-use std::net::{Ipv4Addr, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
 use std::time::Duration;
 
 fn net_error(e: branchbox_net::Error) -> Error {
@@ -18,10 +18,11 @@ impl Engine {
     fn networked(&self, id: &SandboxId) -> Result<Egress> {
         let sandbox = self.store.sandbox(id)?;
         let dir = self.sandbox_dir(id);
-        match (sandbox.backend, branchbox_gvisor::network::recorded(&dir)?) {
-            (BackendKind::Gvisor, Some(egress)) => Ok(egress),
-            _ => Err(Error::InvalidInput(format!(
-                "sandbox {id} has no network; create one with `branchbox create --backend gvisor --network`"
+        match branchbox_gvisor::network::recorded(&dir)? {
+            Some(egress) => Ok(egress),
+            None => Err(Error::InvalidInput(format!(
+                "sandbox {id} ({} backend) has no network; create one with `branchbox create --network`",
+                sandbox.backend
             ))),
         }
     }
@@ -51,6 +52,24 @@ impl Engine {
     ) -> Result<std::io::Result<TcpStream>> {
         self.networked(id)?;
         NetConfig::from_env().map_err(net_error)?.connect(id.as_str(), port, timeout).map_err(net_error)
+    }
+
+    /// A UDP socket connected to `port` of sandbox `id`, opened where [`Engine::connect_port`]
+    /// connects (the host, or inside the uplink namespace), so it sends to that port and takes
+    /// datagrams from it only (the service's UDP relay). The inner error is the socket's own.
+    pub fn udp_port(&self, id: &SandboxId, port: u16) -> Result<std::io::Result<UdpSocket>> {
+        self.networked(id)?;
+        let net = NetConfig::from_env().map_err(net_error)?;
+        let to = SocketAddr::from((net.address(id.as_str()).map_err(net_error)?, port));
+        let open = move || {
+            let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+            socket.connect(to)?;
+            Ok(socket)
+        };
+        match net.uplink_ns() {
+            None => Ok(open()),
+            Some(ns) => branchbox_net::in_netns(ns, open).map_err(net_error),
+        }
     }
 
     /// Replaces sandbox `id`'s egress policy at once (one nftables transaction) and records it,
