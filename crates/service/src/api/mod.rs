@@ -14,6 +14,7 @@ pub mod follow;
 pub mod gc;
 pub mod mcp;
 pub mod network;
+mod places;
 pub mod pools;
 pub mod proxy;
 pub mod pty;

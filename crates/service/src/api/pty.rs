@@ -7,6 +7,7 @@
 //! command ends, or `{"type": "error", "code", "message"}`, each followed by a close.
 
 use super::extract::{account_name, sandbox_id, sandbox_path, ApiQuery};
+use super::places::Cap;
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::state::AppState;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
@@ -17,7 +18,6 @@ use axum::response::Response;
 use branchbox_protocol::{ClientError, Command, ExecSpec, PtyEvent, PtyInput, PtyOutput, PtySize};
 use futures_util::{SinkExt, StreamExt};
 use serde::Deserialize;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::sync::mpsc;
 use utoipa::IntoParams;
 
@@ -27,30 +27,8 @@ pub const MAX_INPUT_MESSAGE: usize = 64 * 1024;
 /// the connection cap, and each terminal holds two threads and a process in its sandbox.
 pub const MAX_TERMINALS: usize = 256;
 
-static OPEN: AtomicUsize = AtomicUsize::new(0);
+static TERMINALS: Cap = Cap::new(MAX_TERMINALS, "too_many_terminals", "terminals");
 
-/// One of the [`MAX_TERMINALS`] places, given back when dropped.
-struct Place;
-
-impl Place {
-    fn take() -> ApiResult<Place> {
-        if OPEN.fetch_add(1, Ordering::SeqCst) >= MAX_TERMINALS {
-            OPEN.fetch_sub(1, Ordering::SeqCst);
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "too_many_terminals",
-                format!("{MAX_TERMINALS} terminals are open; close one and retry"),
-            ));
-        }
-        Ok(Place)
-    }
-}
-
-impl Drop for Place {
-    fn drop(&mut self) {
-        OPEN.fetch_sub(1, Ordering::SeqCst);
-    }
-}
 /// Longest command line of a terminal.
 const MAX_CMD: usize = 16 * 1024;
 /// What runs when the client names no command: the image's bash as a login shell, else sh.
@@ -129,7 +107,7 @@ pub async fn open(
             format!("a terminal is a WebSocket: open this URL with a WebSocket client ({e})"),
         )
     })?;
-    let place = Place::take()?;
+    let place = TERMINALS.take()?;
     // Start the terminal before answering, so a missing or paused sandbox gets its status code.
     let (input, output) = st
         .blocking(move |engine, _| {
@@ -296,14 +274,5 @@ mod tests {
         ] {
             assert!(serde_json::from_str::<Control>(bad).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn places_are_given_back_and_the_cap_holds() {
-        let held: Vec<Place> = (0..MAX_TERMINALS).map_while(|_| Place::take().ok()).collect();
-        let e = Place::take().err().expect("a place past the cap");
-        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
-        drop(held);
-        assert!(Place::take().is_ok());
     }
 }
