@@ -193,9 +193,9 @@ impl Tokens {
         Ok(live.caller)
     }
 
-    /// For a GET that acts (a terminal's WebSocket handshake, which a browser cannot give
-    /// headers): a request signed in by a session cookie must name the session's CSRF token in
-    /// `presented`. Bearer requests pass.
+    /// For a GET that acts (the WebSocket handshake of a terminal or a UDP relay, which a
+    /// browser cannot give headers): a request signed in by a session cookie must name the
+    /// session's CSRF token in `presented`. Bearer requests pass.
     pub fn check_csrf_param(&self, headers: &HeaderMap, presented: Option<&str>) -> Result<(), ApiError> {
         if headers.contains_key(header::AUTHORIZATION) {
             return Ok(());
@@ -207,7 +207,7 @@ impl Tokens {
         Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "csrf",
-            "a terminal opened with a session cookie must name the session's CSRF token as ?csrf=; reload /ui to get it",
+            "a WebSocket opened with a session cookie must name the session's CSRF token as ?csrf=; reload /ui to get it",
         ))
     }
 }

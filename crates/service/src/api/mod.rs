@@ -25,6 +25,7 @@ pub mod system;
 pub mod templates;
 pub mod timeline;
 pub mod types;
+pub mod udp;
 
 use crate::auth::Caller;
 use crate::db::AuditEntry;
@@ -130,6 +131,7 @@ pub fn router(st: AppState) -> (Router, OpenApiDoc) {
         .routes(routes!(files::read, files::write, files::remove))
         .routes(routes!(templates::build))
         .routes(routes!(pty::open))
+        .routes(routes!(udp::open))
         .routes(routes!(follow::output))
         .routes(routes!(follow::watch));
     let authed = control
@@ -362,5 +364,24 @@ mod route_tests {
             .body(Body::empty())
             .unwrap();
         assert_eq!(router.oneshot(req).await.unwrap().status().as_u16(), 404);
+    }
+
+    #[tokio::test]
+    async fn the_udp_relay_checks_its_port_before_it_wants_a_websocket() {
+        let (_d, router, _) = app();
+        for (port, status, code) in
+            [("0", 400, "invalid_port"), ("dns", 400, "invalid_port"), ("53", 426, "websocket_required")]
+        {
+            let req = axum::http::Request::builder()
+                .uri(format!("/v1/sandboxes/sbx-0000000000000000/udp/{port}"))
+                .header("host", "127.0.0.1")
+                .header("authorization", "Bearer test-token-0123456789")
+                .body(Body::empty())
+                .unwrap();
+            let r = router.clone().oneshot(req).await.unwrap();
+            assert_eq!(r.status().as_u16(), status, "port {port}");
+            let body = axum::body::to_bytes(r.into_body(), 4096).await.unwrap();
+            assert!(String::from_utf8_lossy(&body).contains(code), "port {port}: {body:?}");
+        }
     }
 }
