@@ -10,6 +10,7 @@ from ._compat import SandboxPaginator
 from ._follow import AsyncWatchHandle, WatchHandle
 from ._streams import AsyncByteStream, ByteStream
 from ._pty import AsyncPty, AsyncPtyHandle, Pty, PtyHandle, PtySize
+from ._udp import AsyncUdpRelay, UdpRelay
 from ._names import MAX_NAME_BYTES, check_name
 from .exceptions import (
     AuthenticationError,
@@ -40,6 +41,7 @@ __all__ = [
     "AsyncWatchHandle",
     "AsyncPty",
     "AsyncPtyHandle",
+    "AsyncUdpRelay",
     "AuthenticationError",
     "ClaimInfo",
     "Pool",
@@ -76,6 +78,7 @@ __all__ = [
     "TemplateInfo",
     "Templates",
     "TimeoutException",
+    "UdpRelay",
     "WatchHandle",
     "WriteInfo",
     "MAX_NAME_BYTES",

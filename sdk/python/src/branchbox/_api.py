@@ -113,10 +113,18 @@ def network_policy(mode: str, allow: Optional[Sequence[str]] = None) -> Dict[str
     return compact({"mode": mode, "allow": list(allow) if allow is not None else None})
 
 
-def host_path(sandbox_id: str, port: int) -> str:
+def _port(port: int) -> int:
     if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
         raise InvalidArgumentError(f"port {port!r}: give 1 to 65535")
-    return sandbox_path(sandbox_id, f"/hosts/{port}")
+    return port
+
+
+def host_path(sandbox_id: str, port: int) -> str:
+    return sandbox_path(sandbox_id, f"/hosts/{_port(port)}")
+
+
+def udp_path(sandbox_id: str, port: int) -> str:
+    return sandbox_path(sandbox_id, f"/udp/{_port(port)}")
 
 
 def list_sandboxes(metadata: Optional[Mapping[str, str]], state: Optional[str]) -> Call:

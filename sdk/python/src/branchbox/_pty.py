@@ -102,31 +102,37 @@ def open_request(sandbox: Any, size: Optional[PtySize], user: Optional[str], cwd
         query["user"] = user
     if cwd is not None:
         query["cwd"] = _compat.resolve_path(cwd, user)
+    return websocket_request(sandbox, f"{_api.sandbox_path(sandbox.sandbox_id, '/pty')}?{urlencode(query)}")
+
+
+def websocket_request(sandbox: Any, path: str) -> Tuple[str, Dict[str, str], str]:
+    """The WebSocket URL of `path` on `sandbox`'s service, the headers (the client's token) and
+    the user agent."""
     cfg = sandbox._http.cfg
     base = cfg.api_url
     if base.startswith("https://"):
         base = "wss://" + base[len("https://"):]
     elif base.startswith("http://"):
         base = "ws://" + base[len("http://"):]
-    url = f"{base}{_api.sandbox_path(sandbox.sandbox_id, '/pty')}?{urlencode(query)}"
     headers = cfg.headers()
     agent = headers.pop("user-agent")
-    return url, headers, agent
+    return f"{base}{path}", headers, agent
 
 
-def connect_error(e: BaseException, api_url: str) -> BranchboxError:
-    """The typed exception for a handshake that failed: the service's refusal (its status and
-    error body, as for any call), a timeout, or a service that cannot be reached."""
+def connect_error(e: BaseException, api_url: str, what: str = "terminal") -> BranchboxError:
+    """The typed exception for a handshake (of a `what`) that failed: the service's refusal
+    (its status and error body, as for any call), a timeout, or a service that cannot be
+    reached."""
     from websockets.exceptions import InvalidHandshake, InvalidStatus
 
     if isinstance(e, InvalidStatus):
         r = e.response
         return _api.error_of(r.status_code, r.body, r.reason_phrase)
     if isinstance(e, (TimeoutError, asyncio.TimeoutError)):
-        return TimeoutException(f"the terminal at {api_url} did not open in time")
+        return TimeoutException(f"the {what} at {api_url} did not open in time")
     if isinstance(e, (OSError, InvalidHandshake)):
-        return ServiceUnavailableError(f"cannot open a terminal at {api_url}: {e}")
-    return BranchboxError(f"cannot open a terminal at {api_url}: {e}")
+        return ServiceUnavailableError(f"cannot open a {what} at {api_url}: {e}")
+    return BranchboxError(f"cannot open a {what} at {api_url}: {e}")
 
 
 class _Outcome:

@@ -7,12 +7,13 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, 
 
 import httpx
 
-from . import _api, _compat, _follow
+from . import _api, _compat, _follow, _udp
 from . import pool as _pool
 from ._compat import SandboxPaginator, class_or_instance
 from ._streams import AsyncByteStream
 from ._config import ConnectionConfig
 from ._pty import AsyncPty
+from ._udp import AsyncUdpRelay
 from .exceptions import (BranchboxError, InvalidArgumentError, NotFoundError, ServiceUnavailableError, TimeoutException,
                          from_response)
 from .pool import ClaimInfo
@@ -455,6 +456,11 @@ class AsyncSandbox:
         """As `Sandbox.proxy_url`."""
         _api.host_path(self.sandbox_id, port)
         return f"{self._http.cfg.api_url}{_api.sandbox_path(self.sandbox_id, f'/ports/{port}/')}"
+
+    async def udp(self, port: int, request_timeout: Optional[float] = None) -> AsyncUdpRelay:
+        """As `Sandbox.udp`: `relay = await sbx.udp(port)`, then `await relay.send(data)`,
+        `await relay.recv(timeout)`; `async with` closes it."""
+        return await _udp.open_async_relay(self, port, request_timeout)
 
     async def get_network(self) -> NetworkInfo:
         """As `Sandbox.get_network`."""

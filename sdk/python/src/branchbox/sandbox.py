@@ -7,12 +7,13 @@ from typing import IO, Any, Callable, Dict, Iterator, List, Literal, Mapping, Op
 
 import httpx
 
-from . import _api, _compat, _follow
+from . import _api, _compat, _follow, _udp
 from . import pool as _pool
 from ._compat import SandboxPaginator, class_or_instance
 from ._streams import ByteStream
 from ._config import ConnectionConfig
 from ._pty import Pty
+from ._udp import UdpRelay
 from .exceptions import (BranchboxError, InvalidArgumentError, NotFoundError, ServiceUnavailableError, TimeoutException,
                          from_response)
 from .pool import ClaimInfo
@@ -538,6 +539,14 @@ class Sandbox:
         """The URL of `port` through branchboxd's proxy; send the service's token with it."""
         _api.host_path(self.sandbox_id, port)
         return f"{self._http.cfg.api_url}{_api.sandbox_path(self.sandbox_id, f'/ports/{port}/')}"
+
+    def udp(self, port: int, request_timeout: Optional[float] = None) -> UdpRelay:
+        """A relay of datagrams to and from UDP `port` of this networked sandbox, through
+        branchboxd behind its token (a WebSocket): `send(data)` one datagram, `recv(timeout)`
+        the next one back, `close()`; a context manager. The service ends it after 120 s
+        without a datagram either way. Raises the service's typed error when it is refused
+        (`InvalidArgumentError` for a sandbox without a network or a bad port)."""
+        return _udp.open_relay(self, port, request_timeout)
 
     def get_network(self) -> NetworkInfo:
         """The egress policy and counters of this networked sandbox."""
