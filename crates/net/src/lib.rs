@@ -16,8 +16,8 @@ pub mod testing;
 pub use exec::in_netns;
 pub use policy::{AllowList, Cidr, Egress, MAX_ALLOW};
 pub use sandbox::{
-    guest_ip_arg, leftovers, Attached, Counters, GuestSide, NetConfig, Uplink, GATEWAY, GUEST_ADDR, GUEST_MAC, GUEST_PREFIX,
-    GUEST_TAP,
+    guest_ip_arg, leftovers, Attached, Counters, GuestSide, NetConfig, Uplink, GATEWAY, GUEST_ADDR,
+    GUEST_MAC, GUEST_PREFIX, GUEST_TAP,
 };
 
 /// What went wrong; each message names the input or the command and what to do.

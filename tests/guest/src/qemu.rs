@@ -157,14 +157,32 @@ pub struct Qemu {
 impl Qemu {
     /// Boots `files.bzimage` with our devices; the serial console goes to `console`.
     pub fn boot(files: &GuestFiles, devices: &Devices, console: &Path) -> Qemu {
+        Qemu::start(files, devices, console, None)
+    }
+
+    /// [`Qemu::boot`] plus a virtio-net device served by our vhost-user server at
+    /// `net_socket`, with the MAC every guest has and the kernel's `ip=` address.
+    pub fn boot_networked(files: &GuestFiles, devices: &Devices, net_socket: &Path, console: &Path) -> Qemu {
+        Qemu::start(files, devices, console, Some(net_socket))
+    }
+
+    fn start(files: &GuestFiles, devices: &Devices, console: &Path, net: Option<&Path>) -> Qemu {
         let chardev = |id: &str, path: &Path| format!("socket,id={id},path={}", path.display());
+        // panic=-1 with -no-reboot: a guest that panics ends QEMU instead of hanging the test.
+        let mut append = String::from("root=/dev/vda rw console=ttyS0 init=/sbin/init panic=-1");
         let mut cmd = Command::new("qemu-system-x86_64");
+        if let Some(socket) = net {
+            append.push(' ');
+            append.push_str(&branchbox_net::guest_ip_arg());
+            cmd.args(["-chardev", &chardev("net", socket)])
+                .args(["-netdev", "vhost-user,id=net0,chardev=net"])
+                .args(["-device", &format!("virtio-net-pci,netdev=net0,mac={}", branchbox_net::GUEST_MAC)]);
+        }
         cmd.args(["-M", "q35,accel=tcg,memory-backend=mem", "-cpu", "max", "-smp", "1", "-m", "512M"])
             .args(["-object", "memory-backend-memfd,id=mem,size=512M,share=on"])
             .arg("-kernel")
             .arg(&files.bzimage)
-            // panic=-1 with -no-reboot: a guest that panics ends QEMU instead of hanging the test.
-            .args(["-append", "root=/dev/vda rw console=ttyS0 init=/sbin/init panic=-1", "-no-reboot"])
+            .args(["-append", &append, "-no-reboot"])
             .args(["-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none"])
             .arg("-serial")
             .arg(format!("file:{}", console.display()))

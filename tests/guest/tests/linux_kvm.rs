@@ -1,6 +1,7 @@
 //! End to end on hardware KVM: boot the project's kernel and root disk with virtio-blk,
 //! vsock and rng on virtio-mmio, reach the agent (PID 1) over vsock and run Python through
-//! it, in process and through the microvm backend (a VMM process per sandbox). Where `/dev/kvm` is not hardware virtualization (the PVM hosts we build on), the test
+//! it, in process and through the microvm backend (a VMM process per sandbox), also with a
+//! network. Where `/dev/kvm` is not hardware virtualization (the PVM hosts we build on), each test
 //! prints one skip line and passes: the guest cannot get past its first emulated
 //! instruction there (see `linux_boot.rs` for what those hosts do prove).
 
@@ -123,4 +124,84 @@ fn the_microvm_backend_creates_runs_python_and_destroys() {
     assert!(!process_alive(pid), "destroy left the VMM {pid} running");
     assert!(!dir.exists());
     assert!(!backend.is_alive(&dir));
+}
+
+/// Runs a Python snippet in a microvm sandbox through its agent; returns what it printed.
+fn py(agent: &mut branchbox_model::AgentConn, code: &str) -> String {
+    let spec = ExecSpec::new(Command::Argv(vec!["python3".into(), "-c".into(), code.into()]));
+    let out = agent.exec(spec, None).expect("exec python3 through the agent");
+    assert_eq!(out.status.code, Some(0), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Fetches the test server by name and prints the status and the address it came from.
+const FETCH: &str = "import socket, urllib.request as u\n\
+s = socket.create_connection(('files.example', 8000), timeout=20)\n\
+src = s.getsockname()[0]; s.close()\n\
+print(u.urlopen('http://files.example:8000/', timeout=20).status, src)";
+
+#[test]
+fn a_networked_microvm_sandbox_reaches_the_test_internet_and_its_children_keep_its_address() {
+    use branchbox_net::testing::{Dns, Internet, DNS_SERVER, PRIVATE, PUBLIC};
+    if let Err(why) = hardware_kvm() {
+        let _ = writeln!(std::io::stderr(), "SKIP linux_kvm: hardware KVM missing: {why}");
+        return;
+    }
+    let guest = cached_guest().unwrap_or_else(|e| panic!("{e}"));
+    let work = tempfile::tempdir().unwrap();
+    let inet = Internet::start(&format!("bbt-kvmnet-{}", std::process::id())).expect("the test internet");
+    let dns = Dns::start(&inet.netns, &[("files.example", PUBLIC)]).expect("the test resolver");
+    // The backend and the VMMs it starts read these; only this test in the file networks.
+    std::env::set_var("BRANCHBOX_NET_UPLINK_NETNS", &inet.netns);
+    std::env::set_var("BRANCHBOX_NET_STATE", work.path().join("net"));
+    std::env::set_var("BRANCHBOX_NET_POOL", "100.125.0.0/16");
+    std::env::set_var("BRANCHBOX_NET_RESOLVERS", DNS_SERVER.to_string());
+    let net = branchbox_net::NetConfig::from_env().expect("the test's network configuration");
+    let backend = guest.backend(Duration::from_secs(60));
+    let dir = work.path().join("sandbox");
+    let mut plan = guest.plan(&dir, 512).unwrap();
+    plan.network = Some(branchbox_net::Egress::Internet);
+    backend.create(&plan).unwrap_or_else(|e| panic!("create: {e}"));
+
+    let mut agent = backend.connect(&dir).expect("connect to the agent");
+    assert_eq!(py(&mut agent, FETCH), "200 10.200.0.2", "the sandbox did not fetch with its address");
+    assert!(dns.asked().iter().any(|n| n == "files.example"), "the name did not go through the forwarder");
+    let refused = format!(
+        "import socket\ntry:\n socket.create_connection(('{PRIVATE}', 8000), timeout=20); print('connected')\nexcept Exception as e: print(type(e).__name__)"
+    );
+    assert_eq!(py(&mut agent, &refused), "ConnectionRefusedError");
+    drop(agent);
+
+    let children: Vec<_> = (0..3)
+        .map(|i| {
+            let mut p = guest.plan(&work.path().join(format!("child{i}")), 512).unwrap();
+            p.hostname = format!("bb-net-child-{i}");
+            p
+        })
+        .collect();
+    let (_, results) = backend.fork(&dir, &work.path().join("snap"), &children).expect("fork");
+    for (child, result) in children.iter().zip(results) {
+        result.unwrap_or_else(|e| panic!("child {}: {e}", child.hostname));
+        let mut agent = backend.connect(&child.dir).expect("connect to a child");
+        assert_eq!(py(&mut agent, FETCH), "200 10.200.0.2", "child {} did not fetch", child.hostname);
+        let counted = net.counters(child.id.as_str()).expect("the child's counters");
+        assert!(
+            counted.allowed_packets >= 1,
+            "child {}'s own router counted nothing: {counted:?}",
+            child.hostname
+        );
+    }
+    let mut agent = backend.connect(&dir).expect("connect to the source after the fork");
+    assert_eq!(py(&mut agent, FETCH), "200 10.200.0.2", "the source lost its network in the fork");
+    drop(agent);
+
+    for child in &children {
+        backend.destroy(&child.id, &child.dir).expect("destroy a child");
+    }
+    backend.destroy(&plan.id, &dir).expect("destroy");
+    let left = branchbox_net::leftovers();
+    for id in children.iter().map(|c| &c.id).chain([&plan.id]) {
+        let hex = id.as_str().trim_start_matches("sbx-");
+        assert!(!left.iter().any(|l| l == hex), "destroy left the network of {id}");
+    }
 }
