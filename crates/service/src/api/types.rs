@@ -204,7 +204,7 @@ pub struct CreateSandbox {
     pub cpus: Option<u32>,
     /// Process limit.
     pub pids: Option<u32>,
-    /// A network with this egress policy (gvisor only; docs/network.md). Without it, or
+    /// A network with this egress policy (docs/network.md). Without it, or
     /// `allow_internet_access`, the sandbox has no network.
     pub network: Option<crate::api::network::NetworkPolicy>,
     /// E2B's switch: true is `network` `{"mode": "internet"}`, false `{"mode": "deny_all"}`.
