@@ -109,7 +109,7 @@ fn teardown_leaves_no_namespace_link_rule_or_slot_and_can_repeat() {
 fn a_tap_guest_namespace_bridges_the_tap_to_the_router_link_and_holds_no_address() {
     let inet = Internet::start(&format!("bbt-inet4-{}", std::process::id())).unwrap();
     let cfg = config(&inet, "tap");
-    let a = id(5);
+    let a = id(7);
     let guard = Sandboxes { cfg: &cfg, ids: vec![a.clone()] };
     cfg.setup_for(&a, &Egress::Internet, &cfg.state_dir, GuestSide::Tap).unwrap();
     let ip = |args: &[&str]| {
