@@ -3,7 +3,7 @@
 
 use branchbox_persist::RestoreError;
 use serde::{Deserialize, Serialize};
-use virtio_queue::{DescriptorChain, Queue, QueueState, QueueT};
+use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueState, QueueT};
 use vm_memory::GuestMemory;
 
 use crate::DeviceError;
@@ -89,6 +89,71 @@ where
         outcome.signal = queue.needs_notification(mem).map_err(queue_err)?;
     }
     Ok(outcome)
+}
+
+/// How a device filled one chain of a queue it writes on its own initiative (RX).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fill {
+    /// Filled: the device wrote this many bytes.
+    Used(u32),
+    /// The chain was malformed or could not be written: returned with this many bytes and
+    /// counted in [`QueueOutcome::rejected`].
+    Rejected(u32),
+    /// Nothing fits after all: the chain stays the driver's, unused, and the pass ends.
+    PutBack,
+}
+
+/// Pops a chain of `queue` (queue `index` of `device`) while `has_work` says the device has
+/// something for the guest, hands it to `fill` and puts it on the used ring. Out of chains,
+/// it asks to be notified when the driver adds some and looks once more, so none added
+/// meanwhile is left behind.
+pub fn fill_chains<M: GuestMemory, D>(
+    index: usize,
+    queue: &mut Queue,
+    mem: &M,
+    device: &mut D,
+    has_work: fn(&D) -> bool,
+    fill: fn(&mut D, &M, DescriptorChain<&M>) -> Fill,
+) -> Result<QueueOutcome, DeviceError> {
+    let queue_err = |source| DeviceError::Queue { index, source };
+    let mut out = QueueOutcome::default();
+    if !queue.ready() {
+        return Ok(out);
+    }
+    let mut looked_again = false;
+    while has_work(device) {
+        let Some(chain) = queue.pop_descriptor_chain(mem) else {
+            if !queue.enable_notification(mem).map_err(queue_err)? {
+                break;
+            }
+            if looked_again {
+                return Err(broken_avail_ring(index));
+            }
+            looked_again = true;
+            continue;
+        };
+        looked_again = false;
+        let head = chain.head_index();
+        let len = match fill(device, mem, chain) {
+            Fill::Used(len) => len,
+            Fill::Rejected(len) => {
+                out.rejected += 1;
+                len
+            }
+            Fill::PutBack => {
+                queue.go_to_previous_position();
+                break;
+            }
+        };
+        if head < queue.size() {
+            queue.add_used(mem, head, len).map_err(queue_err)?;
+            out.used.push(UsedChain { head, len });
+        }
+    }
+    if !out.used.is_empty() {
+        out.signal = queue.needs_notification(mem).map_err(queue_err)?;
+    }
+    Ok(out)
 }
 
 /// The driver's available index says there are chains, yet none can be popped: the index is

@@ -27,11 +27,11 @@ use branchbox_persist::{NoContext, RestoreError, Snapshottable};
 use serde::{Deserialize, Serialize};
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_bindings::virtio_net::{VIRTIO_NET_F_MAC, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP};
-use virtio_queue::{DescriptorChain, Queue, QueueT};
+use virtio_queue::{DescriptorChain, Queue};
 use vm_memory::GuestMemory;
 
 use crate::chain::{parse_chain, ChainLimits};
-use crate::queue::{broken_avail_ring, process_chains, Answer, QueueOutcome, UsedChain};
+use crate::queue::{fill_chains, process_chains, Answer, Fill, QueueOutcome};
 use crate::{DeviceError, VirtioDevice, FEATURE_EVENT_IDX, FEATURE_VERSION_1};
 
 /// The RX queue's index.
@@ -206,69 +206,32 @@ impl Net {
         Answer::Done(0)
     }
 
-    /// Moves pending frames into the guest's RX buffers, one frame per chain.
-    fn process_rx<M: GuestMemory>(
-        &mut self,
-        queue: &mut Queue,
-        mem: &M,
-    ) -> Result<QueueOutcome, DeviceError> {
-        let queue_err = |source| DeviceError::Queue { index: RX, source };
-        let mut out = QueueOutcome::default();
-        if !queue.ready() {
-            return Ok(out);
-        }
-        let mut looked_again = false;
-        while let Some(frame) = self.pending.front() {
-            let Some(chain) = queue.pop_descriptor_chain(mem) else {
-                // Out of buffers: ask to be notified when the driver adds some, and look once
-                // more in case it just did.
-                if !queue.enable_notification(mem).map_err(queue_err)? {
-                    break;
-                }
-                if looked_again {
-                    return Err(broken_avail_ring(RX));
-                }
-                looked_again = true;
-                continue;
-            };
-            looked_again = false;
-            let head = chain.head_index();
-            let len = match parse_chain(mem, chain, RX_LIMITS) {
-                Ok(buf) if buf.writable_len() as usize >= HDR_LEN + frame.len() => {
-                    let mut hdr = [0u8; HDR_LEN];
-                    // num_buffers: always one buffer without VIRTIO_NET_F_MRG_RXBUF.
-                    hdr[10] = 1;
-                    if buf.write_at(mem, 0, &hdr).is_ok() && buf.write_at(mem, HDR_LEN as u32, frame).is_ok()
-                    {
-                        self.counters.rx_frames += 1;
-                        (HDR_LEN + frame.len()) as u32
-                    } else {
-                        self.counters.rx_dropped += 1;
-                        out.rejected += 1;
-                        0
-                    }
-                }
-                Ok(_) => {
-                    // A buffer too small for the frame: the frame is lost, the buffer returned.
+    /// Puts the oldest pending frame into one RX chain, after a header saying one buffer.
+    fn fill_rx<M: GuestMemory>(&mut self, mem: &M, chain: DescriptorChain<&M>) -> Fill {
+        let Some(frame) = self.pending.pop_front() else { return Fill::PutBack };
+        match parse_chain(mem, chain, RX_LIMITS) {
+            Ok(buf) if buf.writable_len() as usize >= HDR_LEN + frame.len() => {
+                let mut hdr = [0u8; HDR_LEN];
+                // num_buffers: always one buffer without VIRTIO_NET_F_MRG_RXBUF.
+                hdr[10] = 1;
+                if buf.write_at(mem, 0, &hdr).is_ok() && buf.write_at(mem, HDR_LEN as u32, &frame).is_ok() {
+                    self.counters.rx_frames += 1;
+                    Fill::Used((HDR_LEN + frame.len()) as u32)
+                } else {
                     self.counters.rx_dropped += 1;
-                    0
+                    Fill::Rejected(0)
                 }
-                Err(_) => {
-                    self.counters.rx_dropped += 1;
-                    out.rejected += 1;
-                    0
-                }
-            };
-            self.pending.pop_front();
-            if head < queue.size() {
-                queue.add_used(mem, head, len).map_err(queue_err)?;
-                out.used.push(UsedChain { head, len });
+            }
+            Ok(_) => {
+                // A buffer too small for the frame: the frame is lost, the buffer returned.
+                self.counters.rx_dropped += 1;
+                Fill::Used(0)
+            }
+            Err(_) => {
+                self.counters.rx_dropped += 1;
+                Fill::Rejected(0)
             }
         }
-        if !out.used.is_empty() {
-            out.signal = queue.needs_notification(mem).map_err(queue_err)?;
-        }
-        Ok(out)
     }
 }
 
@@ -310,7 +273,7 @@ impl VirtioDevice for Net {
         mem: &M,
     ) -> Result<QueueOutcome, DeviceError> {
         match index {
-            RX => self.process_rx(queue, mem),
+            RX => fill_chains(RX, queue, mem, self, |n| !n.pending.is_empty(), Net::fill_rx),
             TX => process_chains(index, queue, mem, |chain| self.serve_tx(mem, chain)),
             _ => Err(DeviceError::NoSuchQueue { index, count: 2 }),
         }

@@ -21,12 +21,12 @@ use std::path::Path;
 use branchbox_persist::{NoContext, RestoreError, Snapshottable};
 use serde::{Deserialize, Serialize};
 use virtio_bindings::virtio_ids::VIRTIO_ID_VSOCK;
-use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
+use virtio_queue::{DescriptorChain, Queue, QueueT};
 use virtio_vsock::packet::{VsockPacket, PKT_HEADER_SIZE};
 use vm_memory::{Bytes, GuestMemory};
 
 use crate::chain::{parse_chain, ChainLimits};
-use crate::queue::{broken_avail_ring, process_chains, Answer, QueueOutcome, UsedChain};
+use crate::queue::{fill_chains, process_chains, Answer, Fill, QueueOutcome, UsedChain};
 use crate::{DeviceError, VirtioDevice, FEATURE_EVENT_IDX, FEATURE_VERSION_1};
 
 /// The RX queue's index.
@@ -136,69 +136,30 @@ impl Vsock {
         Answer::Done(0)
     }
 
-    /// Fills RX buffers with what the host side has for the guest.
-    fn process_rx<M: GuestMemory>(
-        &mut self,
-        queue: &mut Queue,
-        mem: &M,
-    ) -> Result<QueueOutcome, DeviceError> {
-        let queue_err = |source| DeviceError::Queue { index: RX, source };
-        let mut out = QueueOutcome::default();
-        if !queue.ready() {
-            return Ok(out);
+    /// Fills one RX chain with the next packet the host side has for the guest; a chain the
+    /// next packet cannot use goes back to the driver.
+    fn fill_rx<M: GuestMemory>(&mut self, mem: &M, mut chain: DescriptorChain<&M>) -> Fill {
+        let Ok(mut pkt) = VsockPacket::from_rx_virtq_chain(mem, &mut chain, MAX_PKT_DATA) else {
+            return Fill::Rejected(0);
+        };
+        let room = pkt.data_slice().map_or(0, |s| s.len() as u32).min(MAX_PKT_DATA);
+        let Some((hdr, data)) = self.muxer.next_rx(room) else {
+            return Fill::PutBack;
+        };
+        pkt.set_src_cid(hdr.src_cid)
+            .set_dst_cid(hdr.dst_cid)
+            .set_src_port(hdr.src_port)
+            .set_dst_port(hdr.dst_port)
+            .set_type(hdr.type_)
+            .set_op(hdr.op)
+            .set_flags(hdr.flags)
+            .set_buf_alloc(hdr.buf_alloc)
+            .set_fwd_cnt(hdr.fwd_cnt)
+            .set_len(data.len() as u32);
+        match pkt.data_slice() {
+            Some(slice) if !data.is_empty() && slice.write_slice(&data, 0).is_err() => Fill::Used(0),
+            _ => Fill::Used(PKT_HEADER_SIZE as u32 + data.len() as u32),
         }
-        let mut looked_again = false;
-        while self.muxer.has_rx_work() {
-            let Some(mut chain) = queue.pop_descriptor_chain(mem) else {
-                // Out of buffers: ask to be notified when the driver adds some, and look once
-                // more in case it just did.
-                if !queue.enable_notification(mem).map_err(queue_err)? {
-                    break;
-                }
-                if looked_again {
-                    return Err(broken_avail_ring(RX));
-                }
-                looked_again = true;
-                continue;
-            };
-            looked_again = false;
-            let head = chain.head_index();
-            let len = match VsockPacket::from_rx_virtq_chain(mem, &mut chain, MAX_PKT_DATA) {
-                Ok(mut pkt) => {
-                    let room = pkt.data_slice().map_or(0, |s| s.len() as u32).min(MAX_PKT_DATA);
-                    let Some((hdr, data)) = self.muxer.next_rx(room) else {
-                        queue.go_to_previous_position();
-                        break;
-                    };
-                    pkt.set_src_cid(hdr.src_cid)
-                        .set_dst_cid(hdr.dst_cid)
-                        .set_src_port(hdr.src_port)
-                        .set_dst_port(hdr.dst_port)
-                        .set_type(hdr.type_)
-                        .set_op(hdr.op)
-                        .set_flags(hdr.flags)
-                        .set_buf_alloc(hdr.buf_alloc)
-                        .set_fwd_cnt(hdr.fwd_cnt)
-                        .set_len(data.len() as u32);
-                    match pkt.data_slice() {
-                        Some(slice) if !data.is_empty() && slice.write_slice(&data, 0).is_err() => 0,
-                        _ => PKT_HEADER_SIZE as u32 + data.len() as u32,
-                    }
-                }
-                Err(_) => {
-                    out.rejected += 1;
-                    0
-                }
-            };
-            if head < queue.size() {
-                queue.add_used(mem, head, len).map_err(queue_err)?;
-                out.used.push(UsedChain { head, len });
-            }
-        }
-        if !out.used.is_empty() {
-            out.signal = queue.needs_notification(mem).map_err(queue_err)?;
-        }
-        Ok(out)
     }
 
     /// Delivers a pending transport-reset event.
@@ -267,7 +228,7 @@ impl VirtioDevice for Vsock {
         mem: &M,
     ) -> Result<QueueOutcome, DeviceError> {
         match index {
-            RX => self.process_rx(queue, mem),
+            RX => fill_chains(RX, queue, mem, self, |v| v.muxer.has_rx_work(), Vsock::fill_rx),
             TX => process_chains(index, queue, mem, |chain| self.serve_tx(mem, chain)),
             EVENT => self.process_event(queue, mem),
             _ => Err(DeviceError::NoSuchQueue { index, count: 3 }),
