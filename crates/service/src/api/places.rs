@@ -1,7 +1,10 @@
 //! Caps on long-lived WebSockets (terminals, UDP relays): an upgraded socket no longer counts
-//! against the connection cap, so each kind bounds how many of it are open at once.
+//! against the connection cap, so each kind bounds how many of it are open at once. Also the
+//! one answer to a plain request at a WebSocket route.
 
 use crate::error::{ApiError, ApiResult};
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::WebSocketUpgrade;
 use axum::http::StatusCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -42,6 +45,20 @@ impl Drop for Place {
     fn drop(&mut self) {
         self.0.open.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// The upgrade, or a 426 `websocket_required` saying that `what` ("a terminal") is a WebSocket.
+pub fn upgrade(
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    what: &str,
+) -> ApiResult<WebSocketUpgrade> {
+    ws.map_err(|e| {
+        ApiError::new(
+            StatusCode::UPGRADE_REQUIRED,
+            "websocket_required",
+            format!("{what} is a WebSocket: open this URL with a WebSocket client ({e})"),
+        )
+    })
 }
 
 #[cfg(test)]

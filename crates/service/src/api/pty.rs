@@ -7,13 +7,13 @@
 //! command ends, or `{"type": "error", "code", "message"}`, each followed by a close.
 
 use super::extract::{account_name, sandbox_id, sandbox_path, ApiQuery};
-use super::places::Cap;
+use super::places::{upgrade, Cap};
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::state::AppState;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::response::Response;
 use branchbox_protocol::{ClientError, Command, ExecSpec, PtyEvent, PtyInput, PtyOutput, PtySize};
 use futures_util::{SinkExt, StreamExt};
@@ -100,13 +100,7 @@ pub async fn open(
     if let Some(tokens) = &st.tokens {
         tokens.check_csrf_param(&headers, q.csrf.as_deref())?;
     }
-    let ws = ws.map_err(|e| {
-        ApiError::new(
-            StatusCode::UPGRADE_REQUIRED,
-            "websocket_required",
-            format!("a terminal is a WebSocket: open this URL with a WebSocket client ({e})"),
-        )
-    })?;
+    let ws = upgrade(ws, "a terminal")?;
     let place = TERMINALS.take()?;
     // Start the terminal before answering, so a missing or paused sandbox gets its status code.
     let (input, output) = st
@@ -221,6 +215,7 @@ fn type_into(mut input: PtyInput, mut typed: mpsc::Receiver<Typed>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::StatusCode;
 
     fn q(cols: Option<u16>, rows: Option<u16>, cmd: Option<&str>, cwd: Option<&str>) -> PtyQuery {
         PtyQuery {

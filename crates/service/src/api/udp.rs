@@ -9,7 +9,7 @@
 //! close (1008) and the reason; so does [`IDLE`] without a datagram either way (a normal close).
 
 use super::extract::{sandbox_id, ApiQuery};
-use super::places::Cap;
+use super::places::{upgrade, Cap};
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::state::AppState;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
@@ -69,13 +69,7 @@ pub async fn open(
     if let Some(tokens) = &st.tokens {
         tokens.check_csrf_param(&headers, q.csrf.as_deref())?;
     }
-    let ws = ws.map_err(|e| {
-        ApiError::new(
-            StatusCode::UPGRADE_REQUIRED,
-            "websocket_required",
-            format!("a UDP relay is a WebSocket: open this URL with a WebSocket client ({e})"),
-        )
-    })?;
+    let ws = upgrade(ws, "a UDP relay")?;
     let place = RELAYS.take()?;
     // Opened before answering, so a missing or networkless sandbox gets its status code.
     let socket = st.blocking(move |engine, _| Ok(engine.udp_port(&id, port)?)).await?;
