@@ -21,12 +21,12 @@ use std::path::Path;
 use branchbox_persist::{NoContext, RestoreError, Snapshottable};
 use serde::{Deserialize, Serialize};
 use virtio_bindings::virtio_ids::VIRTIO_ID_VSOCK;
-use virtio_queue::{DescriptorChain, Queue, QueueT};
+use virtio_queue::{DescriptorChain, Queue};
 use virtio_vsock::packet::{VsockPacket, PKT_HEADER_SIZE};
 use vm_memory::{Bytes, GuestMemory};
 
 use crate::chain::{parse_chain, ChainLimits};
-use crate::queue::{fill_chains, process_chains, Answer, Fill, QueueOutcome, UsedChain};
+use crate::queue::{fill_chains, process_chains, Answer, Fill, QueueOutcome};
 use crate::{DeviceError, VirtioDevice, FEATURE_EVENT_IDX, FEATURE_VERSION_1};
 
 /// The RX queue's index.
@@ -162,40 +162,16 @@ impl Vsock {
         }
     }
 
-    /// Delivers a pending transport-reset event.
-    fn process_event<M: GuestMemory>(
-        &mut self,
-        queue: &mut Queue,
-        mem: &M,
-    ) -> Result<QueueOutcome, DeviceError> {
-        let queue_err = |source| DeviceError::Queue { index: EVENT, source };
-        let mut out = QueueOutcome::default();
-        if !queue.ready() {
-            return Ok(out);
-        }
-        while self.reset_event_pending {
-            let Some(chain) = queue.pop_descriptor_chain(mem) else { break };
-            let head = chain.head_index();
-            let limits = ChainLimits { max_descriptors: 4, max_readable: 0, max_writable: 64 };
-            let len = match parse_chain(mem, chain, limits) {
-                Ok(c) if c.write_at(mem, 0, &EVENT_TRANSPORT_RESET.to_le_bytes()).is_ok() => {
-                    self.reset_event_pending = false;
-                    4
-                }
-                _ => {
-                    out.rejected += 1;
-                    0
-                }
-            };
-            if head < queue.size() {
-                queue.add_used(mem, head, len).map_err(queue_err)?;
-                out.used.push(UsedChain { head, len });
+    /// Delivers the pending transport-reset event into one event chain.
+    fn fill_event<M: GuestMemory>(&mut self, mem: &M, chain: DescriptorChain<&M>) -> Fill {
+        let limits = ChainLimits { max_descriptors: 4, max_readable: 0, max_writable: 64 };
+        match parse_chain(mem, chain, limits) {
+            Ok(c) if c.write_at(mem, 0, &EVENT_TRANSPORT_RESET.to_le_bytes()).is_ok() => {
+                self.reset_event_pending = false;
+                Fill::Used(4)
             }
+            _ => Fill::Rejected(0),
         }
-        if !out.used.is_empty() {
-            out.signal = queue.needs_notification(mem).map_err(queue_err)?;
-        }
-        Ok(out)
     }
 }
 
@@ -230,7 +206,7 @@ impl VirtioDevice for Vsock {
         match index {
             RX => fill_chains(RX, queue, mem, self, |v| v.muxer.has_rx_work(), Vsock::fill_rx),
             TX => process_chains(index, queue, mem, |chain| self.serve_tx(mem, chain)),
-            EVENT => self.process_event(queue, mem),
+            EVENT => fill_chains(EVENT, queue, mem, self, |v| v.reset_event_pending, Vsock::fill_event),
             _ => Err(DeviceError::NoSuchQueue { index, count: 3 }),
         }
     }
