@@ -22,17 +22,12 @@ fn map(e: branchbox_net::Error) -> Error {
 /// and returns where its VMM attaches the guest.
 pub(crate) fn attach(id: &str, dir: &Path, egress: &Egress) -> Result<NetAttach> {
     let cfg = NetConfig::from_env().map_err(map)?;
-    let attached = cfg.setup_for(id, egress, dir, GuestSide::Tap).map_err(map)?;
+    cfg.setup_for(id, egress, dir, GuestSide::Tap).map_err(map)?;
     if let Err(e) = record(dir, egress) {
         let _ = cfg.teardown(id);
         return Err(map(e));
     }
-    Ok(NetAttach {
-        netns: attached.guest_ns_path,
-        tap: GUEST_TAP.into(),
-        sandbox: id.into(),
-        policy_dir: dir.to_path_buf(),
-    })
+    Ok(NetAttach { sandbox: id.into(), tap: GUEST_TAP.into(), policy_dir: dir.to_path_buf() })
 }
 
 /// The network a restore of the snapshot in `src` needs, made for sandbox `id` in `dir`: a

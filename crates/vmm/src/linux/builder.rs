@@ -282,7 +282,7 @@ impl LinuxVm {
             return Err(LinuxError::Config("a guest has one network interface".into()));
         }
         at.check().map_err(LinuxError::Config)?;
-        let tap = devices::open_tap(&at.netns, &at.tap)?;
+        let tap = devices::open_tap(at)?;
         devices::serve_resolver(at)?;
         let t = self.add_virtio(Net::new(Box::new(tap), mac))?;
         self.virtio.push(VirtioHandle::Net(t));

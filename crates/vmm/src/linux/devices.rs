@@ -53,18 +53,17 @@ pub(super) fn vsock(cid: u64, socket: &Path) -> LinuxResult<Vsock> {
     Vsock::new(cid, socket).map_err(|e| LinuxError::Device { what: "virtio-vsock", detail: e.to_string() })
 }
 
-/// Where a guest's network interface attaches: a tap of a network namespace (the sandbox's
-/// guest namespace, docs/network.md).
+/// Where a guest's network interface attaches: a tap of the sandbox's guest network namespace
+/// (`bbg-<16 hex>` under /run/netns, named by the sandbox id; docs/network.md).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub struct NetAttach {
-    /// The namespace's file (`/run/netns/bbg-...`); an absolute path.
-    pub netns: std::path::PathBuf,
+    /// The sandbox whose network it is (`sbx-<16 hex>`): its guest namespace holds the tap,
+    /// and the VMM process serves its resolver on its gateway, as the gvisor backend's shim
+    /// does.
+    pub sandbox: String,
     /// The tap in that namespace (`tap0`): 1-15 letters, digits, `-` or `_`.
     pub tap: String,
-    /// The sandbox whose network it is (`sbx-<16 hex>`): the VMM process serves its resolver
-    /// on its gateway, as the gvisor backend's shim does.
-    pub sandbox: String,
     /// Where the sandbox's policy record is (`branchbox_net::record`), read by each query of
     /// the resolver; an absolute path.
     pub policy_dir: std::path::PathBuf,
@@ -73,12 +72,6 @@ pub struct NetAttach {
 impl NetAttach {
     /// Checks what can be checked before touching anything; returns what is wrong.
     pub fn check(&self) -> Result<(), String> {
-        if !self.netns.is_absolute() {
-            return Err(format!(
-                "network namespace {} is a relative path; give the absolute path of its file (/run/netns/NAME)",
-                self.netns.display()
-            ));
-        }
         if !self.policy_dir.is_absolute() {
             return Err(format!(
                 "policy directory {} is a relative path; give an absolute path",
@@ -110,25 +103,15 @@ pub(super) fn serve_resolver(at: &NetAttach) -> LinuxResult<()> {
     branchbox_net::dns::start(cfg, &at.sandbox, policy).map_err(err)
 }
 
-/// Opens the tap `tap` of the network namespace at `netns` (a file under `/run/netns`): a
-/// short-lived thread enters the namespace and attaches, and the descriptor it returns works
-/// from any namespace. The VMM's own threads never change namespace.
-pub(super) fn open_tap(netns: &Path, tap: &str) -> LinuxResult<Tap> {
+/// Opens the tap `at` names in its sandbox's guest namespace, from a short-lived thread that
+/// enters the namespace (`branchbox_net::in_netns`); the descriptor works from any namespace,
+/// and the VMM's own threads never change namespace.
+pub(super) fn open_tap(at: &NetAttach) -> LinuxResult<Tap> {
     let err = |detail: String| LinuxError::Device { what: "virtio-net", detail };
-    let ns =
-        std::fs::File::open(netns).map_err(|e| err(format!("network namespace {}: {e}", netns.display())))?;
-    let name = tap.to_string();
-    let opened = std::thread::spawn(move || {
-        // SAFETY: `ns` is an open namespace file; setns changes only this thread, which ends
-        // right after the tap is opened.
-        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Tap::open(&name)
-    })
-    .join()
-    .map_err(|_| err("the thread opening the tap panicked".into()))?;
-    opened.map_err(|e| err(format!("tap {tap} in {}: {e}", netns.display())))
+    let ns = branchbox_net::Names::of(&at.sandbox).map_err(|e| err(e.to_string()))?.guest_ns;
+    let tap = at.tap.clone();
+    let opened = branchbox_net::in_netns(&ns, move || Tap::open(&tap)).map_err(|e| err(e.to_string()))?;
+    opened.map_err(|e| err(format!("tap {} in {ns}: {e}", at.tap)))
 }
 
 /// The devices with a host side, each polled by [`serve_host_sides`].

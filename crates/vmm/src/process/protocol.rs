@@ -481,18 +481,13 @@ mod tests {
             net: None,
         };
         assert_eq!(boot.check(), Ok(()));
-        let net = NetAttach {
-            netns: "/run/netns/bbg-0123456789abcdef".into(),
-            tap: "tap0".into(),
-            sandbox: "sbx-0123456789abcdef".into(),
-            policy_dir: "/s".into(),
-        };
+        let net =
+            NetAttach { tap: "tap0".into(), sandbox: "sbx-0123456789abcdef".into(), policy_dir: "/s".into() };
         let networked = BootLinux { net: Some(net.clone()), ..boot.clone() };
         assert_eq!(networked.check(), Ok(()));
         let frame = encode(&Request::BootLinux(networked.clone())).unwrap();
         assert_eq!(decode::<Request>(&frame[4..]).unwrap(), Request::BootLinux(networked));
         for (bad, says) in [
-            (NetAttach { netns: "bbg-x".into(), ..net.clone() }, "bbg-x is a relative path"),
             (NetAttach { tap: "tap0 up".into(), ..net.clone() }, "tap name \"tap0 up\""),
             (NetAttach { tap: "a".repeat(16), ..net.clone() }, "is not 1-15"),
             (NetAttach { tap: String::new(), ..net.clone() }, "is not 1-15"),
@@ -527,14 +522,10 @@ mod tests {
             net: None,
         };
         assert_eq!(req.check(), Ok(()));
-        let net = NetAttach {
-            netns: "netns".into(),
-            tap: "tap0".into(),
-            sandbox: "sbx-0123456789abcdef".into(),
-            policy_dir: "/s".into(),
-        };
+        let net =
+            NetAttach { tap: "tap0".into(), sandbox: "sbx-0123456789abcdef".into(), policy_dir: "s".into() };
         let e = RestoreLinux { net: Some(net), ..req.clone() }.check().unwrap_err();
-        assert!(e.contains("netns is a relative path"), "{e}");
+        assert!(e.contains("policy directory s is a relative path"), "{e}");
         let relative = RestoreLinux { disk_store: "disk".into(), ..req.clone() };
         assert!(relative.check().unwrap_err().contains("disk_store disk is a relative path"));
         let chain = RestoreLinux { disk_chain: "a/b".into(), ..req.clone() };
