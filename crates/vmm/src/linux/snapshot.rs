@@ -43,7 +43,7 @@ pub struct LinuxRestore {
     pub vsock_socket: Option<PathBuf>,
     /// Where the restored guest's network interface attaches, for a guest with one: each
     /// restore or fork child its own namespace's tap.
-    pub net: Option<super::NetAttach>,
+    pub net: Option<super::devices::NetAttach>,
     /// This VM's layer store (created if missing): the snapshot's frozen disk is recorded
     /// there and the new top written there.
     pub disk_store: PathBuf,
