@@ -88,8 +88,9 @@ impl fmt::Display for Cidr {
 
 /// Destinations no sandbox reaches unless an allow-list names them: private (RFC 1918),
 /// shared (RFC 6598), link-local (with the cloud metadata address 169.254.169.254), loopback,
-/// "this network", and multicast plus reserved.
-pub const PRIVATE: [(Ipv4Addr, u8); 8] = [
+/// "this network", IETF protocol assignments (RFC 6890, 192.0.0.0/24), benchmarking (RFC 2544,
+/// 198.18.0.0/15, used for internal networks by some providers), and multicast plus reserved.
+pub const PRIVATE: [(Ipv4Addr, u8); 10] = [
     (Ipv4Addr::new(10, 0, 0, 0), 8),
     (Ipv4Addr::new(172, 16, 0, 0), 12),
     (Ipv4Addr::new(192, 168, 0, 0), 16),
@@ -97,6 +98,8 @@ pub const PRIVATE: [(Ipv4Addr, u8); 8] = [
     (Ipv4Addr::new(169, 254, 0, 0), 16),
     (Ipv4Addr::new(127, 0, 0, 0), 8),
     (Ipv4Addr::new(0, 0, 0, 0), 8),
+    (Ipv4Addr::new(192, 0, 0, 0), 24),
+    (Ipv4Addr::new(198, 18, 0, 0), 15),
     (Ipv4Addr::new(224, 0, 0, 0), 3),
 ];
 
@@ -447,6 +450,8 @@ mod tests {
             "100.64.0.0/10",
             "169.254.0.0/16",
             "127.0.0.0/8",
+            "192.0.0.0/24",
+            "198.18.0.0/15",
         ] {
             assert!(t.contains(net), "{net} missing from the private set:\n{t}");
         }
@@ -575,10 +580,21 @@ mod tests {
             "172.31.0.1",
             "100.64.0.1",
             "224.0.0.1",
+            "192.0.0.170",
+            "198.18.0.1",
+            "198.19.255.254",
         ] {
             assert!(is_private(a.parse().unwrap()), "{a}");
         }
-        for a in ["203.0.113.10", "8.8.8.8", "172.32.0.1", "100.128.0.1"] {
+        for a in [
+            "203.0.113.10",
+            "8.8.8.8",
+            "172.32.0.1",
+            "100.128.0.1",
+            "192.0.1.1",
+            "198.20.0.1",
+            "198.17.255.255",
+        ] {
             assert!(!is_private(a.parse().unwrap()), "{a}");
         }
     }
