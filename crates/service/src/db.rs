@@ -7,7 +7,6 @@ use rusqlite::{params, Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::Duration;
 use utoipa::ToSchema;
 
 const SCHEMA: &str = "
@@ -134,16 +133,9 @@ impl ServiceDb {
     /// Opens (creating) the database at `path`, readable by its owner only (it holds
     /// sandboxes' environments, which are often secrets).
     pub fn open(path: &Path) -> DbResult<ServiceDb> {
-        branchbox_store::make_private(path).map_err(|e| {
-            rusqlite::Error::SqliteFailure(
-                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
-                Some(format!("cannot make {} private: {e}", path.display())),
-            )
+        let conn = branchbox_store::file::open(path).map_err(|msg| {
+            rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN), Some(msg))
         })?;
-        let conn = Connection::open(path)?;
-        conn.busy_timeout(Duration::from_secs(30))?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.execute_batch(SCHEMA)?;
         Ok(ServiceDb { conn })
     }

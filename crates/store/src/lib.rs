@@ -22,13 +22,13 @@ use branchbox_model::{
     BackendKind, Error, Limits, Result, Sandbox, SandboxId, SandboxState, Snapshot, SnapshotId,
 };
 use rusqlite::{params, Connection, OptionalExtension, Row};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
-use std::time::Duration;
 
+pub mod file;
 mod steps;
 mod templates;
 
+pub use file::make_private;
 pub use steps::ExecStep;
 
 /// Schema version written to `PRAGMA user_version`.
@@ -102,6 +102,11 @@ pub struct Store {
 }
 
 fn db(e: rusqlite::Error) -> Error {
+    if file::is_corruption(&e) {
+        return Error::Store(format!(
+            "the metadata database (meta.db) is corrupt ({e}); run `branchbox store check` for what to do"
+        ));
+    }
     Error::Store(e.to_string())
 }
 
@@ -153,40 +158,20 @@ const SANDBOX_COLS: &str = "id, backend, image, state, created_ms, parent_snapsh
 const SNAPSHOT_COLS: &str =
     "id, parent, source, backend, image, kind, name, created_ms, size_bytes, limits, expires_ms, deleted_ms";
 
-/// Makes a SQLite database at `path` readable by its owner only (mode 0600), whatever the
-/// umask: creates it with that mode when missing and tightens an existing one and its `-wal`
-/// and `-shm` files. SQLite gives the files it creates beside a database the database's own
-/// mode, so new `-wal`/`-shm` files come out 0600 as well.
-pub fn make_private(path: &Path) -> std::io::Result<()> {
-    std::fs::OpenOptions::new().write(true).create(true).truncate(false).mode(0o600).open(path)?;
-    for suffix in ["", "-wal", "-shm"] {
-        let mut name = path.as_os_str().to_owned();
-        name.push(suffix);
-        match std::fs::set_permissions(&name, std::fs::Permissions::from_mode(0o600)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
 impl Store {
     /// Opens (creating if needed) the database at `path`, readable by its owner only.
     pub fn open(path: &Path) -> Result<Store> {
-        make_private(path).map_err(|e| Error::io(path, e))?;
-        let conn = Connection::open(path).map_err(|e| Error::Store(format!("{}: {e}", path.display())))?;
-        conn.busy_timeout(Duration::from_secs(30)).map_err(db)?;
-        conn.pragma_update(None, "journal_mode", "WAL").map_err(db)?;
-        conn.pragma_update(None, "synchronous", "NORMAL").map_err(db)?;
-        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(db)?;
+        let conn = file::open(path).map_err(Error::Store)?;
+        let fail = |e: rusqlite::Error| Error::Store(file::explain(path, &e));
+        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(fail)?;
         if version > SCHEMA_VERSION {
             return Err(Error::Store(format!(
                 "{} was written by a newer branchbox (schema {version}, this one knows {SCHEMA_VERSION}); upgrade branchbox",
                 path.display()
             )));
         }
-        conn.execute_batch(SCHEMA).map_err(db)?;
-        conn.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(db)?;
+        conn.execute_batch(SCHEMA).map_err(fail)?;
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(fail)?;
         Ok(Store { conn })
     }
 
@@ -520,19 +505,5 @@ mod tests {
         Store::open(&path).unwrap();
         Connection::open(&path).unwrap().pragma_update(None, "user_version", 99).unwrap();
         assert!(matches!(Store::open(&path), Err(Error::Store(m)) if m.contains("newer")));
-    }
-
-    #[test]
-    fn database_files_are_private_even_when_they_were_not() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("meta.db");
-        std::fs::write(&path, b"").unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let store = Store::open(&path).unwrap();
-        store.insert_sandbox(&sandbox(None)).unwrap();
-        for name in ["meta.db", "meta.db-wal", "meta.db-shm"] {
-            let mode = std::fs::metadata(dir.path().join(name)).unwrap().permissions().mode() & 0o777;
-            assert_eq!(mode, 0o600, "{name}");
-        }
     }
 }
