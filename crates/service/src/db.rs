@@ -134,7 +134,10 @@ impl ServiceDb {
     /// sandboxes' environments, which are often secrets).
     pub fn open(path: &Path) -> DbResult<ServiceDb> {
         let conn = branchbox_store::file::open(path).map_err(|msg| {
-            rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN), Some(msg))
+            rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
+                Some(msg),
+            )
         })?;
         conn.execute_batch(SCHEMA)?;
         Ok(ServiceDb { conn })
