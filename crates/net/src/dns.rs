@@ -13,13 +13,17 @@
 //!   to the router's `resolved` set, for the record's lifetime (within [`MIN_ALLOW_S`] and
 //!   [`MAX_ALLOW_S`]), before the guest sees the answer. Private addresses in answers are
 //!   passed on but never allowed: a listed name that resolves to the metadata address opens
-//!   nothing (list the network itself to reach a private address).
+//!   nothing (list the network itself to reach a private address). The set is updated in
+//!   batches, at most one `nft` per [`crate::learned::BATCH_INTERVAL`], and holds at most
+//!   [`MAX_LEARNED`] addresses: an answer that would take it past that is REFUSED
+//!   ([`crate::learned`]).
 //!
 //! Everything from the guest is parsed (hickory-proto) before anything is done with it; one
 //! question per query, answers only to queries, and the upstream's answer must carry the id we
 //! gave it and the question asked.
 
 use crate::exec::in_netns;
+use crate::learned::{Learned, Refusal, Sink, BATCH_INTERVAL, MAX_LEARNED};
 use crate::policy::{is_private, Egress};
 use crate::sandbox::GATEWAY;
 use crate::{Error, Names, NetConfig, Result};
@@ -28,7 +32,7 @@ use hickory_proto::rr::RData;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The largest DNS message over UDP taken or passed on (the usual EDNS buffer size).
@@ -69,11 +73,29 @@ pub type Policy = Box<dyn Fn() -> Option<Egress> + Send + Sync>;
 
 struct Forwarder {
     cfg: NetConfig,
-    id: String,
     upstreams: Vec<SocketAddr>,
     policy: Policy,
     in_flight: AtomicUsize,
     tcp_connections: AtomicUsize,
+    /// The addresses learned for the allow-list's names, on their way into the router's set.
+    learned: Arc<Learned>,
+    /// The policy the last query was answered under: when it changes, the router's set was
+    /// flushed with it, and what was learned takes no room any more.
+    last_policy: Mutex<Option<Egress>>,
+    /// Answers refused at the bound, for the log (the first, then every hundredth).
+    full: AtomicUsize,
+}
+
+/// The router's `resolved` set of one sandbox, updated with `nft` in its router namespace.
+struct RouterSet {
+    cfg: NetConfig,
+    id: String,
+}
+
+impl Sink for RouterSet {
+    fn add(&self, batch: &[(Ipv4Addr, u32)]) -> Result<()> {
+        self.cfg.allow_resolved(&self.id, batch)
+    }
 }
 
 /// How a query reached the forwarder, and so how it is asked upstream.
@@ -99,14 +121,10 @@ pub fn start(cfg: NetConfig, id: &str, policy: Policy) -> Result<()> {
             "branchbox-dns: no upstream resolver (BRANCHBOX_NET_RESOLVERS is unset and /etc/resolv.conf names no IPv4 nameserver); every query will fail"
         );
     }
-    let fwd = Arc::new(Forwarder {
-        cfg,
-        id: id.to_string(),
-        upstreams,
-        policy,
-        in_flight: AtomicUsize::new(0),
-        tcp_connections: AtomicUsize::new(0),
-    });
+    let learned =
+        Arc::new(Learned::new(Box::new(RouterSet { cfg: cfg.clone(), id: id.to_string() }), MAX_LEARNED));
+    let fwd = Arc::new(Forwarder::new(cfg, upstreams, policy, Arc::clone(&learned)));
+    std::thread::spawn(move || learned.run(BATCH_INTERVAL));
     let tcp = Arc::clone(&fwd);
     std::thread::spawn(move || serve_tcp(listener, tcp));
     std::thread::spawn(move || serve(Arc::new(socket), fwd));
@@ -246,10 +264,36 @@ pub fn screen(raw: &[u8], egress: Option<&Egress>) -> Screened {
 }
 
 impl Forwarder {
+    fn new(cfg: NetConfig, upstreams: Vec<SocketAddr>, policy: Policy, learned: Arc<Learned>) -> Forwarder {
+        Forwarder {
+            cfg,
+            upstreams,
+            policy,
+            in_flight: AtomicUsize::new(0),
+            tcp_connections: AtomicUsize::new(0),
+            learned,
+            last_policy: Mutex::new(None),
+            full: AtomicUsize::new(0),
+        }
+    }
+
+    /// The policy now; what was learned under another one is forgotten.
+    fn policy_now(&self) -> Option<Egress> {
+        let now = (self.policy)();
+        let mut last = self.last_policy.lock().unwrap_or_else(|e| e.into_inner());
+        if *last != now {
+            if last.is_some() {
+                self.learned.forget();
+            }
+            last.clone_from(&now);
+        }
+        now
+    }
+
     /// The answer to the raw message `raw` from the guest, which came `via`, or `None` to say
     /// nothing.
     fn answer(&self, raw: &[u8], via: Transport) -> Option<Vec<u8>> {
-        let (query, name, learn) = match screen(raw, (self.policy)().as_ref()) {
+        let (query, name, learn) = match screen(raw, self.policy_now().as_ref()) {
             Screened::Ignore => return None,
             Screened::Reply(reply) => return Some(reply),
             Screened::Forward { query, name, learn } => (query, name, learn),
@@ -263,9 +307,22 @@ impl Forwarder {
         }
         if learn {
             let (addrs, ttl) = public_addresses(&parsed);
-            if let Err(e) = self.cfg.allow_resolved(&self.id, &addrs, ttl) {
-                eprintln!("branchbox-dns: {name}: {e}");
-                return refusal(&query, ResponseCode::ServFail);
+            match self.learned.learn(&addrs, ttl) {
+                Ok(()) => {}
+                Err(e @ Refusal::Full { .. }) => {
+                    let n = self.full.fetch_add(1, Ordering::SeqCst);
+                    if n.is_multiple_of(100) {
+                        eprintln!(
+                            "branchbox-dns: {name}: {e} (answers refused at the bound so far: {})",
+                            n + 1
+                        );
+                    }
+                    return refusal(&query, ResponseCode::Refused);
+                }
+                Err(e) => {
+                    eprintln!("branchbox-dns: {name}: {e}");
+                    return refusal(&query, ResponseCode::ServFail);
+                }
             }
         }
         reply[..2].copy_from_slice(&query.id().to_be_bytes());
@@ -351,6 +408,7 @@ fn random_id() -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::learned::tests::Counting;
     use crate::policy::AllowList;
     use hickory_proto::op::Query;
     use hickory_proto::rr::{rdata::A, Name, Record, RecordType};
@@ -363,16 +421,18 @@ mod tests {
         m
     }
 
-    /// A forwarder under `egress` whose upstream is `upstream`.
+    /// A forwarder under `egress` whose upstream is `upstream`, its learned addresses going to
+    /// a counting set (flushed by a thread of its own, as in the product).
     fn forwarder(egress: Egress, upstream: SocketAddr) -> Forwarder {
-        Forwarder {
-            cfg: NetConfig::default(),
-            id: "sbx-0123456789abcdef".into(),
-            upstreams: vec![upstream],
-            policy: Box::new(move || Some(egress.clone())),
-            in_flight: AtomicUsize::new(0),
-            tcp_connections: AtomicUsize::new(0),
-        }
+        forwarder_into(egress, upstream, Arc::new(Counting::default()))
+    }
+
+    fn forwarder_into(egress: Egress, upstream: SocketAddr, set: Arc<Counting>) -> Forwarder {
+        let learned = Arc::new(Learned::new(Box::new(set), MAX_LEARNED));
+        let runner = Arc::clone(&learned);
+        std::thread::spawn(move || runner.run(BATCH_INTERVAL));
+        let policy: Policy = Box::new(move || Some(egress.clone()));
+        Forwarder::new(NetConfig::default(), vec![upstream], policy, learned)
     }
 
     #[test]
@@ -498,6 +558,67 @@ mod tests {
                 .unwrap();
         liar.join().unwrap();
         assert_eq!(reply.response_code(), ResponseCode::ServFail);
+    }
+
+    /// A loopback upstream that answers every query with 200 addresses never given before
+    /// (values only: nothing is ever sent to them), until `stop` is set.
+    fn generous_upstream(stop: Arc<std::sync::atomic::AtomicBool>) -> SocketAddr {
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+        let addr = socket.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let mut next = u32::from(Ipv4Addr::new(11, 0, 0, 0));
+            let mut buf = [0u8; 512];
+            while !stop.load(Ordering::SeqCst) {
+                let Ok((n, from)) = socket.recv_from(&mut buf) else { continue };
+                let got = Message::from_vec(&buf[..n]).unwrap();
+                let mut reply = got.clone();
+                reply.set_message_type(MessageType::Response);
+                let name = got.queries()[0].name().clone();
+                for _ in 0..200 {
+                    reply.add_answer(Record::from_rdata(
+                        name.clone(),
+                        300,
+                        RData::A(A::from(Ipv4Addr::from(next))),
+                    ));
+                    next += 1;
+                }
+                socket.send_to(&reply.to_vec().unwrap(), from).unwrap();
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn the_learned_set_stays_within_its_bound_under_an_upstream_answering_200_addresses() {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let up = generous_upstream(Arc::clone(&stop));
+        let set = Arc::new(Counting::default());
+        let list = Egress::AllowList(AllowList::parse(&["*.example.com"]).unwrap());
+        let f = Arc::new(forwarder_into(list, up, Arc::clone(&set)));
+        let askers: Vec<_> = (0..8)
+            .map(|t| {
+                let f = Arc::clone(&f);
+                std::thread::spawn(move || {
+                    let mut codes = Vec::new();
+                    for i in 0..10 {
+                        let q = query(&format!("n{t}-{i}.example.com.")).to_vec().unwrap();
+                        let reply = f.answer(&q, Transport::Udp).expect("an answer");
+                        codes.push(Message::from_vec(&reply).unwrap().response_code());
+                    }
+                    codes
+                })
+            })
+            .collect();
+        let codes: Vec<ResponseCode> = askers.into_iter().flat_map(|a| a.join().unwrap()).collect();
+        stop.store(true, Ordering::SeqCst);
+        let held = set.set.lock().unwrap().len();
+        assert_eq!(held, 4000, "the set holds {held} addresses, the bound is {MAX_LEARNED}");
+        let ok = codes.iter().filter(|c| **c == ResponseCode::NoError).count();
+        let refused = codes.iter().filter(|c| **c == ResponseCode::Refused).count();
+        assert_eq!((ok, refused), (20, 60), "{codes:?}");
+        let updates = set.updates.load(Ordering::SeqCst);
+        assert!(updates <= ok, "{updates} updates of the set for {ok} answers");
     }
 
     #[test]

@@ -7,6 +7,7 @@
 pub mod conns;
 pub mod dns;
 mod exec;
+pub mod learned;
 pub mod policy;
 pub mod record;
 mod sandbox;

@@ -2,6 +2,7 @@
 //! typed values (addresses, prefix lengths, fixed interface names), never from text a client
 //! gave, so no rule can be smuggled in.
 
+use crate::learned::MAX_LEARNED;
 use crate::Error;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -343,7 +344,7 @@ pub fn router_table(egress: &Egress, pool: Cidr, resolver: Ipv4Addr, guest: Ipv4
   counter denied {{ }}
   set private {{ type ipv4_addr; flags interval; {private} }}
   set allowed {{ type ipv4_addr; flags interval; {allowed} }}
-  set {RESOLVED_SET} {{ type ipv4_addr; flags timeout; }}
+  set {RESOLVED_SET} {{ type ipv4_addr; flags timeout; size {MAX_LEARNED}; }}
   chain egress {{
 {rules}  }}
   chain forward {{
@@ -393,10 +394,10 @@ table inet {TABLE} {{
     )
 }
 
-/// One nftables transaction that lets the guest reach `addrs` (resolved for a listed host
-/// name) for `ttl` seconds each.
-pub fn resolved(addrs: &[Ipv4Addr], ttl: u32) -> String {
-    let items: Vec<String> = addrs.iter().map(|a| format!("{a} timeout {ttl}s")).collect();
+/// One nftables transaction that lets the guest reach each address of `batch` (resolved for
+/// a listed host name) for its number of seconds.
+pub fn resolved(batch: &[(Ipv4Addr, u32)]) -> String {
+    let items: Vec<String> = batch.iter().map(|(a, ttl)| format!("{a} timeout {ttl}s")).collect();
     format!("add element inet {TABLE} {RESOLVED_SET} {{ {} }}\n", items.join(", "))
 }
 
@@ -560,14 +561,14 @@ mod tests {
 
     #[test]
     fn resolved_addresses_are_added_with_their_timeout_and_a_change_forgets_them() {
-        let add = resolved(&[Ipv4Addr::new(203, 0, 113, 10), Ipv4Addr::new(203, 0, 113, 11)], 60);
+        let add = resolved(&[(Ipv4Addr::new(203, 0, 113, 10), 60), (Ipv4Addr::new(203, 0, 113, 11), 300)]);
         assert_eq!(
             add,
-            "add element inet branchbox resolved { 203.0.113.10 timeout 60s, 203.0.113.11 timeout 60s }\n"
+            "add element inet branchbox resolved { 203.0.113.10 timeout 60s, 203.0.113.11 timeout 300s }\n"
         );
         assert!(change(&Egress::DenyAll, pool()).contains("flush set inet branchbox resolved\n"));
         assert!(router_table(&Egress::DenyAll, pool(), RESOLVER, GUEST)
-            .contains("set resolved { type ipv4_addr; flags timeout; }"));
+            .contains("set resolved { type ipv4_addr; flags timeout; size 4096; }"));
     }
 
     #[test]

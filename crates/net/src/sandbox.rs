@@ -302,14 +302,14 @@ impl NetConfig {
         run("nft", &["-f", "-"], &change, Some(&n.router_ns), "change the sandbox's egress policy").map(drop)
     }
 
-    /// Lets sandbox `id` reach `addrs` for `ttl` seconds: what its forwarder resolved for a
-    /// host name of its allow-list.
-    pub fn allow_resolved(&self, id: &str, addrs: &[Ipv4Addr], ttl: u32) -> Result<()> {
+    /// Lets sandbox `id` reach each address of `batch` for its number of seconds: what its
+    /// forwarder resolved for host names of its allow-list (`learned`), in one `nft`.
+    pub fn allow_resolved(&self, id: &str, batch: &[(Ipv4Addr, u32)]) -> Result<()> {
         let n = Names::of(id)?;
-        if addrs.is_empty() {
+        if batch.is_empty() {
             return Ok(());
         }
-        let add = policy::resolved(addrs, ttl);
+        let add = policy::resolved(batch);
         run("nft", &["-f", "-"], &add, Some(&n.router_ns), "allow a resolved address").map(drop)
     }
 
