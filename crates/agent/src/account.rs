@@ -103,9 +103,83 @@ pub fn run_as(cmd: &mut Command, account: &Account) {
     unsafe { cmd.pre_exec(drop_to) };
 }
 
-/// Changes the owner of `path` to `account` (not following a final symlink).
-pub fn chown(path: &std::path::Path, account: &Account) -> std::io::Result<()> {
-    std::os::unix::fs::lchown(path, Some(account.uid), Some(account.gid))
+/// The calling thread acting on files as an account: its filesystem uid and gid and its
+/// supplementary groups are the account's until this is dropped, so the kernel checks every
+/// path (a symlink the account planted included) as it would for the account's own commands.
+/// Only this thread changes: the raw syscalls are per-thread, unlike libc's `setgroups`, which
+/// would change every thread of the agent. Files it creates are the account's.
+pub struct Acting {
+    fsuid: u32,
+    fsgid: u32,
+    groups: Vec<libc::gid_t>,
+}
+
+/// What `setfsuid`/`setfsgid` take to report the current id without changing it.
+const QUERY_ID: libc::c_long = -1;
+
+fn set_fsuid(id: libc::c_long) -> u32 {
+    // SAFETY: setfsuid takes an integer and changes only this thread's credentials.
+    unsafe { libc::syscall(libc::SYS_setfsuid, id) as u32 }
+}
+
+fn set_fsgid(id: libc::c_long) -> u32 {
+    // SAFETY: setfsgid takes an integer and changes only this thread's credentials.
+    unsafe { libc::syscall(libc::SYS_setfsgid, id) as u32 }
+}
+
+fn set_groups(groups: &[libc::gid_t]) -> std::io::Result<()> {
+    // SAFETY: the pointer and length describe a live slice.
+    let r = unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn thread_groups() -> std::io::Result<Vec<libc::gid_t>> {
+    // SAFETY: a size of 0 asks for the count and writes nothing.
+    let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut groups = vec![0; n as usize];
+    // SAFETY: `groups` has room for `n` ids.
+    let n = unsafe { libc::getgroups(n, groups.as_mut_ptr()) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    groups.truncate(n as usize);
+    Ok(groups)
+}
+
+/// Makes the calling thread act on files as `account` until the guard is dropped. Refused
+/// (nothing changed) when the kernel does not switch the ids, so a file call never silently
+/// runs as root instead.
+pub fn act_as(account: &Account) -> Result<Acting, Failure> {
+    let refused = |what: String| {
+        Failure::new(
+            ErrorCode::PermissionDenied,
+            format!("cannot act on files as {:?}: {what}", account.name),
+        )
+    };
+    let groups = thread_groups().map_err(|e| refused(format!("getgroups: {e}")))?;
+    set_groups(&account.groups).map_err(|e| refused(format!("setgroups: {e}")))?;
+    let acting =
+        Acting { fsgid: set_fsgid(account.gid.into()), fsuid: set_fsuid(account.uid.into()), groups };
+    if set_fsgid(QUERY_ID) != account.gid || set_fsuid(QUERY_ID) != account.uid {
+        return Err(refused("the kernel did not switch the filesystem ids".into()));
+    }
+    Ok(acting)
+}
+
+impl Drop for Acting {
+    fn drop(&mut self) {
+        // The uid first: going back to 0 restores the file capabilities the switch dropped.
+        set_fsuid(self.fsuid.into());
+        set_fsgid(self.fsgid.into());
+        // Cannot fail: the thread is root again and the list is the one it had.
+        let _ = set_groups(&self.groups);
+    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,8 @@
 //! File operations. Paths must be absolute, at most 4096 bytes, without NUL; writes replace a
-//! file atomically (temporary file in the same directory, then rename).
+//! file atomically (temporary file in the same directory, then rename). An operation made for
+//! an account of the image runs with that account's filesystem ids on its thread (see
+//! [`crate::account::act_as`]), so the kernel allows and refuses exactly what the account's own
+//! commands would get, and what it creates is the account's.
 
 use crate::cancel::{cancelled, Token};
 use crate::Failure;
@@ -59,17 +62,37 @@ fn ctx(path: &Path) -> impl Fn(std::io::Error) -> Failure + '_ {
     move |e| Failure::io_at(e, path)
 }
 
+/// Runs `op` acting as the image's account `user`; as the agent (root) when `None`.
+fn as_user<T>(user: Option<&str>, op: impl FnOnce() -> Result<T, Failure>) -> Result<T, Failure> {
+    let _acting = match user {
+        Some(u) => Some(crate::account::act_as(&crate::account::lookup(u)?)?),
+        None => None,
+    };
+    op()
+}
+
 /// Streams a regular file in chunks to `emit`, at most the size it had when opened; returns
 /// the bytes sent. Anything else is refused: a FIFO or a device such as `/dev/zero` could
-/// block a worker or stream forever. Stops when `token` is cancelled.
+/// block a worker or stream forever. Stops when `token` is cancelled. Opened as `user`.
 pub fn read(
+    path: &str,
+    max: Option<u64>,
+    user: Option<&str>,
+    token: &Token,
+    emit: &mut dyn FnMut(&[u8]),
+) -> Result<u64, Failure> {
+    as_user(user, || read_open(path, max, token, emit))
+}
+
+fn read_open(
     path: &str,
     max: Option<u64>,
     token: &Token,
     emit: &mut dyn FnMut(&[u8]),
 ) -> Result<u64, Failure> {
     let p = check_path(path)?;
-    // Non-blocking, so that opening a FIFO returns at once instead of waiting for a writer.
+    // Non-blocking, so that opening a FIFO returns at once instead of waiting for a writer; the
+    // type is then checked on the descriptor opened, not on the path (which may change).
     let f = fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&p).map_err(ctx(&p))?;
     let md = f.metadata().map_err(ctx(&p))?;
     if md.is_dir() {
@@ -139,8 +162,8 @@ pub struct WriteTarget<'a> {
     pub append: bool,
     /// Create missing parent directories.
     pub parents: bool,
-    /// The image's account that owns the file and the directories made for it.
-    pub owner: Option<&'a str>,
+    /// The image's account that writes the file and makes the directories (root when absent).
+    pub user: Option<&'a str>,
 }
 
 /// Writes the chunks arriving on `chunks` (ended by `None`) to `target`. On failure the rest of
@@ -151,7 +174,7 @@ pub fn write(
     chunks: &Receiver<Option<Vec<u8>>>,
     token: &Token,
 ) -> Result<u64, Failure> {
-    let result = write_stream(target, chunks, token);
+    let result = as_user(target.user, || write_stream(target, chunks, token));
     if result.is_err() {
         while let Ok(Some(_)) = chunks.recv() {}
     }
@@ -165,11 +188,10 @@ fn write_stream(
 ) -> Result<u64, Failure> {
     let (path, mode, append, parents) = (t.path, t.mode, t.append, t.parents);
     let p = check_path(path)?;
-    let owner = t.owner.map(crate::account::lookup).transpose()?;
     let mode = mode.unwrap_or(0o644) & 0o7777;
     let dir = p.parent().ok_or_else(|| Failure::new(ErrorCode::BadRequest, "cannot write to /"))?;
     if parents {
-        make_dirs(dir, owner.as_ref())?;
+        fs::create_dir_all(dir).map_err(ctx(dir))?;
     }
     let target = if append {
         p.clone()
@@ -186,13 +208,6 @@ fn write_stream(
         .open(&target)
         // Name the path the user gave, not our hidden temporary file.
         .map_err(ctx(&p))?;
-    // Only a file made here changes owner: appending keeps the file's own.
-    if let (Some(a), false) = (&owner, append) {
-        if let Err(e) = std::os::unix::fs::fchown(&f, Some(a.uid), Some(a.gid)) {
-            let _ = fs::remove_file(&target);
-            return Err(ctx(&p)(e));
-        }
-    }
     let mut total = 0u64;
     let outcome = (|| {
         loop {
@@ -229,8 +244,12 @@ fn rand_suffix() -> u32 {
     u32::from_ne_bytes(b)
 }
 
-/// Lists a directory, sorted by name, at most [`MAX_ENTRIES`] entries.
-pub fn list(path: &str) -> Result<(Vec<FileStat>, bool), Failure> {
+/// Lists a directory as `user`, sorted by name, at most [`MAX_ENTRIES`] entries.
+pub fn list(path: &str, user: Option<&str>) -> Result<(Vec<FileStat>, bool), Failure> {
+    as_user(user, || list_dir(path))
+}
+
+fn list_dir(path: &str) -> Result<(Vec<FileStat>, bool), Failure> {
     let p = check_path(path)?;
     let mut out = Vec::new();
     let mut truncated = false;
@@ -248,15 +267,19 @@ pub fn list(path: &str) -> Result<(Vec<FileStat>, bool), Failure> {
     Ok((out, truncated))
 }
 
-/// Stats a path without following a final symlink.
-pub fn stat(path: &str) -> Result<FileStat, Failure> {
+/// Stats a path as `user` without following a final symlink.
+pub fn stat(path: &str, user: Option<&str>) -> Result<FileStat, Failure> {
     let p = check_path(path)?;
-    let md = p.symlink_metadata().map_err(ctx(&p))?;
+    let md = as_user(user, || p.symlink_metadata().map_err(ctx(&p)))?;
     Ok(stat_of(path.to_string(), &md))
 }
 
-/// Removes a file or directory.
-pub fn remove(path: &str, recursive: bool) -> Result<(), Failure> {
+/// Removes a file or directory as `user`.
+pub fn remove(path: &str, recursive: bool, user: Option<&str>) -> Result<(), Failure> {
+    as_user(user, || remove_path(path, recursive))
+}
+
+fn remove_path(path: &str, recursive: bool) -> Result<(), Failure> {
     let p = check_path(path)?;
     if p == Path::new("/") {
         return Err(Failure::new(ErrorCode::BadRequest, "refusing to remove /"));
@@ -274,36 +297,16 @@ pub fn remove(path: &str, recursive: bool) -> Result<(), Failure> {
     r.map_err(ctx(&p))
 }
 
-/// Renames a path.
-pub fn rename(from: &str, to: &str) -> Result<(), Failure> {
+/// Renames a path as `user`.
+pub fn rename(from: &str, to: &str, user: Option<&str>) -> Result<(), Failure> {
     let (f, t) = (check_path(from)?, check_path(to)?);
-    fs::rename(&f, &t).map_err(ctx(&f))
+    as_user(user, || fs::rename(&f, &t).map_err(ctx(&f)))
 }
 
-/// Creates a directory.
-pub fn mkdir(path: &str, parents: bool, owner: Option<&str>) -> Result<(), Failure> {
+/// Creates a directory (with its missing parents when `parents`) as `user`.
+pub fn mkdir(path: &str, parents: bool, user: Option<&str>) -> Result<(), Failure> {
     let p = check_path(path)?;
-    let owner = owner.map(crate::account::lookup).transpose()?;
-    if parents {
-        return make_dirs(&p, owner.as_ref());
-    }
-    fs::create_dir(&p).map_err(ctx(&p))?;
-    match &owner {
-        Some(a) => crate::account::chown(&p, a).map_err(ctx(&p)),
-        None => Ok(()),
-    }
-}
-
-/// Creates `dir` and its missing parents, those it created owned by `owner` when given.
-fn make_dirs(dir: &Path, owner: Option<&crate::account::Account>) -> Result<(), Failure> {
-    let missing: Vec<&Path> = dir.ancestors().take_while(|a| fs::symlink_metadata(a).is_err()).collect();
-    fs::create_dir_all(dir).map_err(ctx(dir))?;
-    if let Some(a) = owner {
-        for d in missing {
-            crate::account::chown(d, a).map_err(ctx(d))?;
-        }
-    }
-    Ok(())
+    as_user(user, || if parents { fs::create_dir_all(&p) } else { fs::create_dir(&p) }.map_err(ctx(&p)))
 }
 
 /// Most entries a walk returns (the host accepts no more).
@@ -355,4 +358,123 @@ pub fn walk(
         emit(&batch);
     }
     Ok(count)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{chown, lchown, symlink};
+
+    /// Debian's `nobody`, in the host's /etc/passwd that the agent reads here.
+    const NOBODY: Option<&str> = Some("nobody");
+
+    /// A tree like a sandbox's: `etc` and `private` are root's, `home` is nobody's and holds
+    /// `cfg -> etc`, a link nobody planted.
+    fn tree() -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().to_path_buf();
+        fs::set_permissions(&base, fs::Permissions::from_mode(0o755)).unwrap();
+        fs::create_dir(base.join("etc")).unwrap();
+        fs::create_dir(base.join("home")).unwrap();
+        chown(base.join("home"), Some(65534), Some(65534)).unwrap();
+        symlink(base.join("etc"), base.join("home/cfg")).unwrap();
+        lchown(base.join("home/cfg"), Some(65534), Some(65534)).unwrap();
+        fs::create_dir(base.join("private")).unwrap();
+        fs::set_permissions(base.join("private"), fs::Permissions::from_mode(0o700)).unwrap();
+        fs::write(base.join("private/secret"), b"root only").unwrap();
+        (dir, base)
+    }
+
+    fn s(p: &Path) -> &str {
+        p.to_str().unwrap()
+    }
+
+    fn write_as(path: &Path, data: &[u8], user: Option<&str>) -> Result<u64, Failure> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(2);
+        tx.send(Some(data.to_vec())).unwrap();
+        tx.send(None).unwrap();
+        let t = WriteTarget { path: s(path), mode: None, append: false, parents: true, user };
+        write(&t, &rx, &Token::default())
+    }
+
+    fn read_as(path: &Path, user: Option<&str>) -> Result<Vec<u8>, Failure> {
+        let mut out = Vec::new();
+        read(s(path), None, user, &Token::default(), &mut |c| out.extend_from_slice(c))?;
+        Ok(out)
+    }
+
+    fn denied<T: std::fmt::Debug>(r: Result<T, Failure>) {
+        match r {
+            Err(f) => assert_eq!(f.code, ErrorCode::PermissionDenied, "{}", f.message),
+            Ok(v) => panic!("allowed: {v:?}"),
+        }
+    }
+
+    #[test]
+    fn a_write_as_an_account_does_not_follow_its_own_symlink_into_a_directory_it_cannot_write() {
+        let (_d, base) = tree();
+        denied(write_as(&base.join("home/cfg/ld.so.preload"), b"/evil.so", NOBODY));
+        assert!(fs::read_dir(base.join("etc")).unwrap().next().is_none(), "something was made in etc");
+        // Where it may write, the file and the directories made are its own.
+        write_as(&base.join("home/a/b/f"), b"mine", NOBODY).unwrap();
+        for p in ["home/a", "home/a/b", "home/a/b/f"] {
+            let md = fs::symlink_metadata(base.join(p)).unwrap();
+            assert_eq!((md.uid(), md.gid()), (65534, 65534), "{p}");
+        }
+        // Root's own calls are unchanged.
+        write_as(&base.join("home/cfg/root-made"), b"r", None).unwrap();
+        assert_eq!(fs::read(base.join("etc/root-made")).unwrap(), b"r");
+    }
+
+    #[test]
+    fn reads_listings_and_stats_as_an_account_are_refused_where_its_commands_would_be() {
+        let (_d, base) = tree();
+        let secret = base.join("private/secret");
+        denied(read_as(&secret, NOBODY));
+        denied(list(s(&base.join("private")), NOBODY));
+        denied(stat(s(&secret), NOBODY));
+        assert_eq!(read_as(&secret, None).unwrap(), b"root only");
+        assert_eq!(list(s(&base.join("private")), None).unwrap().0.len(), 1);
+        // What it may read, it reads.
+        write_as(&base.join("home/f"), b"hello", NOBODY).unwrap();
+        assert_eq!(read_as(&base.join("home/f"), NOBODY).unwrap(), b"hello");
+        assert_eq!(stat(s(&base.join("home/f")), NOBODY).unwrap().size, 5);
+    }
+
+    #[test]
+    fn removes_renames_and_mkdirs_as_an_account_need_its_own_permissions() {
+        let (_d, base) = tree();
+        fs::write(base.join("etc/passwd"), b"root").unwrap();
+        denied(remove(s(&base.join("home/cfg/passwd")), false, NOBODY));
+        denied(rename(s(&base.join("etc/passwd")), s(&base.join("home/stolen")), NOBODY));
+        denied(mkdir(s(&base.join("home/cfg/sub")), true, NOBODY));
+        assert!(base.join("etc/passwd").exists() && !base.join("etc/sub").exists());
+        mkdir(s(&base.join("home/d")), false, NOBODY).unwrap();
+        assert_eq!(fs::metadata(base.join("home/d")).unwrap().uid(), 65534);
+        rename(s(&base.join("home/d")), s(&base.join("home/e")), NOBODY).unwrap();
+        remove(s(&base.join("home/e")), false, NOBODY).unwrap();
+        assert!(!base.join("home/e").exists());
+    }
+
+    #[test]
+    fn only_the_thread_acting_as_an_account_loses_roots_access() {
+        let (_d, base) = tree();
+        let secret = base.join("private/secret");
+        let (acting_tx, acting_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let other = std::thread::spawn(move || {
+            as_user(NOBODY, || {
+                acting_tx.send(()).unwrap();
+                done_rx.recv().unwrap();
+                Ok(())
+            })
+        });
+        acting_rx.recv().unwrap();
+        assert_eq!(read_as(&secret, None).unwrap(), b"root only");
+        done_tx.send(()).unwrap();
+        other.join().unwrap().unwrap();
+        // The thread that acted is root again after the call.
+        denied(as_user(NOBODY, || read_as(&secret, None)));
+        assert_eq!(as_user(None, || read_as(&secret, None)).unwrap(), b"root only");
+    }
 }

@@ -279,34 +279,33 @@ impl Agent {
                 watch::watch(&path, recursive, token, &mut |c| emit(&Response::Data, c))
                     .map(|size| Response::FileEnd { size })
             }
-            Request::ReadFile { path, max } => {
-                files::read(&path, max, token, &mut |c| emit(&Response::Data, c))
+            Request::ReadFile { path, max, user } => {
+                files::read(&path, max, user.as_deref(), token, &mut |c| emit(&Response::Data, c))
                     .map(|size| Response::FileEnd { size })
             }
-            Request::WriteFile { path, mode, append, parents, owner } => match stream {
+            Request::WriteFile { path, mode, append, parents, user } => match stream {
                 Some(rx) => {
-                    let owner = owner.as_deref();
-                    files::write(
-                        &files::WriteTarget { path: &path, mode, append, parents, owner },
-                        &rx,
-                        token,
-                    )
-                    .map(|size| Response::Written { size })
+                    let user = user.as_deref();
+                    files::write(&files::WriteTarget { path: &path, mode, append, parents, user }, &rx, token)
+                        .map(|size| Response::Written { size })
                 }
                 None => Err(Failure::new(ErrorCode::BadRequest, "write_file needs a data stream")),
             },
-            Request::ListDir { path } => {
-                files::list(&path).map(|(entries, truncated)| Response::Entries { entries, truncated })
-            }
-            Request::Stat { path } => files::stat(&path).map(Response::Stat),
+            Request::ListDir { path, user } => files::list(&path, user.as_deref())
+                .map(|(entries, truncated)| Response::Entries { entries, truncated }),
+            Request::Stat { path, user } => files::stat(&path, user.as_deref()).map(Response::Stat),
             Request::Walk { path, exclude } => {
                 files::walk(&path, &exclude, token, &mut |c| emit(&Response::Data, c))
                     .map(|size| Response::FileEnd { size })
             }
-            Request::Remove { path, recursive } => files::remove(&path, recursive).map(|()| Response::Ok),
-            Request::Rename { from, to } => files::rename(&from, &to).map(|()| Response::Ok),
-            Request::Mkdir { path, parents, owner } => {
-                files::mkdir(&path, parents, owner.as_deref()).map(|()| Response::Ok)
+            Request::Remove { path, recursive, user } => {
+                files::remove(&path, recursive, user.as_deref()).map(|()| Response::Ok)
+            }
+            Request::Rename { from, to, user } => {
+                files::rename(&from, &to, user.as_deref()).map(|()| Response::Ok)
+            }
+            Request::Mkdir { path, parents, user } => {
+                files::mkdir(&path, parents, user.as_deref()).map(|()| Response::Ok)
             }
             _ => Err(Failure::new(ErrorCode::BadRequest, "this operation is handled elsewhere")),
         };

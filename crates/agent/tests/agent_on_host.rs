@@ -319,7 +319,7 @@ fn a_cancelled_read_stops_streaming() {
     let p = dir.path().join("huge");
     let size = 64u64 << 30;
     std::fs::File::create(&p).unwrap().set_len(size).unwrap();
-    send(&mut a, 50, &Request::ReadFile { path: p.to_str().unwrap().to_string(), max: None });
+    send(&mut a, 50, &Request::ReadFile { path: p.to_str().unwrap().to_string(), max: None, user: None });
     let first = read_frame::<Response, _>(a.client.stream_mut()).unwrap().unwrap();
     assert_eq!((first.id, first.msg), (50, Response::Data));
     send(&mut a, 50, &Request::Cancel);
@@ -383,6 +383,8 @@ fn commands_and_files_take_an_account_of_the_passwd_file() {
 
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap().to_string();
+    // The account writes only where it may: a directory open to all.
+    std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
     let owner = |p: &str| std::fs::symlink_metadata(p).unwrap().uid();
     a.client
         .write_file_as(&format!("{d}/made/f"), &mut &b"x"[..], None, false, true, Some("nobody"))

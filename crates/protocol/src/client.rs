@@ -451,7 +451,19 @@ impl<S: Transport> AgentClient<S> {
     /// Streams a file of at most `max` bytes into `sink`; returns its size. The agent refuses
     /// a larger file up front; a stream that goes past `max` anyway ends the call.
     pub fn read_file_max(&mut self, path: &str, sink: &mut dyn Write, max: u64) -> Result<u64, ClientError> {
-        let r = self.read_file_unchecked(path, sink, max);
+        self.read_file_as(path, sink, max, None)
+    }
+
+    /// Like [`Self::read_file_max`], the file opened as the image's account `user` (root when
+    /// `None`): what the account may not read is refused.
+    pub fn read_file_as(
+        &mut self,
+        path: &str,
+        sink: &mut dyn Write,
+        max: u64,
+        user: Option<&str>,
+    ) -> Result<u64, ClientError> {
+        let r = self.read_file_unchecked(path, sink, max, user);
         self.checked(r)
     }
 
@@ -460,8 +472,11 @@ impl<S: Transport> AgentClient<S> {
         path: &str,
         sink: &mut dyn Write,
         max: u64,
+        user: Option<&str>,
     ) -> Result<u64, ClientError> {
-        let id = self.send(Request::ReadFile { path: path.to_string(), max: Some(max) }, Vec::new())?;
+        let req =
+            Request::ReadFile { path: path.to_string(), max: Some(max), user: user.map(str::to_string) };
+        let id = self.send(req, Vec::new())?;
         let mut budget = Budget::new("the file's data", max);
         loop {
             let f = self.recv(id)?;
@@ -501,8 +516,9 @@ impl<S: Transport> AgentClient<S> {
         self.write_file_as(path, src, mode, append, parents, None)
     }
 
-    /// Like [`Self::write_file`], the file and the directories made for it owned by the
-    /// image's account `owner` (root when `None`).
+    /// Like [`Self::write_file`], written as the image's account `user` (root when `None`):
+    /// the file and the directories made for it are the account's, and what the account may
+    /// not write is refused.
     pub fn write_file_as(
         &mut self,
         path: &str,
@@ -510,11 +526,11 @@ impl<S: Transport> AgentClient<S> {
         mode: Option<u32>,
         append: bool,
         parents: bool,
-        owner: Option<&str>,
+        user: Option<&str>,
     ) -> Result<u64, ClientError> {
-        let owner = owner.map(str::to_string);
+        let user = user.map(str::to_string);
         let id = self
-            .send(Request::WriteFile { path: path.to_string(), mode, append, parents, owner }, Vec::new())?;
+            .send(Request::WriteFile { path: path.to_string(), mode, append, parents, user }, Vec::new())?;
         self.send_stream(id, src)?;
         match self.recv(id)?.msg {
             Response::Written { size } => Ok(size),
@@ -524,7 +540,13 @@ impl<S: Transport> AgentClient<S> {
 
     /// Lists a directory.
     pub fn list_dir(&mut self, path: &str) -> Result<Vec<FileStat>, ClientError> {
-        match self.call(Request::ListDir { path: path.to_string() }, Vec::new())? {
+        self.list_dir_as(path, None)
+    }
+
+    /// Lists a directory as the image's account `user` (root when `None`).
+    pub fn list_dir_as(&mut self, path: &str, user: Option<&str>) -> Result<Vec<FileStat>, ClientError> {
+        let req = Request::ListDir { path: path.to_string(), user: user.map(str::to_string) };
+        match self.call(req, Vec::new())? {
             Response::Entries { entries, .. } => Ok(entries),
             other => Err(unexpected(other)),
         }
@@ -588,7 +610,14 @@ impl<S: Transport> AgentClient<S> {
 
     /// Stats a path.
     pub fn stat(&mut self, path: &str) -> Result<FileStat, ClientError> {
-        match self.call(Request::Stat { path: path.to_string() }, Vec::new())? {
+        self.stat_as(path, None)
+    }
+
+    /// Stats a path as the image's account `user` (root when `None`).
+    pub fn stat_as(&mut self, path: &str, user: Option<&str>) -> Result<FileStat, ClientError> {
+        match self
+            .call(Request::Stat { path: path.to_string(), user: user.map(str::to_string) }, Vec::new())?
+        {
             Response::Stat(s) => Ok(s),
             other => Err(unexpected(other)),
         }
@@ -596,12 +625,25 @@ impl<S: Transport> AgentClient<S> {
 
     /// Removes a path.
     pub fn remove(&mut self, path: &str, recursive: bool) -> Result<(), ClientError> {
-        expect_ok(self.call(Request::Remove { path: path.to_string(), recursive }, Vec::new())?)
+        self.remove_as(path, recursive, None)
+    }
+
+    /// Removes a path as the image's account `user` (root when `None`).
+    pub fn remove_as(&mut self, path: &str, recursive: bool, user: Option<&str>) -> Result<(), ClientError> {
+        let req = Request::Remove { path: path.to_string(), recursive, user: user.map(str::to_string) };
+        expect_ok(self.call(req, Vec::new())?)
     }
 
     /// Renames a path.
     pub fn rename(&mut self, from: &str, to: &str) -> Result<(), ClientError> {
-        expect_ok(self.call(Request::Rename { from: from.to_string(), to: to.to_string() }, Vec::new())?)
+        self.rename_as(from, to, None)
+    }
+
+    /// Renames a path as the image's account `user` (root when `None`).
+    pub fn rename_as(&mut self, from: &str, to: &str, user: Option<&str>) -> Result<(), ClientError> {
+        let req =
+            Request::Rename { from: from.to_string(), to: to.to_string(), user: user.map(str::to_string) };
+        expect_ok(self.call(req, Vec::new())?)
     }
 
     /// Creates a directory.
@@ -609,10 +651,10 @@ impl<S: Transport> AgentClient<S> {
         self.mkdir_as(path, parents, None)
     }
 
-    /// Like [`Self::mkdir`], the directories created owned by the image's account `owner`.
-    pub fn mkdir_as(&mut self, path: &str, parents: bool, owner: Option<&str>) -> Result<(), ClientError> {
-        let owner = owner.map(str::to_string);
-        expect_ok(self.call(Request::Mkdir { path: path.to_string(), parents, owner }, Vec::new())?)
+    /// Like [`Self::mkdir`], made as the image's account `user` (root when `None`).
+    pub fn mkdir_as(&mut self, path: &str, parents: bool, user: Option<&str>) -> Result<(), ClientError> {
+        let user = user.map(str::to_string);
+        expect_ok(self.call(Request::Mkdir { path: path.to_string(), parents, user }, Vec::new())?)
     }
 
     /// Powers a microVM's guest off (or restarts it) once its disks are synced.

@@ -205,6 +205,11 @@ pub enum Request {
         /// Refuse a file larger than this many bytes.
         #[serde(default)]
         max: Option<u64>,
+        /// The image's account to act as (from its `/etc/passwd`): the agent's thread takes its
+        /// filesystem ids, so the kernel allows what the account's commands could do and what
+        /// is created is the account's. The agent's own (root) when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
     },
     /// Write a file from the `data` frames that follow, ended by `eof`. Replaces the file
     /// atomically unless `append`.
@@ -220,15 +225,22 @@ pub enum Request {
         /// Create missing parent directories.
         #[serde(default)]
         parents: bool,
-        /// The image's account that owns the file and the directories created for it; root
-        /// when absent.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        owner: Option<String>,
+        /// The image's account to act as (from its `/etc/passwd`): the agent's thread takes its
+        /// filesystem ids, so the kernel allows what the account's commands could do and what
+        /// is created is the account's. The agent's own (root) when absent. Older hosts sent it
+        /// as `owner`.
+        #[serde(default, alias = "owner", skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
     },
     /// List a directory.
     ListDir {
         /// Absolute path.
         path: String,
+        /// The image's account to act as (from its `/etc/passwd`): the agent's thread takes its
+        /// filesystem ids, so the kernel allows what the account's commands could do and what
+        /// is created is the account's. The agent's own (root) when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
     },
     /// Walk a directory tree (without following symlinks), streaming one JSON [`FileStat`] per
     /// line (with full paths) in `data` frames, then `file_end` with the entry count.
@@ -243,6 +255,11 @@ pub enum Request {
     Stat {
         /// Absolute path.
         path: String,
+        /// The image's account to act as (from its `/etc/passwd`): the agent's thread takes its
+        /// filesystem ids, so the kernel allows what the account's commands could do and what
+        /// is created is the account's. The agent's own (root) when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
     },
     /// Remove a file, or a directory (`recursive` for a non-empty one).
     Remove {
@@ -251,6 +268,11 @@ pub enum Request {
         /// Remove a directory tree.
         #[serde(default)]
         recursive: bool,
+        /// The image's account to act as (from its `/etc/passwd`): the agent's thread takes its
+        /// filesystem ids, so the kernel allows what the account's commands could do and what
+        /// is created is the account's. The agent's own (root) when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
     },
     /// Rename a path.
     Rename {
@@ -258,6 +280,11 @@ pub enum Request {
         from: String,
         /// Absolute destination path.
         to: String,
+        /// The image's account to act as (from its `/etc/passwd`): the agent's thread takes its
+        /// filesystem ids, so the kernel allows what the account's commands could do and what
+        /// is created is the account's. The agent's own (root) when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
     },
     /// Create a directory.
     Mkdir {
@@ -266,9 +293,12 @@ pub enum Request {
         /// Create missing parents; no error if it exists.
         #[serde(default)]
         parents: bool,
-        /// The image's account that owns the directories created; root when absent.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        owner: Option<String>,
+        /// The image's account to act as (from its `/etc/passwd`): the agent's thread takes its
+        /// filesystem ids, so the kernel allows what the account's commands could do and what
+        /// is created is the account's. The agent's own (root) when absent. Older hosts sent it
+        /// as `owner`.
+        #[serde(default, alias = "owner", skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
     },
     /// Stop every outgoing frame at a frame boundary (before a checkpoint).
     Freeze,
