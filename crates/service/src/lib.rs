@@ -8,6 +8,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod backups;
 pub mod config;
 pub mod db;
 pub mod e2b;

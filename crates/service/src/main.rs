@@ -3,7 +3,7 @@
 use anyhow::Context;
 use branchbox_service::auth::Tokens;
 use branchbox_service::serve::{self, ServeLimits};
-use branchbox_service::{api, ttl, AppState, ServiceConfig};
+use branchbox_service::{api, backups, ttl, AppState, ServiceConfig};
 use clap::Parser;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -94,6 +94,9 @@ fn main() -> anyhow::Result<()> {
         );
         None
     };
+    // A corrupt store is refused before anything writes to it (the message names the backup).
+    let dbs = backups::databases(&cfg.engine.data_dir, &service_dir);
+    backups::check(&dbs).map_err(anyhow::Error::msg).context("checking the metadata databases")?;
     let st = AppState::open(cfg, tokens).context("opening the data directory")?;
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve(st, listener))
 }
@@ -112,6 +115,8 @@ async fn serve(st: AppState, listener: std::net::TcpListener) -> anyhow::Result<
     tracing::info!("branchboxd serving {} at {url}", st.cfg.engine.data_dir.display());
     tokio::spawn(ttl::run(st.clone()));
     tokio::spawn(branchbox_service::pool::run(st.clone()));
+    let dbs = backups::databases(&st.cfg.engine.data_dir, &st.cfg.service_dir());
+    tokio::spawn(backups::run(dbs.clone()));
     let (router, _) = api::router(st.clone());
     let limits =
         ServeLimits { header_timeout: st.cfg.header_timeout, max_connections: st.cfg.max_connections };
@@ -127,6 +132,7 @@ async fn serve(st: AppState, listener: std::net::TcpListener) -> anyhow::Result<
         Ok(Err(e)) => tracing::warn!("cannot end the restore shells: {e}"),
         _ => {}
     }
+    let _ = tokio::task::spawn_blocking(move || backups::backup_changed(&dbs)).await;
     // Only our own URL is removed: another branchboxd may have started on this directory since.
     if std::fs::read_to_string(&url_file).is_ok_and(|u| u.trim() == url) {
         let _ = std::fs::remove_file(&url_file);

@@ -24,6 +24,7 @@
 use rusqlite::{Connection, OpenFlags};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 /// How long a connection waits for another process's write lock before failing.
@@ -156,7 +157,13 @@ pub fn backup(path: &Path) -> Result<(), String> {
             .map_err(|e| explain(path, &e))?;
     src.busy_timeout(BUSY_TIMEOUT).map_err(|e| explain(path, &e))?;
     let dest = backup_path(path);
-    let tmp = sibling(path, ".backup-new");
+    // A name of this copy's own: branchboxd and a command may back up the same file at once,
+    // and each rename then puts one whole, checked copy in place.
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let tmp = sibling(
+        path,
+        &format!(".backup-new-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)),
+    );
     let _ = std::fs::remove_file(&tmp);
     make_private(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
     let copied = (|| -> rusqlite::Result<Vec<String>> {
