@@ -256,7 +256,16 @@ pub enum Cmd {
         snapshot: String,
     },
     /// List sandboxes.
-    Ls,
+    Ls {
+        /// Also list the restore shells (sandboxes started ahead of time for forks; docs/architecture.md).
+        #[arg(long)]
+        all: bool,
+    },
+    /// The data directory's metadata databases: check, back up, restore.
+    Store {
+        #[command(subcommand)]
+        command: StoreCmd,
+    },
     /// Pause a sandbox.
     Pause {
         /// Sandbox id.
@@ -307,6 +316,21 @@ pub struct TravelArgs {
     /// A short version for CI.
     #[arg(long)]
     pub short: bool,
+}
+
+/// `branchbox store` subcommands (docs/architecture.md, "Metadata store").
+#[derive(Debug, Subcommand)]
+pub enum StoreCmd {
+    /// Run SQLite's structural check over meta.db and service/service.db; exits 1 when one is corrupt.
+    Check,
+    /// Copy each database to `<name>.backup` now (branchboxd and every command do it after changes).
+    Backup,
+    /// Put each corrupt database's backup back (the corrupt file is kept beside it); stop branchboxd first.
+    Restore {
+        /// Restore even databases that pass their check, and even when branchboxd's url file is present.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 /// Ref subcommands.

@@ -17,6 +17,10 @@ pub fn run(cli: Cli) -> Result<i32> {
     if let Cmd::Doctor = cli.command {
         return doctor(&cfg, json);
     }
+    // Before the engine opens the store: these work on a store that it would refuse.
+    if let Cmd::Store { command } = cli.command {
+        return crate::store::run(&cfg.data_dir, command, json);
+    }
     // Guest artifacts live in the image cache only: no data directory, no service.
     if let Cmd::Guest { command } = &cli.command {
         return crate::guest::run(&cfg, command, json);
@@ -35,19 +39,28 @@ pub fn run(cli: Cli) -> Result<i32> {
     if let Some(code) = crate::remote::run(&cli)? {
         return Ok(code);
     }
+    let data_dir = cfg.data_dir.clone();
     let engine = Engine::open(cfg)?;
     recover(&engine);
-    match cli.command {
-        Cmd::Doctor | Cmd::Guest { .. } | Cmd::Vm { .. } | Cmd::Mcp => unreachable_early(),
-        Cmd::Image { command } => crate::image::run(&engine, command, json),
-        Cmd::Run { create, exec } => run_once(&engine, &create, &exec, json),
+    let code = run_local(&engine, cli.command, json);
+    drop(engine);
+    crate::store::backup_changed(&data_dir);
+    code
+}
+
+/// Runs a command that needs the engine.
+fn run_local(engine: &Engine, command: Cmd, json: bool) -> Result<i32> {
+    match command {
+        Cmd::Doctor | Cmd::Store { .. } | Cmd::Guest { .. } | Cmd::Vm { .. } | Cmd::Mcp => unreachable_early(),
+        Cmd::Image { command } => crate::image::run(engine, command, json),
+        Cmd::Run { create, exec } => run_once(engine, &create, &exec, json),
         Cmd::Create { create } => {
-            let s = create_sandbox(&engine, &create)?;
+            let s = create_sandbox(engine, &create)?;
             print(json, &s, || s.id.to_string());
             Ok(0)
         }
-        Cmd::Template { command } => crate::template::run(&engine, command, json),
-        Cmd::Exec { id, exec } => run_command(&engine, &parse_id(&id)?, &exec, json),
+        Cmd::Template { command } => crate::template::run(engine, command, json),
+        Cmd::Exec { id, exec } => run_command(engine, &parse_id(&id)?, &exec, json),
         Cmd::Spawn { id, exec } => {
             let id = parse_id(&id)?;
             let mut spec = spec(&exec)?;
@@ -75,11 +88,11 @@ pub fn run(cli: Cli) -> Result<i32> {
             });
             Ok(0)
         }
-        Cmd::Files { command } => files(&engine, command, json),
-        Cmd::Fork { id, count } => fork(&engine, &parse_id(&id)?, count, json),
-        Cmd::Host { id, port } => crate::network::host_cmd(&engine, &parse_id(&id)?, port, json),
+        Cmd::Files { command } => files(engine, command, json),
+        Cmd::Fork { id, count } => fork(engine, &parse_id(&id)?, count, json),
+        Cmd::Host { id, port } => crate::network::host_cmd(engine, &parse_id(&id)?, port, json),
         Cmd::Egress { id, internet, allow, deny_all } => {
-            crate::network::egress_cmd(&engine, &parse_id(&id)?, crate::network::policy(internet, &allow, deny_all)?, json)
+            crate::network::egress_cmd(engine, &parse_id(&id)?, crate::network::policy(internet, &allow, deny_all)?, json)
         }
         Cmd::Snapshot { id, name, ttl } => {
             let opts = SnapshotOptions {
@@ -111,9 +124,9 @@ pub fn run(cli: Cli) -> Result<i32> {
             print(json, &forest, || branchbox_core::lineage::render(&forest));
             Ok(0)
         }
-        Cmd::Ref { command } => refs(&engine, command, json),
+        Cmd::Ref { command } => refs(engine, command, json),
         Cmd::Diff { from, to } => {
-            let d = branchbox_core::diff::diff(&engine, &from, &to)?;
+            let d = branchbox_core::diff::diff(engine, &from, &to)?;
             print(json, &d, || {
                 let mut lines: Vec<String> = d.added.iter().map(|p| format!("A {}", clean(p))).collect();
                 lines.extend(d.changed.iter().map(|p| format!("M {}", clean(p))));
@@ -123,7 +136,7 @@ pub fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Cmd::Gc { dry_run } => {
-            let r = branchbox_core::gc::collect(&engine, dry_run)?;
+            let r = branchbox_core::gc::collect(engine, dry_run)?;
             print(json, &r, || {
                 let verb = if r.dry_run { "would free" } else { "freed" };
                 format!(
@@ -173,34 +186,22 @@ pub fn run(cli: Cli) -> Result<i32> {
             print(json, &started, || started.sandbox.id.to_string());
             Ok(0)
         }
-        Cmd::Ls => {
+        Cmd::Ls { all: with_shells } => {
             let all = engine.list()?;
-            print(json, &all, || {
-                all.iter()
-                    .map(|v| {
-                        let line = format!(
-                            "{}  {:<8} {:<8} {}",
-                            v.sandbox.id,
-                            v.sandbox.backend.as_str(),
-                            v.sandbox.state.as_str(),
-                            v.sandbox
-                                .parent_snapshot
-                                .as_ref()
-                                .map(|p| format!("from {p}"))
-                                .unwrap_or_default()
-                        );
-                        let line = match &v.lost_reason {
-                            Some(why) => format!("{line} ({why})"),
-                            None => line,
-                        };
-                        match &v.flagged {
-                            Some(why) => format!("{line} [flagged: {}]", clean(why)),
-                            None => line,
-                        }
-                    })
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            });
+            if with_shells {
+                let shells = engine.shells();
+                let v = serde_json::json!({"sandboxes": all, "shells": shells});
+                print(json, &v, || {
+                    let mut lines = ls_lines(&all);
+                    lines.extend(shells.iter().map(|s| {
+                        let state = if s.ready { "ready" } else { "starting" };
+                        format!("{}  gvisor   shell    {state} (restore shell for forks of kind {})", s.id, s.key)
+                    }));
+                    lines.join("\n")
+                });
+                return Ok(0);
+            }
+            print(json, &all, || ls_lines(&all).join("\n"));
             Ok(0)
         }
         Cmd::Pause { id } => {
@@ -217,7 +218,7 @@ pub fn run(cli: Cli) -> Result<i32> {
             engine.kill(&parse_id(id)?)?;
             Ok(vec![id.to_string()])
         }),
-        Cmd::Bench { command } => bench_cmd(&engine, command, json),
+        Cmd::Bench { command } => bench_cmd(engine, command, json),
         Cmd::Pool { .. } => bail!(
             "pools are kept by the branchbox service and none answers for this data directory; start branchboxd \
              (or set BRANCHBOX_URL and BRANCHBOX_TOKEN to reach one)"
@@ -237,6 +238,29 @@ fn recover(engine: &Engine) {
         Ok(_) => {}
         Err(e) => eprintln!("branchbox: could not reconcile sandboxes with their records: {e}"),
     }
+}
+
+/// One line per sandbox, as `branchbox ls` prints them.
+fn ls_lines(all: &[branchbox_core::SandboxView]) -> Vec<String> {
+    all.iter()
+        .map(|v| {
+            let line = format!(
+                "{}  {:<8} {:<8} {}",
+                v.sandbox.id,
+                v.sandbox.backend.as_str(),
+                v.sandbox.state.as_str(),
+                v.sandbox.parent_snapshot.as_ref().map(|p| format!("from {p}")).unwrap_or_default()
+            );
+            let line = match &v.lost_reason {
+                Some(why) => format!("{line} ({why})"),
+                None => line,
+            };
+            match &v.flagged {
+                Some(why) => format!("{line} [flagged: {}]", clean(why)),
+                None => line,
+            }
+        })
+        .collect()
 }
 
 /// Runs `act` on every target, even after one fails: reports each failure on stderr (and in
@@ -521,6 +545,11 @@ fn doctor(cfg: &Config, json: bool) -> Result<i32> {
         branchbox_gvisor::GvisorBackend::new(cfg.runsc.clone(), cfg.data_dir.join("runsc"), cfg.shim.clone());
     let runsc = gv.check();
     let exposed = exposed_data_dir(&cfg.data_dir);
+    let stores = crate::store::check_all(&cfg.data_dir);
+    let store_json: Vec<_> = stores
+        .iter()
+        .map(|(db, r)| serde_json::json!({"file": db, "ok": r.is_ok(), "error": r.as_ref().err()}))
+        .collect();
     let v = serde_json::json!({
         "kvm": kvm,
         "linux_microvm": {"usable": blocker.is_none(), "why_not": blocker},
@@ -529,12 +558,13 @@ fn doctor(cfg: &Config, json: bool) -> Result<i32> {
         "auto": {"backend": auto, "why": why},
         "data_dir": cfg.data_dir,
         "data_dir_private": {"private": exposed.is_none(), "why_not": exposed},
+        "metadata": store_json,
         "agent": cfg.agent,
     });
     print(json, &v, || {
         let mut lines = vec![format!("kvm:           {:?} ({})", kvm.kind, kvm.detail)];
         lines.push(match &blocker {
-            None => "linux microvm: usable with --backend microvm (no snapshots or fork yet)".into(),
+            None => "linux microvm: usable with --backend microvm".into(),
             Some(w) => format!("linux microvm: not usable: {w}"),
         });
         lines.push(match &runsc {
@@ -546,9 +576,16 @@ fn doctor(cfg: &Config, json: bool) -> Result<i32> {
         if let Some(why) = &exposed {
             lines.push(format!("warning:       {why}"));
         }
+        for (db, r) in &stores {
+            lines.push(match r {
+                Ok(()) => format!("metadata:      {} passes its check", db.display()),
+                Err(e) => format!("metadata:      {e}"),
+            });
+        }
         lines.join("\n")
     });
-    Ok(if runsc.is_ok() || blocker.is_none() { 0 } else { 1 })
+    let sound = stores.iter().all(|(_, r)| r.is_ok());
+    Ok(if sound && (runsc.is_ok() || blocker.is_none()) { 0 } else { 1 })
 }
 
 /// Why other users can reach the data directory (it holds checkpoint images, which are

@@ -159,7 +159,7 @@ pub fn run(cli: &Cli) -> Result<Option<i32>> {
             out(&v, str_of(&v, "id"));
         }
         Cmd::Exec { id, exec } => return exec_remote(&svc, id, exec, cli.json).map(Some),
-        Cmd::Ls => {
+        Cmd::Ls { all: false } => {
             let v = svc.json("GET", "/v1/sandboxes", None)?;
             let lines: Vec<String> = v
                 .as_array()

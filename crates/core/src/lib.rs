@@ -22,6 +22,6 @@ pub mod lineage;
 pub use branchbox_image::DEFAULT_IMAGE;
 pub use config::Config;
 pub use engine::{
-    BackendChoice, BuildEvent, Built, Engine, ForkOutcome, SandboxView, SnapshotOptions, Started, StepRecord,
-    Template, TemplateStatus,
+    BackendChoice, BuildEvent, Built, Engine, ForkOutcome, SandboxView, ShellInfo, SnapshotOptions, Started,
+    StepRecord, Template, TemplateStatus,
 };

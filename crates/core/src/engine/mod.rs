@@ -27,6 +27,7 @@ mod timeline;
 
 pub use lock::DataLock;
 pub use recover::{LostSandbox, ReconcileReport};
+pub use shells::ShellInfo;
 pub use storage::FileAt;
 pub use template::{BuildEvent, Built, StepRecord, Template, TemplateStatus};
 pub use timeline::{command_text, TimelineEntry};

@@ -176,10 +176,11 @@ impl Engine {
     /// [`Engine::reconcile`] for a caller that holds the exclusive lock already (gc).
     pub fn reconcile_held(&self, _exclusive: &DataLock) -> Result<ReconcileReport> {
         let mut r = ReconcileReport::default();
-        let recorded: BTreeSet<String> =
-            self.store.sandboxes()?.into_iter().map(|s| s.id.to_string()).collect();
-        // Shells that died or never came up go first; the rest are not debris.
-        self.end_shells(false);
+        let sandboxes = self.store.sandboxes()?;
+        let recorded: BTreeSet<String> = sandboxes.iter().map(|s| s.id.to_string()).collect();
+        // Shells that died, never came up or outlived every sandbox of their kind go first;
+        // the rest are not debris.
+        self.end_unneeded_shells(&sandboxes);
         let shells = self.shell_ids();
         for name in names(&self.cfg.data_dir.join("sandboxes")) {
             if recorded.contains(&name) || shells.contains(&name) {

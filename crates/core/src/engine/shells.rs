@@ -12,11 +12,12 @@
 
 use super::Engine;
 use branchbox_gvisor::shim::{Shell, SHELL_CLAIMED, SHELL_STARTING as STARTING};
-use branchbox_model::{Backend, BackendKind, Limits, Result, Sandbox, SandboxId};
+use branchbox_model::{Backend, BackendKind, Limits, Result, Sandbox, SandboxId, SandboxState};
+use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 /// A shell still not ready after this long (its shim gone or stuck) is ended by the next
 /// reconciliation.
@@ -150,13 +151,60 @@ impl Engine {
         keys.flatten().flat_map(|k| markers(&k.path())).map(|m| m.id.to_string()).collect()
     }
 
+    /// Every shell, ready or starting, with the kind (key) of sandbox it is for.
+    pub fn shells(&self) -> Vec<ShellInfo> {
+        let Ok(keys) = std::fs::read_dir(self.shells_root()) else { return Vec::new() };
+        keys.flatten()
+            .flat_map(|k| {
+                let key = k.file_name().to_string_lossy().into_owned();
+                markers(&k.path()).into_iter().map(move |m| ShellInfo {
+                    id: m.id,
+                    key: key.clone(),
+                    ready: m.ready,
+                })
+            })
+            .collect()
+    }
+
     /// Ends shells: every one when `all`, else only those whose shim no longer answers or that
     /// never became ready. Each is claimed first, so no fork can take it meanwhile. Returns
     /// the ids ended.
     pub fn end_shells(&self, all: bool) -> Vec<SandboxId> {
+        self.end_shells_where(|_| all)
+    }
+
+    /// Ends, besides the stale ones, every shell of a kind that no sandbox in `live` has been
+    /// of for the configured idle time: a kill of the last sandbox of a kind leaves its shells
+    /// at most that long. A kind still in use has its directory's time set to now.
+    pub(crate) fn end_unneeded_shells(&self, live: &[Sandbox]) -> Vec<SandboxId> {
+        let needed: BTreeSet<String> = live
+            .iter()
+            .filter(|s| s.state != SandboxState::Lost)
+            .filter_map(|s| {
+                let rootfs = self.image_rootfs(&s.image).ok()?;
+                self.shell_key(s, &rootfs).ok().flatten()
+            })
+            .collect();
+        let idle = self.cfg.shell_idle;
+        self.end_shells_where(|dir| {
+            if dir.file_name().is_some_and(|k| needed.contains(k.to_string_lossy().as_ref())) {
+                let _ = std::fs::File::open(dir).and_then(|d| d.set_modified(SystemTime::now()));
+                return false;
+            }
+            std::fs::metadata(dir)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age >= idle)
+        })
+    }
+
+    /// Ends the stale shells, and every shell of each key directory for which `whole` says so.
+    fn end_shells_where(&self, whole: impl Fn(&Path) -> bool) -> Vec<SandboxId> {
         let mut ended = Vec::new();
         let Ok(keys) = std::fs::read_dir(self.shells_root()) else { return ended };
         for key in keys.flatten() {
+            let all = whole(&key.path());
             for m in markers(&key.path()) {
                 let dir = self.sandbox_dir(&m.id);
                 let stale = if m.ready {
@@ -189,6 +237,17 @@ impl Engine {
         }
         ended
     }
+}
+
+/// A restore shell as [`Engine::shells`] lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShellInfo {
+    /// The id of the child it will become.
+    pub id: SandboxId,
+    /// The kind of sandbox whose forks it takes (its image's root filesystem and limits).
+    pub key: String,
+    /// Whether it is ready to be claimed (else still starting).
+    pub ready: bool,
 }
 
 #[cfg(test)]
