@@ -9,6 +9,7 @@ pub mod dns;
 mod exec;
 pub mod learned;
 pub mod policy;
+pub mod ports;
 pub mod record;
 mod sandbox;
 mod slots;

@@ -245,6 +245,7 @@ impl NetConfig {
         sysctl_in(&n.router_ns, "/proc/sys/net/ipv4/ip_forward", "1")?;
         let table = policy::router_table(egress, self.pool, GATEWAY, GUEST_ADDR);
         run("nft", &["-f", "-"], &table, Some(&n.router_ns), "load the sandbox's egress policy")?;
+        self.ports(slot.router, false)?;
         if self.uplink == Uplink::Host {
             self.host_uplink()?;
         }
@@ -280,6 +281,31 @@ impl NetConfig {
         run("nft", &["-f", "-"], &table, None, "load the host's uplink NAT")?;
         std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
             .map_err(|e| Error::Io { path: PathBuf::from("/proc/sys/net/ipv4/ip_forward"), source: e })
+    }
+
+    /// Runs `text` through `nft` on the uplink's far side (the host, or the uplink namespace).
+    fn uplink_nft(&self, text: &str, what: &str) -> Result<String> {
+        match self.uplink_ns() {
+            Some(ns) => run("nft", &["-f", "-"], text, Some(ns), what),
+            None => run("nft", &["-f", "-"], text, None, what),
+        }
+    }
+
+    /// Lets every local user reach `router`'s ports (`open`), or only root and this process's
+    /// user, the service's (`crate::ports`).
+    fn ports(&self, router: Ipv4Addr, open: bool) -> Result<()> {
+        // SAFETY: geteuid(2) cannot fail.
+        let me = unsafe { libc::geteuid() };
+        let text = crate::ports::rules(self.pool, &[0, me], router, open);
+        self.uplink_nft(&text, "limit who reaches the sandbox's ports").map(drop)
+    }
+
+    /// Opens sandbox `id`'s exposed ports to every local user of the host (`open`), or closes
+    /// them again to all but root and the service's user, the default of every new network.
+    /// The service's token-protected proxy reaches them either way.
+    pub fn open_ports(&self, id: &str, open: bool) -> Result<()> {
+        let router = self.address(id)?;
+        self.ports(router, open)
     }
 
     /// Gives sandbox `id`'s guest interface its address and default route again. runsc takes
@@ -381,6 +407,11 @@ impl NetConfig {
             if std::path::Path::new(NETNS_DIR).join(ns).exists() {
                 run("ip", &["netns", "del", ns], "", None, "remove the sandbox's namespace")?;
             }
+        }
+        if let Some(slot) = slots::find(&self.state_dir, self.pool, id) {
+            // Best effort: the table is missing when no network was ever set up here, and the
+            // next sandbox of this slot resets its element anyway.
+            let _ = self.uplink_nft(&crate::ports::forget(slot.router), "forget the sandbox's open ports");
         }
         slots::release(&self.state_dir, id)?;
         match std::fs::remove_file(self.owner_file(&n)) {
