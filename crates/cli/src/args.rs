@@ -55,7 +55,7 @@ pub struct CreateArgs {
     pub pids: Option<u32>,
     /// Start from this template's last build (`branchbox template ls`); its env, workdir and
     /// user apply to every command. Limits, image and backend come from the template.
-    #[arg(long, conflicts_with_all = ["memory", "cpus", "pids", "image", "network", "allow", "deny_all"])]
+    #[arg(long, conflicts_with_all = ["memory", "cpus", "pids", "image", "network", "allow", "deny_all", "open_ports"])]
     pub template: Option<String>,
     /// Give the sandbox a network: public internet allowed; private ranges,
     /// link-local and the cloud metadata address refused (docs/network.md).
@@ -68,6 +68,11 @@ pub struct CreateArgs {
     /// A network that reaches nothing (its policy can be changed later); implies --network.
     #[arg(long)]
     pub deny_all: bool,
+    /// Open the sandbox's exposed ports to every local user of the host at `branchbox host`'s
+    /// address; without it only root and the service's user reach them there, everyone else
+    /// through the service's proxy with its token (docs/network.md). Needs a network.
+    #[arg(long)]
+    pub open_ports: bool,
     /// Image: `default`, `minimal`, or a name given to `branchbox image import`.
     #[arg(long, default_value = branchbox_image::DEFAULT_IMAGE)]
     pub image: String,

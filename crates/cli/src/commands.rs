@@ -417,11 +417,12 @@ fn create_sandbox(engine: &Engine, c: &CreateArgs) -> Result<branchbox_model::Sa
             bail!("--backend does not apply with --template {t}: the template's sandboxes use the backend it was built on")
         }
         Some(t) => Ok(engine.create_from_template(t)?.sandbox),
-        None => Ok(engine.create_networked(
+        None => Ok(engine.create_networked_ports(
             choice(c.backend),
             limits(engine, c)?,
             &c.image,
             crate::network::egress(c)?,
+            c.open_ports,
             &mut progress_fn(),
         )?),
     }

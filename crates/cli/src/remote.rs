@@ -253,6 +253,9 @@ fn create_body(c: &CreateArgs) -> Result<Value> {
     if let Some(egress) = crate::network::egress(c)? {
         body["network"] = serde_json::to_value(egress)?;
     }
+    if c.open_ports {
+        body["open_ports"] = json!(true);
+    }
     Ok(body)
 }
 

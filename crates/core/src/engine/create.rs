@@ -3,7 +3,7 @@
 
 use super::{BackendChoice, Engine};
 use branchbox_image::DEFAULT_IMAGE;
-use branchbox_model::{now_ms, Limits, Result, Sandbox, SandboxId, SandboxState};
+use branchbox_model::{now_ms, Error, Limits, Result, Sandbox, SandboxId, SandboxState};
 
 impl Engine {
     /// Creates and starts a sandbox from the default image (built first when missing).
@@ -26,6 +26,33 @@ impl Engine {
         progress: &mut dyn FnMut(&str),
     ) -> Result<Sandbox> {
         self.create_networked(choice, limits, image, None, progress)
+    }
+
+    /// [`Engine::create_networked`], with the sandbox's exposed ports open to every local user
+    /// of the host when `open_ports` ([`Engine::open_ports`]; docs/network.md). A sandbox whose
+    /// ports cannot be opened is not kept.
+    pub fn create_networked_ports(
+        &self,
+        choice: BackendChoice,
+        limits: Option<Limits>,
+        image: &str,
+        network: Option<branchbox_net::Egress>,
+        open_ports: bool,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Sandbox> {
+        if open_ports && network.is_none() {
+            return Err(Error::InvalidInput(
+                "open ports need a network: give one (--network, --allow or --deny-all)".into(),
+            ));
+        }
+        let sandbox = self.create_networked(choice, limits, image, network, progress)?;
+        if open_ports {
+            if let Err(e) = self.open_ports(&sandbox.id) {
+                let _ = self.kill(&sandbox.id);
+                return Err(e);
+            }
+        }
+        Ok(sandbox)
     }
 
     /// [`Engine::create_from`] with a network and egress policy (`None`: no network;

@@ -72,6 +72,14 @@ impl Engine {
         }
     }
 
+    /// Opens sandbox `id`'s exposed ports to every local user of the host at its router
+    /// address (`NetConfig::open_ports`); a network starts with them open only to root and
+    /// the service's user, everyone else going through the service's token-protected proxy.
+    pub fn open_ports(&self, id: &SandboxId) -> Result<()> {
+        self.networked(id)?;
+        NetConfig::from_env().map_err(net_error)?.open_ports(id.as_str(), true).map_err(net_error)
+    }
+
     /// Replaces sandbox `id`'s egress policy at once (one nftables transaction) and records it,
     /// so snapshots and forks taken from now on carry it.
     pub fn set_egress(&self, id: &SandboxId, egress: &Egress) -> Result<()> {

@@ -109,6 +109,10 @@ pub async fn create(
              the network its source had: leave out network and allow_internet_access",
         ));
     }
+    let open_ports = req.open_ports.unwrap_or(false);
+    if open_ports && network.is_none() {
+        return Err(ApiError::invalid("open_ports needs a network: give network or allow_internet_access"));
+    }
     let image = req.image.unwrap_or_else(|| branchbox_core::DEFAULT_IMAGE.to_string());
     let meta = client_meta(&st, caller, req.timeout, req.on_timeout, req.metadata, req.envs)?;
     let choice = match req.backend.unwrap_or_default() {
@@ -122,7 +126,9 @@ pub async fn create(
             let sandbox = match (&template, &snapshot) {
                 (Some(t), _) => engine.create_from_template(t)?.sandbox,
                 (None, Some(s)) => engine.restore(s)?.sandbox,
-                (None, None) => engine.create_networked(choice, lim, &image, network, &mut |_| {})?,
+                (None, None) => {
+                    engine.create_networked_ports(choice, lim, &image, network, open_ports, &mut |_| {})?
+                }
             };
             let meta = SandboxMeta { expires_ms: Some(now_ms() + meta.timeout_ms), ..meta };
             st.db().put(&sandbox.id, &meta)?;

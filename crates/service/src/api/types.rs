@@ -209,6 +209,10 @@ pub struct CreateSandbox {
     pub network: Option<crate::api::network::NetworkPolicy>,
     /// E2B's switch: true is `network` `{"mode": "internet"}`, false `{"mode": "deny_all"}`.
     pub allow_internet_access: Option<bool>,
+    /// True: the sandbox's exposed ports answer every local user of the host at its `host`
+    /// address; otherwise only root and the service's user reach them there, everyone else
+    /// through the proxy with the token (docs/network.md). Needs a network.
+    pub open_ports: Option<bool>,
 }
 
 /// Reconnects to a sandbox: resumes it when paused and restarts its timeout.
