@@ -2,11 +2,11 @@
 //! constant time, identified in the audit log by a short id derived from the token's hash (never
 //! the token itself). The service proves it holds a token before a client sends it: see
 //! [`proof`]. The console (`/ui`) signs in with a token once and then sends a session cookie
-//! instead, with a CSRF token on every state-changing request: see [`Tokens::authenticate_request`].
+//! instead, with the session's CSRF token on every request: see [`Tokens::authenticate_request`].
 
 use crate::error::ApiError;
 use crate::ui::session::{self, Sessions};
-use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use sha2::{Digest, Sha256};
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -159,15 +159,38 @@ impl Tokens {
     }
 
     /// Authenticates an API request by its bearer token or, when it has no `Authorization`
-    /// header, by a console session cookie. A state-changing method (anything but GET, HEAD and
-    /// OPTIONS) with a cookie must also carry the session's CSRF token in `X-CSRF-Token`: the
-    /// browser attaches the cookie to any request, but only the console's own page can read the
-    /// CSRF token.
-    pub fn authenticate_request(&self, method: &Method, headers: &HeaderMap) -> Result<Caller, ApiError> {
-        if headers.contains_key(header::AUTHORIZATION) {
+    /// header, by a console session ([`Tokens::session_request`]). Every request signed in by
+    /// cookie, a read as much as a change, must carry the session's CSRF token: in
+    /// `X-CSRF-Token`, or for a GET (a WebSocket handshake, which a browser cannot give
+    /// headers) as `?csrf=` in `uri`. The browser attaches the cookie to requests of any page
+    /// and to every port of the host; only the console's own page holds the CSRF token.
+    pub fn authenticate_request(
+        &self,
+        method: &Method,
+        uri: &Uri,
+        headers: &HeaderMap,
+    ) -> Result<Caller, ApiError> {
+        if headers.contains_key(header::AUTHORIZATION) || session::cookie(headers).is_none() {
             return self.authenticate(headers);
         }
-        let Some(id) = session::cookie(headers) else { return self.authenticate(headers) };
+        let from_query =
+            if matches!(*method, Method::GET | Method::HEAD) { session::csrf_param(uri) } else { None };
+        let presented = headers.get(session::CSRF_HEADER).and_then(|v| v.to_str().ok()).or(from_query);
+        self.session_request(headers, presented).map(|(_, live)| live.caller)
+    }
+
+    /// The console session of a request's cookie, when it is live, the request comes from the
+    /// console's own origin (`ui::origin`) and `presented` is the session's CSRF token; returns
+    /// the session id too. 401 without a live session, 403 `cross_origin` or `csrf` otherwise.
+    pub fn session_request(
+        &self,
+        headers: &HeaderMap,
+        presented: Option<&str>,
+    ) -> Result<(String, session::Live), ApiError> {
+        let id = session::cookie(headers).ok_or_else(|| {
+            ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "not signed in; sign in at /ui")
+        })?;
+        crate::ui::origin::require_same(headers)?;
         let live = self.sessions.get(&id).ok_or_else(|| {
             ApiError::new(
                 StatusCode::UNAUTHORIZED,
@@ -175,40 +198,29 @@ impl Tokens {
                 "the console session has expired or was signed out; sign in again at /ui",
             )
         })?;
-        if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
-            return Ok(live.caller);
-        }
-        let presented = headers.get(session::CSRF_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("");
-        if !self.sessions.csrf_ok(&id, presented) {
+        if !self.sessions.csrf_ok(&id, presented.unwrap_or("")) {
             return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 "csrf",
                 format!(
-                    "a state-changing request with a session cookie must carry the session's CSRF token in \
-                     {}; reload /ui to get it",
+                    "a request with a session cookie must carry the session's CSRF token in {} (or ?csrf= \
+                     for a WebSocket or event stream); sign in again at /ui",
                     session::CSRF_HEADER
                 ),
             ));
         }
-        Ok(live.caller)
+        Ok((id, live))
     }
 
     /// For a GET that acts (the WebSocket handshake of a terminal or a UDP relay, which a
-    /// browser cannot give headers): a request signed in by a session cookie must name the
-    /// session's CSRF token in `presented`. Bearer requests pass.
+    /// browser cannot give headers): a request signed in by a session cookie must come from the
+    /// console's own origin and name the session's CSRF token in `presented`. Bearer requests
+    /// pass.
     pub fn check_csrf_param(&self, headers: &HeaderMap, presented: Option<&str>) -> Result<(), ApiError> {
-        if headers.contains_key(header::AUTHORIZATION) {
+        if headers.contains_key(header::AUTHORIZATION) || session::cookie(headers).is_none() {
             return Ok(());
         }
-        let Some(id) = session::cookie(headers) else { return Ok(()) };
-        if self.sessions.csrf_ok(&id, presented.unwrap_or("")) {
-            return Ok(());
-        }
-        Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "csrf",
-            "a WebSocket opened with a session cookie must name the session's CSRF token as ?csrf=; reload /ui to get it",
-        ))
+        self.session_request(headers, presented).map(|_| ())
     }
 }
 
@@ -269,7 +281,8 @@ mod tests {
 
     fn with_cookie(id: &str, csrf: Option<&str>) -> HeaderMap {
         let mut h = HeaderMap::new();
-        h.insert(header::COOKIE, HeaderValue::from_str(&format!("{}={id}", session::COOKIE)).unwrap());
+        h.insert(header::HOST, HeaderValue::from_static("127.0.0.1:7420"));
+        h.insert(header::COOKIE, HeaderValue::from_str(&format!("bbx_session_7420={id}")).unwrap());
         if let Some(c) = csrf {
             h.insert(session::CSRF_HEADER, HeaderValue::from_str(c).unwrap());
         }
@@ -277,31 +290,68 @@ mod tests {
     }
 
     #[test]
-    fn a_session_cookie_reads_freely_but_changes_state_only_with_its_csrf_token() {
+    fn a_session_cookie_needs_its_csrf_token_for_reads_as_for_changes() {
         let t = Tokens::new(["secret-token-0123456789"]);
         let me = Caller(token_id("secret-token-0123456789"));
         let s = t.sessions.start(me.clone());
         let other = t.sessions.start(me.clone());
         let (get, post, delete) = (Method::GET, Method::POST, Method::DELETE);
-        assert_eq!(t.authenticate_request(&get, &with_cookie(&s.id, None)).unwrap(), me);
-        assert_eq!(t.authenticate_request(&post, &with_cookie(&s.id, Some(&s.csrf))).unwrap(), me);
-        for (m, csrf) in [(&post, None), (&post, Some(other.csrf.as_str())), (&delete, Some("00"))] {
-            let e = t.authenticate_request(m, &with_cookie(&s.id, csrf)).unwrap_err();
+        let plain: Uri = "/v1/sandboxes".parse().unwrap();
+        for m in [&get, &post, &delete] {
+            assert_eq!(t.authenticate_request(m, &plain, &with_cookie(&s.id, Some(&s.csrf))).unwrap(), me);
+        }
+        for (m, csrf) in
+            [(&get, None), (&post, None), (&post, Some(other.csrf.as_str())), (&delete, Some("00"))]
+        {
+            let e = t.authenticate_request(m, &plain, &with_cookie(&s.id, csrf)).unwrap_err();
             assert_eq!((e.status.as_u16(), e.code), (403, "csrf"), "{m} {csrf:?}");
         }
+        // A WebSocket handshake names the token in its query; only a GET may.
+        let query: Uri = format!("/v1/sandboxes/x/pty?cols=80&csrf={}", s.csrf).parse().unwrap();
+        assert_eq!(t.authenticate_request(&get, &query, &with_cookie(&s.id, None)).unwrap(), me);
+        assert_eq!(
+            t.authenticate_request(&post, &query, &with_cookie(&s.id, None)).unwrap_err().code,
+            "csrf"
+        );
         let unknown = "ab".repeat(32);
-        let e = t.authenticate_request(&get, &with_cookie(&unknown, None)).unwrap_err();
+        let e = t.authenticate_request(&get, &plain, &with_cookie(&unknown, Some(&s.csrf))).unwrap_err();
         assert_eq!(e.status.as_u16(), 401);
         t.sessions.end(&s.id);
-        let e = t.authenticate_request(&post, &with_cookie(&s.id, Some(&s.csrf))).unwrap_err();
+        let e = t.authenticate_request(&post, &plain, &with_cookie(&s.id, Some(&s.csrf))).unwrap_err();
         assert_eq!(e.status.as_u16(), 401);
         // A bearer token is checked on its own, whatever cookie comes with it.
         let mut h = with_cookie(&other.id, None);
         h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer wrong"));
-        assert_eq!(t.authenticate_request(&post, &h).unwrap_err().status.as_u16(), 401);
+        assert_eq!(t.authenticate_request(&post, &plain, &h).unwrap_err().status.as_u16(), 401);
         h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer secret-token-0123456789"));
-        assert_eq!(t.authenticate_request(&post, &h).unwrap(), me);
-        assert_eq!(t.authenticate_request(&get, &HeaderMap::new()).unwrap_err().status.as_u16(), 401);
+        h.insert("sec-fetch-site", HeaderValue::from_static("cross-site"));
+        assert_eq!(t.authenticate_request(&post, &plain, &h).unwrap(), me);
+        assert_eq!(t.authenticate_request(&get, &plain, &HeaderMap::new()).unwrap_err().status.as_u16(), 401);
+    }
+
+    #[test]
+    fn a_session_cookie_from_another_origin_is_refused_even_with_its_csrf_token() {
+        let t = Tokens::new(["secret-token-0123456789"]);
+        let s = t.sessions.start(Caller(token_id("secret-token-0123456789")));
+        let plain: Uri = "/v1/sandboxes".parse().unwrap();
+        for (name, value) in [
+            ("sec-fetch-site", "same-site"),
+            ("sec-fetch-site", "cross-site"),
+            ("origin", "http://127.0.0.1:8000"),
+        ] {
+            let mut h = with_cookie(&s.id, Some(&s.csrf));
+            h.insert(name, HeaderValue::from_static(value));
+            let e = t.authenticate_request(&Method::POST, &plain, &h).unwrap_err();
+            assert_eq!((e.status.as_u16(), e.code), (403, "cross_origin"), "{name}: {value}");
+            let e = t.check_csrf_param(&h, Some(&s.csrf)).unwrap_err();
+            assert_eq!(e.code, "cross_origin", "{name}: {value}");
+        }
+        assert!(t.check_csrf_param(&with_cookie(&s.id, None), Some(&s.csrf)).is_ok());
+        assert_eq!(t.check_csrf_param(&with_cookie(&s.id, None), None).unwrap_err().code, "csrf");
+        // The cookie of a service on another port is not this service's session at all.
+        let mut h = with_cookie(&s.id, Some(&s.csrf));
+        h.insert(header::HOST, HeaderValue::from_static("127.0.0.1:7421"));
+        assert_eq!(t.authenticate_request(&Method::GET, &plain, &h).unwrap_err().status.as_u16(), 401);
     }
 
     #[test]

@@ -8,8 +8,8 @@ use common::{connect, start, Daemon};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 
-/// Signs in; returns the `Cookie` header's value.
-fn sign_in(d: &Daemon) -> String {
+/// Signs in; returns the `Cookie` header's value and the session's CSRF token.
+fn sign_in(d: &Daemon) -> (String, String) {
     let body = format!(r#"{{"token":"{}"}}"#, d.token());
     let mut s = connect(&d.addr);
     write!(
@@ -23,7 +23,10 @@ fn sign_in(d: &Daemon) -> String {
     let mut answer = String::new();
     s.read_to_string(&mut answer).unwrap();
     let line = answer.lines().find(|l| l.to_ascii_lowercase().starts_with("set-cookie:")).expect(&answer);
-    line.split_once(':').unwrap().1.trim().split(';').next().unwrap().to_string()
+    let cookie = line.split_once(':').unwrap().1.trim().split(';').next().unwrap().to_string();
+    let (_, body) = answer.split_once("\r\n\r\n").expect(&answer);
+    let session: serde_json::Value = serde_json::from_str(body).expect(body);
+    (cookie, session["csrf"].as_str().expect(body).to_string())
 }
 
 /// Reads until `needle` has arrived; returns everything read.
@@ -39,9 +42,10 @@ fn read_until(s: &mut TcpStream, got: &mut Vec<u8>, needle: &str) {
 #[test]
 fn the_event_stream_sends_both_views_and_ends_cleanly_when_the_service_stops() {
     let mut d = start(&[]);
-    let cookie = sign_in(&d);
+    let (cookie, csrf) = sign_in(&d);
     let mut s = connect(&d.addr);
-    write!(s, "GET /ui/api/events HTTP/1.1\r\nhost: {}\r\ncookie: {cookie}\r\n\r\n", d.addr).unwrap();
+    write!(s, "GET /ui/api/events?csrf={csrf} HTTP/1.1\r\nhost: {}\r\ncookie: {cookie}\r\n\r\n", d.addr)
+        .unwrap();
     let mut got = Vec::new();
     read_until(&mut s, &mut got, "event: lineage");
     let text = String::from_utf8_lossy(&got).to_string();

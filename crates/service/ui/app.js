@@ -2,8 +2,13 @@
 // into the page as text (never as HTML), and the page's CSP allows no inline script.
 "use strict";
 
+// The session's CSRF token, handed out only by sign-in. It is kept in this origin's
+// sessionStorage (per port, unlike cookies, and readable by the terminal's frame) and sent with
+// every request: the session cookie alone, which the browser also sends to other ports of this
+// host, authorises nothing.
+const CSRF_KEY = "bbx_csrf";
 const S = {
-  csrf: "",
+  csrf: sessionStorage.getItem(CSRF_KEY) || "",
   sandboxes: [],
   lineage: { snapshots: [], sandboxes: [] },
   expanded: new Set(),
@@ -40,7 +45,7 @@ function report(ok, text) {
 
 async function api(method, path, body) {
   const headers = {};
-  if (method !== "GET") headers["x-csrf-token"] = S.csrf;
+  if (S.csrf) headers["x-csrf-token"] = S.csrf;
   if (body !== undefined) headers["content-type"] = "application/json";
   const r = await fetch(path, {
     method,
@@ -72,7 +77,7 @@ async function act(label, fn) {
     refresh();
   } catch (e) {
     report(false, label + " failed: " + (e.code ? e.code + ": " : "") + e.message);
-    if (e.status === 401) showSignIn("Signed out: " + e.message);
+    if (e.status === 401 || e.code === "csrf") showSignIn("Signed out: " + e.message);
   }
 }
 
@@ -95,6 +100,7 @@ const metaText = (m) => Object.entries(m || {}).map(([k, v]) => k + "=" + v).joi
 function showSignIn(why) {
   stopEvents();
   S.csrf = "";
+  sessionStorage.removeItem(CSRF_KEY);
   for (const p of ["page-sandboxes", "page-lineage", "page-node"]) $(p).hidden = true;
   $("nav").hidden = true;
   $("signout").hidden = true;
@@ -105,6 +111,7 @@ function showSignIn(why) {
 
 function signedIn(s) {
   S.csrf = s.csrf;
+  if (s.csrf) sessionStorage.setItem(CSRF_KEY, s.csrf);
   $("who").textContent = s.auth ? "signed in as " + s.who : "authentication is off";
   $("signout").hidden = !s.auth;
   $("nav").hidden = false;
@@ -124,7 +131,8 @@ function stopEvents() {
 // Live updates: the service sends the sandbox list and the lineage whenever they change.
 function startEvents() {
   stopEvents();
-  const es = new EventSource("/ui/api/events");
+  // EventSource cannot send headers: the token goes in the query.
+  const es = new EventSource("/ui/api/events?" + new URLSearchParams({ csrf: S.csrf }));
   S.events = es;
   es.onopen = () => { $("live").textContent = "live"; };
   es.addEventListener("sandboxes", (e) => { S.sandboxes = JSON.parse(e.data); redraw(); });
@@ -154,7 +162,7 @@ async function refresh() {
     S.lineage = lineage;
     redraw();
   } catch (e) {
-    if (e.status === 401) showSignIn("Signed out: " + e.message);
+    if (e.status === 401 || e.code === "csrf") showSignIn("Signed out: " + e.message);
   }
 }
 
@@ -367,7 +375,7 @@ async function drawNodeInfo() {
   } catch (e) {
     if (S.node !== id) return;
     $("node-info").replaceChildren(...row("error", (e.code || "") + ": " + e.message));
-    if (e.status === 401) showSignIn("Signed out: " + e.message);
+    if (e.status === 401 || e.code === "csrf") showSignIn("Signed out: " + e.message);
   }
 }
 
@@ -519,7 +527,7 @@ async function showFileDiff(id, against, path) {
   } catch (e) {
     box.replaceChildren();
     report(false, "file diff failed: " + (e.code ? e.code + ": " : "") + e.message);
-    if (e.status === 401) showSignIn("Signed out: " + e.message);
+    if (e.status === 401 || e.code === "csrf") showSignIn("Signed out: " + e.message);
   }
 }
 
@@ -693,4 +701,6 @@ function wire() {
 }
 
 wire();
+// A reloaded page asks whether its session is still live, proving it holds the CSRF token;
+// without one (a new tab, or authentication on and never signed in here) it signs in.
 api("GET", "/ui/api/session").then(signedIn, () => showSignIn(""));

@@ -13,10 +13,14 @@ function show(text, kind) {
   stateEl.className = kind || "muted";
 }
 
+// The session's CSRF token, which the console keeps in this origin's sessionStorage (this
+// page is the console's frame, so it shares it); the service never hands it out again. Without
+// authentication there is none, and the session route says so.
 async function csrfToken() {
-  const r = await fetch("/ui/api/session", { credentials: "same-origin" });
+  const csrf = sessionStorage.getItem("bbx_csrf") || "";
+  const r = await fetch("/ui/api/session", { credentials: "same-origin", headers: csrf ? { "x-csrf-token": csrf } : {} });
   if (!r.ok) throw new Error("not signed in: sign in to the console first");
-  return (await r.json()).csrf || "";
+  return csrf;
 }
 
 async function main() {

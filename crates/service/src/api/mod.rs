@@ -194,7 +194,7 @@ pub fn router(st: AppState) -> (Router, OpenApiDoc) {
 async fn authenticate(State(st): State<AppState>, mut req: Request, next: Next) -> Response {
     let caller = match &st.tokens {
         None => Caller("anonymous".into()),
-        Some(tokens) => match tokens.authenticate_request(req.method(), req.headers()) {
+        Some(tokens) => match tokens.authenticate_request(req.method(), req.uri(), req.headers()) {
             Ok(c) => c,
             Err(e) => return e.into_response(),
         },

@@ -1,9 +1,11 @@
 //! The lineage console at `/ui`: a page of plain HTML, CSS and JavaScript built into the binary,
 //! which signs in with the service token and then drives the `/v1` API with a session cookie
-//! (see [`session`]). Besides the page and its two assets it serves `/ui/api/session` (sign in,
-//! sign out, the session's CSRF token) and `/ui/api/events`, a server-sent event stream of the
-//! sandbox list and the lineage whenever they change. `docs/console.md` describes it.
+//! and the session's CSRF token, from its own origin only (see [`session`], [`origin`]).
+//! Besides the page and its two assets it serves `/ui/api/session` (sign in, whether the
+//! session is live, sign out) and `/ui/api/events`, a server-sent event stream of the sandbox
+//! list and the lineage whenever they change. `docs/console.md` describes it.
 
+pub mod origin;
 pub mod session;
 pub mod terminal;
 
@@ -13,7 +15,7 @@ use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -82,7 +84,8 @@ pub struct SignIn {
 pub struct SessionInfo {
     /// False when the service runs without authentication (`--insecure-no-auth`); nothing to sign in to.
     pub auth: bool,
-    /// The session's CSRF token, for the `X-CSRF-Token` header of state-changing requests.
+    /// The session's CSRF token, for the `X-CSRF-Token` header of every request. Handed out
+    /// by sign-in only; `GET /ui/api/session` answers only a request that already carries it.
     pub csrf: String,
     /// The audit id of the token signed in with.
     pub who: String,
@@ -96,52 +99,74 @@ fn unauthorized(why: &str) -> ApiError {
     )
 }
 
-/// The session of a request's cookie: 401 without one that is live. With authentication off
-/// every request is the anonymous caller's.
-fn session_of(st: &AppState, headers: &HeaderMap) -> ApiResult<(Option<String>, SessionInfo)> {
+/// The session of a request: its cookie, from the console's own origin, with the session's CSRF
+/// token `presented` (401 without a live session, 403 otherwise). With authentication off every
+/// request is the anonymous caller's.
+fn session_of(
+    st: &AppState,
+    headers: &HeaderMap,
+    presented: Option<&str>,
+) -> ApiResult<(Option<String>, SessionInfo)> {
     let Some(tokens) = &st.tokens else {
         return Ok((None, SessionInfo { auth: false, csrf: String::new(), who: "anonymous".into() }));
     };
-    let id = session::cookie(headers).ok_or_else(|| unauthorized("not signed in"))?;
-    let live =
-        tokens.sessions.get(&id).ok_or_else(|| unauthorized("the session has expired or was signed out"))?;
+    if session::cookie(headers).is_none() {
+        return Err(unauthorized("not signed in"));
+    }
+    let (id, live) = tokens.session_request(headers, presented)?;
     Ok((Some(id), SessionInfo { auth: true, csrf: live.csrf, who: live.caller.0 }))
 }
 
-async fn whoami(State(st): State<AppState>, headers: HeaderMap) -> ApiResult<Json<SessionInfo>> {
-    Ok(Json(session_of(&st, &headers)?.1))
+/// The `X-CSRF-Token` header of a request.
+fn csrf_header(headers: &HeaderMap) -> Option<&str> {
+    headers.get(session::CSRF_HEADER).and_then(|v| v.to_str().ok())
 }
 
-/// Checks the token exactly as the API does and starts a session.
-async fn sign_in(State(st): State<AppState>, ApiJson(req): ApiJson<SignIn>) -> ApiResult<Response> {
+/// Whether the page's session is live; the page proves it holds the CSRF token, so the answer
+/// tells nothing new to a holder of the cookie alone.
+async fn whoami(State(st): State<AppState>, headers: HeaderMap) -> ApiResult<Json<SessionInfo>> {
+    Ok(Json(session_of(&st, &headers, csrf_header(&headers))?.1))
+}
+
+/// Checks the token exactly as the API does and starts a session; the answer is the only
+/// place the session's CSRF token is given out.
+async fn sign_in(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    ApiJson(req): ApiJson<SignIn>,
+) -> ApiResult<Response> {
     let Some(tokens) = &st.tokens else {
         return Ok(
             Json(SessionInfo { auth: false, csrf: String::new(), who: "anonymous".into() }).into_response()
         );
     };
+    origin::require_same(&headers)?;
+    let name = session::cookie_name(&headers)
+        .ok_or_else(|| ApiError::bad_request("bad_host", "the request's Host header does not parse"))?;
     let Caller(who) = tokens.check(&req.token).ok_or_else(|| unauthorized("the token is not valid"))?;
     let issued = tokens.sessions.start(Caller(who.clone()));
     let mut r = Json(SessionInfo { auth: true, csrf: issued.csrf, who }).into_response();
-    let cookie = HeaderValue::from_str(&session::set_cookie(&issued.id))
+    let cookie = HeaderValue::from_str(&session::set_cookie(&name, &issued.id))
         .map_err(|e| ApiError::internal(format!("cannot build the session cookie: {e}")))?;
     r.headers_mut().insert(header::SET_COOKIE, cookie);
     Ok(r)
 }
 
-/// Ends the session; a CSRF token is needed like for any state-changing request, so another
-/// site cannot sign the user out.
+/// Ends the session; the CSRF token is needed like for any request, so another page cannot sign
+/// the user out.
 async fn sign_out(State(st): State<AppState>, headers: HeaderMap) -> ApiResult<Response> {
-    let (id, _) = session_of(&st, &headers)?;
-    if let (Some(tokens), Some(id)) = (&st.tokens, id) {
-        tokens.authenticate_request(&Method::DELETE, &headers)?;
-        tokens.sessions.end(&id);
-    }
+    let (id, _) = session_of(&st, &headers, csrf_header(&headers))?;
     let mut r = StatusCode::NO_CONTENT.into_response();
-    r.headers_mut().insert(
-        header::SET_COOKIE,
-        HeaderValue::from_str(&session::clear_cookie())
-            .map_err(|e| ApiError::internal(format!("cannot build the session cookie: {e}")))?,
-    );
+    if let (Some(tokens), Some(id)) = (&st.tokens, id) {
+        tokens.sessions.end(&id);
+        if let Some(name) = session::cookie_name(&headers) {
+            r.headers_mut().insert(
+                header::SET_COOKIE,
+                HeaderValue::from_str(&session::clear_cookie(&name))
+                    .map_err(|e| ApiError::internal(format!("cannot build the session cookie: {e}")))?,
+            );
+        }
+    }
     Ok(r)
 }
 
@@ -177,9 +202,9 @@ async fn stop_signal() {
 
 /// Server-sent events: `sandboxes` (the list) and `lineage`, each sent at once and again
 /// whenever it changes (checked every second), until the client goes, its session ends or the
-/// service stops.
-async fn events(State(st): State<AppState>, headers: HeaderMap) -> ApiResult<impl IntoResponse> {
-    let (id, _) = session_of(&st, &headers)?;
+/// service stops. `EventSource` cannot send headers, so the CSRF token comes as `?csrf=`.
+async fn events(State(st): State<AppState>, uri: Uri, headers: HeaderMap) -> ApiResult<impl IntoResponse> {
+    let (id, _) = session_of(&st, &headers, session::csrf_param(&uri))?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(4);
     tokio::spawn(async move {
         let stopping = stop_signal();

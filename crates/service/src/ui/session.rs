@@ -2,15 +2,24 @@
 //! held in memory (so a restart signs everyone out), each with its own CSRF token and an
 //! absolute expiry. The service token never leaves the sign-in request: the cookie holds only
 //! the session id, and the map keeps the SHA-256 of each id rather than the id itself.
+//!
+//! A browser sends the cookies of `127.0.0.1` to every port of it, so another local user's
+//! server on another port receives the cookie: the cookie alone authorises nothing. The CSRF
+//! token is handed out once, in the sign-in answer; the page keeps it in its origin's
+//! `sessionStorage` (which is per port) and sends it with every request. The cookie's name
+//! carries the port the console is reached on (`bbx_session_7420`), so services on two ports
+//! keep their sessions apart and a cookie named for another port is never read.
 
 use crate::auth::Caller;
+use axum::http::uri::Authority;
+use axum::http::{header, HeaderMap};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// The cookie's name.
-pub const COOKIE: &str = "bbx_session";
+/// The start of the cookie's name; the port follows (see [`cookie_name`]).
+pub const COOKIE_PREFIX: &str = "bbx_session_";
 /// The header a state-changing request of the console carries its CSRF token in.
 pub const CSRF_HEADER: &str = "x-csrf-token";
 /// How long a session lasts from sign-in.
@@ -105,33 +114,49 @@ impl Sessions {
     }
 }
 
-/// The session cookie's value in a request's `Cookie` headers, when there is one.
-pub fn cookie(headers: &axum::http::HeaderMap) -> Option<String> {
+/// The session cookie's name for a request: [`COOKIE_PREFIX`] and the port of its `Host`
+/// (80 when it names none); `None` without a `Host` that parses.
+pub fn cookie_name(headers: &HeaderMap) -> Option<String> {
+    let host = headers.get(header::HOST)?.to_str().ok()?;
+    let authority = host.parse::<Authority>().ok()?;
+    Some(format!("{COOKIE_PREFIX}{}", authority.port_u16().unwrap_or(80)))
+}
+
+/// The session cookie's value in a request's `Cookie` headers, when there is one named for the
+/// request's port.
+pub fn cookie(headers: &HeaderMap) -> Option<String> {
+    let name = cookie_name(headers)?;
     headers
-        .get_all(axum::http::header::COOKIE)
+        .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE)
+        .find(|(n, _)| *n == name)
         .map(|(_, value)| value.trim().to_string())
         .filter(|v| v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
-/// The `Set-Cookie` value that stores a session id.
-pub fn set_cookie(id: &str) -> String {
-    format!("{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}", LIFETIME.as_secs())
+/// The `csrf` parameter of a URI's query, for the requests a browser cannot give headers (an
+/// event stream, a WebSocket handshake); a hex token needs no percent-decoding.
+pub fn csrf_param(uri: &axum::http::Uri) -> Option<&str> {
+    uri.query()?.split('&').find_map(|pair| pair.strip_prefix("csrf="))
 }
 
-/// The `Set-Cookie` value that clears it.
-pub fn clear_cookie() -> String {
-    format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0")
+/// The `Set-Cookie` value that stores a session id under `name` (from [`cookie_name`]).
+pub fn set_cookie(name: &str, id: &str) -> String {
+    format!("{name}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}", LIFETIME.as_secs())
+}
+
+/// The `Set-Cookie` value that clears the cookie `name`.
+pub fn clear_cookie(name: &str) -> String {
+    format!("{name}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use axum::http::{header, HeaderMap, HeaderValue};
+    use axum::http::HeaderValue;
 
     #[test]
     fn a_session_carries_its_caller_and_only_its_own_csrf_token() {
@@ -167,14 +192,39 @@ mod tests {
     fn the_cookie_is_found_among_others_and_must_look_like_an_id() {
         let id = "ab".repeat(32);
         let mut h = HeaderMap::new();
-        h.append(header::COOKIE, HeaderValue::from_str("other=1; bbx_sessionx=2").unwrap());
-        h.append(header::COOKIE, HeaderValue::from_str(&format!("a=b; {COOKIE}={id}")).unwrap());
+        h.insert(header::HOST, HeaderValue::from_static("127.0.0.1:7420"));
+        h.append(header::COOKIE, HeaderValue::from_str("other=1; bbx_session_7420x=2").unwrap());
+        h.append(header::COOKIE, HeaderValue::from_str(&format!("a=b; bbx_session_7420={id}")).unwrap());
         assert_eq!(cookie(&h).as_deref(), Some(id.as_str()));
-        for bad in [format!("{COOKIE}=short"), format!("{COOKIE}={}", "g".repeat(64))] {
+        for bad in ["bbx_session_7420=short".to_string(), format!("bbx_session_7420={}", "g".repeat(64))] {
             let mut h = HeaderMap::new();
+            h.insert(header::HOST, HeaderValue::from_static("127.0.0.1:7420"));
             h.insert(header::COOKIE, HeaderValue::from_str(&bad).unwrap());
             assert_eq!(cookie(&h), None, "{bad}");
         }
-        assert!(set_cookie(&id).contains("HttpOnly; SameSite=Strict"));
+        assert!(set_cookie("bbx_session_7420", &id).contains("HttpOnly; SameSite=Strict"));
+    }
+
+    #[test]
+    fn the_cookie_is_named_for_the_port_and_another_ports_cookie_is_not_read() {
+        let id = "cd".repeat(32);
+        let with = |host: &'static str, cookie: String| {
+            let mut h = HeaderMap::new();
+            h.insert(header::HOST, HeaderValue::from_static(host));
+            h.insert(header::COOKIE, HeaderValue::from_str(&cookie).unwrap());
+            h
+        };
+        let h = with("127.0.0.1:7420", String::new());
+        assert_eq!(cookie_name(&h).as_deref(), Some("bbx_session_7420"));
+        assert_eq!(cookie_name(&with("localhost", String::new())).as_deref(), Some("bbx_session_80"));
+        assert_eq!(cookie(&with("127.0.0.1:7420", format!("bbx_session_7421={id}"))), None);
+        assert_eq!(cookie(&with("127.0.0.1:7420", format!("bbx_session={id}"))), None);
+        assert_eq!(
+            cookie(&with("127.0.0.1:7421", format!("bbx_session_7421={id}"))).as_deref(),
+            Some(id.as_str())
+        );
+        let mut no_host = HeaderMap::new();
+        no_host.insert(header::COOKIE, HeaderValue::from_str(&format!("bbx_session_80={id}")).unwrap());
+        assert_eq!(cookie(&no_host), None);
     }
 }

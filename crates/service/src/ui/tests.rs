@@ -1,5 +1,6 @@
 //! The console's routes in process: assets and their headers, sign-in, the cookie session on
-//! the `/v1` API with and without its CSRF token, sign-out. No sandbox is started.
+//! the `/v1` API with and without its CSRF token and from other origins, sign-out. No sandbox
+//! is started.
 
 use crate::config::ServiceConfig;
 use crate::state::AppState;
@@ -82,7 +83,7 @@ async fn sign_in_takes_only_the_token_and_the_cookie_holds_a_session_id() {
     }
     let resp = call(&r, "POST", "/ui/api/session", &[], Some(&format!(r#"{{"token":"{TOKEN}"}}"#))).await;
     let set = resp.headers()[header::SET_COOKIE].to_str().unwrap().to_string();
-    assert!(set.starts_with("bbx_session="), "{set}");
+    assert!(set.starts_with("bbx_session_7420="), "{set}");
     assert!(
         set.contains("; HttpOnly") && set.contains("; SameSite=Strict") && set.contains("; Path=/"),
         "{set}"
@@ -90,7 +91,9 @@ async fn sign_in_takes_only_the_token_and_the_cookie_holds_a_session_id() {
     assert!(!set.contains(TOKEN), "the cookie carries the token: {set}");
     let (cookie, csrf) = sign_in(&r).await;
     assert_ne!(cookie, set.split(';').next().unwrap(), "two sign-ins share a session id");
-    let who = json(call(&r, "GET", "/ui/api/session", &[("cookie", &cookie)], None).await).await;
+    let who =
+        json(call(&r, "GET", "/ui/api/session", &[("cookie", &cookie), ("x-csrf-token", &csrf)], None).await)
+            .await;
     assert_eq!(who["csrf"], csrf.as_str());
     assert_eq!(who["who"], crate::auth::token_id(TOKEN).as_str());
     assert_eq!(call(&r, "GET", "/ui/api/session", &[], None).await.status().as_u16(), 401);
@@ -101,8 +104,9 @@ async fn sign_in_takes_only_the_token_and_the_cookie_holds_a_session_id() {
 async fn the_api_takes_the_cookie_and_needs_the_csrf_token_to_change_state() {
     let (_d, r) = app();
     let (cookie, csrf) = sign_in(&r).await;
-    let list = call(&r, "GET", "/v1/sandboxes", &[("cookie", &cookie)], None).await;
+    let list = call(&r, "GET", "/v1/sandboxes", &[("cookie", &cookie), ("x-csrf-token", &csrf)], None).await;
     assert_eq!(list.status().as_u16(), 200);
+    assert_eq!(call(&r, "GET", "/v1/sandboxes", &[("cookie", &cookie)], None).await.status().as_u16(), 403);
     assert_eq!(call(&r, "GET", "/v1/sandboxes", &[], None).await.status().as_u16(), 401);
     let body = Some(r#"{"timeout":5}"#);
     let refused = [
@@ -112,7 +116,10 @@ async fn the_api_takes_the_cookie_and_needs_the_csrf_token_to_change_state() {
         (vec![("x-csrf-token", csrf.as_str())], 401),
         (
             vec![
-                ("cookie", "bbx_session=0000000000000000000000000000000000000000000000000000000000000000"),
+                (
+                    "cookie",
+                    "bbx_session_7420=0000000000000000000000000000000000000000000000000000000000000000",
+                ),
                 ("x-csrf-token", csrf.as_str()),
             ],
             401,
@@ -135,13 +142,14 @@ async fn sign_out_needs_the_csrf_token_and_ends_the_session() {
     let (cookie, csrf) = sign_in(&r).await;
     let refused = call(&r, "DELETE", "/ui/api/session", &[("cookie", &cookie)], None).await;
     assert_eq!(refused.status().as_u16(), 403);
-    assert_eq!(call(&r, "GET", "/v1/sandboxes", &[("cookie", &cookie)], None).await.status().as_u16(), 200);
-    let out =
-        call(&r, "DELETE", "/ui/api/session", &[("cookie", &cookie), ("x-csrf-token", &csrf)], None).await;
+    let both = [("cookie", cookie.as_str()), ("x-csrf-token", csrf.as_str())];
+    assert_eq!(call(&r, "GET", "/v1/sandboxes", &both, None).await.status().as_u16(), 200);
+    let out = call(&r, "DELETE", "/ui/api/session", &both, None).await;
     assert_eq!(out.status().as_u16(), 204);
-    assert!(out.headers()[header::SET_COOKIE].to_str().unwrap().contains("Max-Age=0"));
-    assert_eq!(call(&r, "GET", "/v1/sandboxes", &[("cookie", &cookie)], None).await.status().as_u16(), 401);
-    assert_eq!(call(&r, "GET", "/ui/api/session", &[("cookie", &cookie)], None).await.status().as_u16(), 401);
+    let cleared = out.headers()[header::SET_COOKIE].to_str().unwrap();
+    assert!(cleared.starts_with("bbx_session_7420=;") && cleared.contains("Max-Age=0"), "{cleared}");
+    assert_eq!(call(&r, "GET", "/v1/sandboxes", &both, None).await.status().as_u16(), 401);
+    assert_eq!(call(&r, "GET", "/ui/api/session", &both, None).await.status().as_u16(), 401);
 }
 
 #[tokio::test]
@@ -153,8 +161,71 @@ async fn the_diff_route_checks_its_references_before_touching_a_snapshot() {
     assert_eq!((bad.status().as_u16(), json(bad).await["error"]["code"].clone()), (400, "invalid_id".into()));
     let missing = call(&r, "GET", "/v1/snapshots/snap-0000000000000001/diff", &h, None).await;
     assert_eq!(missing.status().as_u16(), 404);
-    let (cookie, _) = sign_in(&r).await;
-    let read =
-        call(&r, "GET", "/v1/snapshots/snap-0000000000000001/diff", &[("cookie", &cookie)], None).await;
-    assert_eq!(read.status().as_u16(), 404, "a read with the session cookie needs no CSRF token");
+    let (cookie, csrf) = sign_in(&r).await;
+    let both = [("cookie", cookie.as_str()), ("x-csrf-token", csrf.as_str())];
+    let read = call(&r, "GET", "/v1/snapshots/snap-0000000000000001/diff", &both, None).await;
+    assert_eq!(read.status().as_u16(), 404, "a read with the session cookie and its CSRF token");
+}
+
+#[tokio::test]
+async fn the_session_route_hands_the_csrf_token_to_no_holder_of_the_cookie_alone() {
+    let (_d, r) = app();
+    let (cookie, csrf) = sign_in(&r).await;
+    // What another local user's server, given the cookie by the browser, can send: no token, a
+    // wrong one, and headers dressed as the console's own page.
+    let dressed =
+        [("cookie", cookie.as_str()), ("origin", "http://127.0.0.1:7420"), ("sec-fetch-site", "same-origin")];
+    for extra in [None, Some("00".repeat(32))] {
+        let mut h = dressed.to_vec();
+        if let Some(x) = &extra {
+            h.push(("x-csrf-token", x));
+        }
+        let resp = call(&r, "GET", "/ui/api/session", &h, None).await;
+        assert_eq!(resp.status().as_u16(), 403, "{extra:?}");
+        let body = json(resp).await;
+        assert!(!body.to_string().contains(&csrf), "the CSRF token was handed out: {body}");
+        assert_eq!(body["error"]["code"], "csrf");
+    }
+    let events = call(&r, "GET", "/ui/api/events", &dressed, None).await;
+    assert_eq!(events.status().as_u16(), 403);
+    let q = format!("/ui/api/events?csrf={}", "00".repeat(32));
+    assert_eq!(call(&r, "GET", &q, &dressed, None).await.status().as_u16(), 403);
+}
+
+#[tokio::test]
+async fn requests_from_another_port_are_refused_with_the_cookie_and_its_token() {
+    let (_d, r) = app();
+    let (cookie, csrf) = sign_in(&r).await;
+    let both = [("cookie", cookie.as_str()), ("x-csrf-token", csrf.as_str())];
+    let events = format!("/ui/api/events?csrf={csrf}");
+    for (name, value) in [("sec-fetch-site", "same-site"), ("sec-fetch-site", "cross-site")] {
+        let mut h = both.to_vec();
+        h.push((name, value));
+        for (method, path) in [
+            ("GET", "/ui/api/session"),
+            ("GET", "/v1/sandboxes"),
+            ("GET", events.as_str()),
+            ("DELETE", "/ui/api/session"),
+        ] {
+            let resp = call(&r, method, path, &h, None).await;
+            assert_eq!(resp.status().as_u16(), 403, "{method} {path} {value}");
+            assert_eq!(json(resp).await["error"]["code"], "cross_origin", "{method} {path} {value}");
+        }
+        let resp = call(&r, "POST", NO_SUCH, &h, Some(r#"{"timeout":5}"#)).await;
+        assert_eq!(resp.status().as_u16(), 403, "{value}");
+        // Nor can such a page sign the browser in to a session of its choosing.
+        let body = format!(r#"{{"token":"{TOKEN}"}}"#);
+        let resp = call(&r, "POST", "/ui/api/session", &[(name, value)], Some(&body)).await;
+        assert_eq!(resp.status().as_u16(), 403, "{value}");
+        assert!(resp.headers().get(header::SET_COOKIE).is_none());
+    }
+    // The console's own page passes, its event stream naming the token in the query.
+    let mut own = both.to_vec();
+    own.push(("sec-fetch-site", "same-origin"));
+    assert_eq!(call(&r, "GET", "/ui/api/session", &own, None).await.status().as_u16(), 200);
+    assert_eq!(call(&r, "GET", &events, &own[..1], None).await.status().as_u16(), 200);
+    // A bearer client is judged by its token alone, as before.
+    let bearer = format!("Bearer {TOKEN}");
+    let h = [("authorization", bearer.as_str()), ("sec-fetch-site", "cross-site")];
+    assert_eq!(call(&r, "GET", "/v1/sandboxes", &h, None).await.status().as_u16(), 200);
 }
