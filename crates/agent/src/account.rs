@@ -103,37 +103,49 @@ pub fn run_as(cmd: &mut Command, account: &Account) {
     unsafe { cmd.pre_exec(drop_to) };
 }
 
-/// The calling thread acting on files as an account: its filesystem uid and gid and its
+/// The calling thread acting on files as an account: its effective uid and gid and its
 /// supplementary groups are the account's until this is dropped, so the kernel checks every
-/// path (a symlink the account planted included) as it would for the account's own commands.
-/// Only this thread changes: the raw syscalls are per-thread, unlike libc's `setgroups`, which
-/// would change every thread of the agent. Files it creates are the account's.
+/// path (a symlink the account planted included) as it would for the account's own commands,
+/// and files it creates are the account's. Only the effective ids change (the real and saved
+/// ones stay root's, so the thread can come back, and no process of the account may signal
+/// the agent), and only on this thread: the raw syscalls are per-thread, unlike libc's
+/// wrappers, which change every thread of the agent. (`setfsuid` would be the narrower tool,
+/// but gVisor does not implement it.)
 pub struct Acting {
-    fsuid: u32,
-    fsgid: u32,
+    euid: u32,
+    egid: u32,
     groups: Vec<libc::gid_t>,
 }
 
-/// What `setfsuid`/`setfsgid` take to report the current id without changing it.
-const QUERY_ID: libc::c_long = -1;
+/// What `setresuid`/`setresgid` take for "leave this id as it is".
+const KEEP: libc::c_long = -1;
 
-fn set_fsuid(id: libc::c_long) -> u32 {
-    // SAFETY: setfsuid takes an integer and changes only this thread's credentials.
-    unsafe { libc::syscall(libc::SYS_setfsuid, id) as u32 }
+fn set_euid(id: u32) -> std::io::Result<()> {
+    // SAFETY: setresuid takes integers and changes only this thread's credentials.
+    check(unsafe { libc::syscall(libc::SYS_setresuid, KEEP, libc::c_long::from(id), KEEP) })
 }
 
-fn set_fsgid(id: libc::c_long) -> u32 {
-    // SAFETY: setfsgid takes an integer and changes only this thread's credentials.
-    unsafe { libc::syscall(libc::SYS_setfsgid, id) as u32 }
+fn set_egid(id: u32) -> std::io::Result<()> {
+    // SAFETY: setresgid takes integers and changes only this thread's credentials.
+    check(unsafe { libc::syscall(libc::SYS_setresgid, KEEP, libc::c_long::from(id), KEEP) })
 }
 
 fn set_groups(groups: &[libc::gid_t]) -> std::io::Result<()> {
     // SAFETY: the pointer and length describe a live slice.
-    let r = unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) };
+    check(unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) })
+}
+
+fn check(r: libc::c_long) -> std::io::Result<()> {
     if r != 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// This thread's effective uid and gid, as the kernel has them.
+fn effective() -> (u32, u32) {
+    // SAFETY: geteuid and getegid take nothing and cannot fail.
+    unsafe { (libc::syscall(libc::SYS_geteuid) as u32, libc::syscall(libc::SYS_getegid) as u32) }
 }
 
 fn thread_groups() -> std::io::Result<Vec<libc::gid_t>> {
@@ -153,8 +165,8 @@ fn thread_groups() -> std::io::Result<Vec<libc::gid_t>> {
 }
 
 /// Makes the calling thread act on files as `account` until the guard is dropped. Refused
-/// (nothing changed) when the kernel does not switch the ids, so a file call never silently
-/// runs as root instead.
+/// when the kernel does not switch the ids (whatever it did switch is put back), so a file
+/// call never silently runs as root instead.
 pub fn act_as(account: &Account) -> Result<Acting, Failure> {
     let refused = |what: String| {
         Failure::new(
@@ -162,22 +174,26 @@ pub fn act_as(account: &Account) -> Result<Acting, Failure> {
             format!("cannot act on files as {:?}: {what}", account.name),
         )
     };
+    let (euid, egid) = effective();
     let groups = thread_groups().map_err(|e| refused(format!("getgroups: {e}")))?;
+    // Dropped on any failure below, which puts back what was changed.
+    let acting = Acting { euid, egid, groups };
     set_groups(&account.groups).map_err(|e| refused(format!("setgroups: {e}")))?;
-    let acting =
-        Acting { fsgid: set_fsgid(account.gid.into()), fsuid: set_fsuid(account.uid.into()), groups };
-    if set_fsgid(QUERY_ID) != account.gid || set_fsuid(QUERY_ID) != account.uid {
-        return Err(refused("the kernel did not switch the filesystem ids".into()));
+    set_egid(account.gid).map_err(|e| refused(format!("setresgid: {e}")))?;
+    // The uid last: the thread loses its capabilities with it.
+    set_euid(account.uid).map_err(|e| refused(format!("setresuid: {e}")))?;
+    if effective() != (account.uid, account.gid) {
+        return Err(refused("the kernel did not switch the ids".into()));
     }
     Ok(acting)
 }
 
 impl Drop for Acting {
     fn drop(&mut self) {
-        // The uid first: going back to 0 restores the file capabilities the switch dropped.
-        set_fsuid(self.fsuid.into());
-        set_fsgid(self.fsgid.into());
-        // Cannot fail: the thread is root again and the list is the one it had.
+        // The uid first: going back to root gives the thread its capabilities again, which
+        // the gid and groups need. None can fail: the saved uid is still root.
+        let _ = set_euid(self.euid);
+        let _ = set_egid(self.egid);
         let _ = set_groups(&self.groups);
     }
 }

@@ -35,6 +35,8 @@ pub struct Inner {
     pub files: crate::api::diff::FileCache,
     /// Terminals and polling watchers opened through E2B's envd API.
     pub e2b: crate::e2b::follow::Registry,
+    /// envd uploads running now, bounded per sandbox and per token.
+    pub uploads: crate::e2b::uploads::Uploads,
     engines: Mutex<Vec<Engine>>,
     db: Mutex<ServiceDb>,
     /// Sandboxes admitted but not yet recorded by the engine.
@@ -86,6 +88,7 @@ impl AppState {
             pools: crate::pool::Pools::default(),
             files: Default::default(),
             e2b: Default::default(),
+            uploads: Default::default(),
             engines: Mutex::new(vec![engine]),
             db: Mutex::new(db),
             pending: Mutex::new(0),

@@ -1,4 +1,6 @@
 //! Files in a sandbox: read and write as streamed bodies, list, stat, remove, rename, mkdir.
+//! Each call names the image's account it acts as (`user`; root when absent), and the agent
+//! runs it with that account's ids, so it gets what the account's commands would.
 
 use super::extract::{account_name, sandbox_id, sandbox_path, ApiJson, ApiQuery};
 use super::types::*;
@@ -17,13 +19,35 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The answer's head: sent once the agent has sent the first bytes or ended the read, so
+/// that a refusal (a FIFO or device, a path the account may not read) is an error status, not
+/// a 200 with an empty body.
+type Head = tokio::sync::oneshot::Sender<ApiResult<()>>;
+
 /// A `Write` that hands file data to the response body as it arrives, up to a limit. A client
 /// that stops reading for longer than `stall` ends the download, freeing the worker.
 struct ChannelSink {
     tx: tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
+    head: Option<Head>,
     left: u64,
     stall: Duration,
     rt: tokio::runtime::Handle,
+}
+
+impl ChannelSink {
+    /// Ends the read: the head gets `outcome` if it has not gone yet; otherwise an error can
+    /// only cut the body short (the client sees a truncated transfer).
+    fn finish(mut self, outcome: ApiResult<()>) {
+        match (self.head.take(), outcome) {
+            (Some(head), outcome) => {
+                let _ = head.send(outcome);
+            }
+            (None, Err(e)) => {
+                let _ = self.tx.blocking_send(Err(std::io::Error::other(e.message)));
+            }
+            (None, Ok(())) => {}
+        }
+    }
 }
 
 impl Write for ChannelSink {
@@ -32,6 +56,9 @@ impl Write for ChannelSink {
             return Err(std::io::Error::other("the file grew past the download limit while it was read"));
         }
         self.left -= buf.len() as u64;
+        if let Some(head) = self.head.take() {
+            let _ = head.send(Ok(()));
+        }
         let (tx, stall, chunk) = (&self.tx, self.stall, Bytes::copy_from_slice(buf));
         // The timer is made inside the runtime, whichever thread this runs on.
         let sent = self.rt.block_on(async move { tokio::time::timeout(stall, tx.send(Ok(chunk))).await });
@@ -51,7 +78,7 @@ impl Write for ChannelSink {
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "files",
     params(("id" = String, Path, description = "sandbox id"), PathQuery),
     responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>, description = "the file's bytes"),
-              (status = "4XX", body = ErrorBody, description = "no such file (404), a directory (422), over the download limit (413)")))]
+              (status = "4XX", body = ErrorBody, description = "no such file (404), a directory or not a regular file (422), not readable by the account (403), over the download limit (413)")))]
 pub async fn read(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -59,13 +86,26 @@ pub async fn read(
 ) -> ApiResult<Response> {
     let id = sandbox_id(&id)?;
     let path = sandbox_path(&q.path)?;
+    let user = q.user.as_deref().map(|u| account_name("user", u)).transpose()?;
+    read_as(st, id, path, user).await
+}
+
+/// Streams the file at `path` of sandbox `id`, read as the image's account `user` (root when
+/// `None`).
+pub async fn read_as(
+    st: AppState,
+    id: branchbox_model::SandboxId,
+    path: String,
+    user: Option<String>,
+) -> ApiResult<Response> {
     let limit = st.cfg.max_download_bytes;
     // Stat first, so a missing file, a directory or an oversized file gets its status code
     // before the body starts.
+    let u2 = user.clone();
     let (mut conn, size, path) = st
         .blocking(move |engine, st| {
             let mut conn = st.agent(engine, &id, Duration::ZERO)?;
-            let s = conn.stat(&path)?;
+            let s = conn.stat_as(&path, u2.as_deref())?;
             if s.kind == FileKind::Dir {
                 return Err(ApiError::invalid(format!("{path} is a directory; list it with GET .../files/list")));
             }
@@ -79,15 +119,14 @@ pub async fn read(
         })
         .await?;
     let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let (head_tx, head_rx) = tokio::sync::oneshot::channel();
     let (stall, rt) = (st.cfg.agent_stall, tokio::runtime::Handle::current());
     tokio::task::spawn_blocking(move || {
-        let mut sink = ChannelSink { tx: tx.clone(), left: limit, stall, rt };
-        if let Err(e) = conn.read_file_max(&path, &mut sink, limit) {
-            // An error after the head was sent can only cut the body short; the client sees a
-            // truncated transfer (its length no longer matches).
-            let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
-        }
+        let mut sink = ChannelSink { tx, head: Some(head_tx), left: limit, stall, rt };
+        let r = conn.read_file_as(&path, &mut sink, limit, user.as_deref());
+        sink.finish(r.map(|_| ()).map_err(ApiError::from));
     });
+    head_rx.await.map_err(|_| ApiError::internal("the file's reader ended without an answer"))??;
     let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
     let mut r = (StatusCode::OK, [(header::CONTENT_TYPE, "application/octet-stream")], body).into_response();
     r.headers_mut().insert("x-file-size", size.into());
@@ -144,12 +183,12 @@ pub async fn write(
     let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream));
     let p2 = path.clone();
     let parents = q.parents.unwrap_or(true);
-    let owner = q.user.as_deref().map(|u| account_name("user", u)).transpose()?;
+    let user = q.user.as_deref().map(|u| account_name("user", u)).transpose()?;
     let r = st
         .blocking(move |engine, st| {
             let mut conn = st.agent(engine, &id, Duration::ZERO)?;
             let mut reader = reader;
-            Ok(conn.write_file_as(&p2, &mut reader, mode, false, parents, owner.as_deref())?)
+            Ok(conn.write_file_as(&p2, &mut reader, mode, false, parents, user.as_deref())?)
         })
         .await;
     if over.load(Ordering::Relaxed) {
@@ -171,9 +210,10 @@ pub async fn list(
 ) -> ApiResult<Json<Vec<EntryInfo>>> {
     let id = sandbox_id(&id)?;
     let path = sandbox_path(&q.path)?;
+    let user = q.user.as_deref().map(|u| account_name("user", u)).transpose()?;
     let out = st
         .blocking(move |engine, st| {
-            let entries = st.agent(engine, &id, Duration::ZERO)?.list_dir(&path)?;
+            let entries = st.agent(engine, &id, Duration::ZERO)?.list_dir_as(&path, user.as_deref())?;
             let base = path.trim_end_matches('/');
             Ok(entries.iter().map(|e| EntryInfo::new(e, format!("{base}/{}", e.name))).collect())
         })
@@ -192,9 +232,10 @@ pub async fn stat(
 ) -> ApiResult<Json<EntryInfo>> {
     let id = sandbox_id(&id)?;
     let path = sandbox_path(&q.path)?;
+    let user = q.user.as_deref().map(|u| account_name("user", u)).transpose()?;
     let out = st
         .blocking(move |engine, st| {
-            let s = st.agent(engine, &id, Duration::ZERO)?.stat(&path)?;
+            let s = st.agent(engine, &id, Duration::ZERO)?.stat_as(&path, user.as_deref())?;
             Ok(EntryInfo::new(&s, path))
         })
         .await?;
@@ -213,8 +254,11 @@ pub async fn remove(
     let id = sandbox_id(&id)?;
     let path = sandbox_path(&q.path)?;
     let recursive = q.recursive.unwrap_or(false);
-    st.blocking(move |engine, st| Ok(st.agent(engine, &id, Duration::ZERO)?.remove(&path, recursive)?))
-        .await?;
+    let user = q.user.as_deref().map(|u| account_name("user", u)).transpose()?;
+    st.blocking(move |engine, st| {
+        Ok(st.agent(engine, &id, Duration::ZERO)?.remove_as(&path, recursive, user.as_deref())?)
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -229,7 +273,11 @@ pub async fn rename(
 ) -> ApiResult<StatusCode> {
     let id = sandbox_id(&id)?;
     let (from, to) = (sandbox_path(&req.from)?, sandbox_path(&req.to)?);
-    st.blocking(move |engine, st| Ok(st.agent(engine, &id, Duration::ZERO)?.rename(&from, &to)?)).await?;
+    let user = req.user.as_deref().map(|u| account_name("user", u)).transpose()?;
+    st.blocking(move |engine, st| {
+        Ok(st.agent(engine, &id, Duration::ZERO)?.rename_as(&from, &to, user.as_deref())?)
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -252,15 +300,15 @@ pub async fn mkdir(
     let id = sandbox_id(&id)?;
     let path = sandbox_path(&req.path)?;
     let parents = req.parents.unwrap_or(true);
-    let owner = req.user.as_deref().map(|u| account_name("user", u)).transpose()?;
+    let user = req.user.as_deref().map(|u| account_name("user", u)).transpose()?;
     let created = st
         .blocking(move |engine, st| {
             let mut conn = st.agent(engine, &id, Duration::ZERO)?;
-            let existed = conn.stat(&path).is_ok_and(|s| s.kind == FileKind::Dir);
+            let existed = conn.stat_as(&path, user.as_deref()).is_ok_and(|s| s.kind == FileKind::Dir);
             if existed && parents {
                 return Ok(false);
             }
-            conn.mkdir_as(&path, parents, owner.as_deref())?;
+            conn.mkdir_as(&path, parents, user.as_deref())?;
             Ok(true)
         })
         .await?;
@@ -275,8 +323,13 @@ mod tests {
     fn a_download_whose_client_stops_reading_frees_its_worker() {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_time().build().unwrap();
         let (tx, mut rx) = tokio::sync::mpsc::channel(2);
-        let mut sink =
-            ChannelSink { tx, left: 1 << 20, stall: Duration::from_millis(50), rt: rt.handle().clone() };
+        let mut sink = ChannelSink {
+            tx,
+            head: None,
+            left: 1 << 20,
+            stall: Duration::from_millis(50),
+            rt: rt.handle().clone(),
+        };
         // Nobody reads `rx`: two chunks fill the channel, the third waits out the stall limit.
         let mut written = 0;
         let e = loop {

@@ -450,6 +450,9 @@ impl EntryInfo {
 pub struct PathQuery {
     /// Absolute path.
     pub path: String,
+    /// The image's account to act as (e.g. `user`): the call gets what that account's
+    /// commands would (root's when absent).
+    pub user: Option<String>,
 }
 
 /// Where and how to write a file.
@@ -462,7 +465,8 @@ pub struct WriteQuery {
     pub mode: Option<String>,
     /// Create missing parent directories (default true).
     pub parents: Option<bool>,
-    /// The image's account that owns the file and the directories made for it (root when
+    /// The image's account that writes the file (e.g. `user`): it and the directories made
+    /// for it are that account's, and a path the account may not write is refused (root's when
     /// absent).
     pub user: Option<String>,
 }
@@ -475,6 +479,9 @@ pub struct RemoveQuery {
     pub path: String,
     /// Remove a directory tree.
     pub recursive: Option<bool>,
+    /// The image's account to act as (e.g. `user`): the call gets what that account's
+    /// commands would (root's when absent).
+    pub user: Option<String>,
 }
 
 /// A file written.
@@ -494,6 +501,9 @@ pub struct RenamePath {
     pub from: String,
     /// Absolute destination path.
     pub to: String,
+    /// The image's account to act as (e.g. `user`): the call gets what that account's
+    /// commands would (root's when absent).
+    pub user: Option<String>,
 }
 
 /// Creates a directory.
@@ -504,7 +514,8 @@ pub struct MakeDir {
     pub path: String,
     /// Create missing parents; no error if it exists (default true).
     pub parents: Option<bool>,
-    /// The image's account that owns the directories created (root when absent).
+    /// The image's account that makes the directories (e.g. `user`): they are its, and a
+    /// place the account may not write is refused (root's when absent).
     pub user: Option<String>,
 }
 

@@ -1,11 +1,15 @@
 //! envd's file calls: `filesystem.Filesystem/Stat`, `ListDir`, `MakeDir`, `Move` and `Remove`
 //! (Connect-RPC), and the HTTP `GET/POST /files` that read and write contents (uploads raw or
-//! `multipart/form-data`, streamed into the sandbox).
+//! `multipart/form-data`, streamed into the sandbox, bounded by [`super::uploads`]). Each runs
+//! as the account the call names (envd's `Authorization: Basic <user>:` or `?username=`;
+//! `user` by default): the agent takes that account's ids, as envd does.
 
 use super::connect::RpcError;
 use super::envd::{api, error_response, resolve, unary, user_of, Target};
 use super::pb;
+use super::uploads::{HeaderCap, HeadersTooLong};
 use crate::api::extract::account_name;
+use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 use axum::body::{Body, Bytes};
@@ -63,11 +67,13 @@ pub fn entry(s: &FileStat, path: &str) -> pb::EntryInfo {
     }
 }
 
-/// Runs `op` on the sandbox's agent (it acts on `path`), then answers the entry `path` has.
+/// Runs `op` on the sandbox's agent (it acts on `path`), then answers the entry `path` has,
+/// as `user` sees it.
 async fn entry_after<F>(
     st: &AppState,
     id: SandboxId,
     path: String,
+    user: String,
     op: F,
 ) -> Result<pb::EntryResponse, RpcError>
 where
@@ -77,7 +83,7 @@ where
         .blocking(move |engine, st| {
             let mut conn = st.agent(engine, &id, Duration::ZERO)?;
             op(&mut conn, &path)?;
-            Ok((conn.stat(&path)?, path))
+            Ok((conn.stat_as(&path, Some(&user))?, path))
         })
         .await
         .map_err(api)?;
@@ -92,8 +98,9 @@ pub(super) async fn stat(
 ) -> Response {
     let user = user_of(&h);
     unary(&h, body, |req: pb::PathRequest| async move {
-        let path = resolve(&req.path, &user?)?;
-        entry_after(&st, t.sandbox, path, |_, _| Ok(())).await
+        let user = user?;
+        let path = resolve(&req.path, &user)?;
+        entry_after(&st, t.sandbox, path, user, |_, _| Ok(())).await
     })
     .await
 }
@@ -106,13 +113,14 @@ pub(super) async fn list_dir(
 ) -> Response {
     let user = user_of(&h);
     unary(&h, body, |req: pb::ListDirRequest| async move {
-        let root = resolve(&req.path, &user?)?;
+        let user = user?;
+        let root = resolve(&req.path, &user)?;
         let depth = req.depth.clamp(1, 64) as usize;
         let id = t.sandbox;
         let entries = st
             .blocking(move |engine, st| {
                 let mut conn = st.agent(engine, &id, Duration::ZERO)?;
-                if conn.stat(&root)?.kind != FileKind::Dir {
+                if conn.stat_as(&root, Some(&user))?.kind != FileKind::Dir {
                     return Err(ApiError::invalid(format!("{root} is not a directory")));
                 }
                 let mut out = Vec::new();
@@ -121,7 +129,7 @@ pub(super) async fn list_dir(
                     let mut next = Vec::new();
                     for dir in level {
                         let base = dir.trim_end_matches('/').to_string();
-                        for e in conn.list_dir(&dir)? {
+                        for e in conn.list_dir_as(&dir, Some(&user))? {
                             let full = format!("{base}/{}", e.name);
                             if e.kind == FileKind::Dir {
                                 next.push(full.clone());
@@ -155,8 +163,8 @@ pub(super) async fn make_dir(
     unary(&h, body, |req: pb::PathRequest| async move {
         let user = user?;
         let path = resolve(&req.path, &user)?;
-        entry_after(&st, t.sandbox, path, move |conn, path| {
-            if conn.stat(path).is_ok() {
+        entry_after(&st, t.sandbox, path, user.clone(), move |conn, path| {
+            if conn.stat_as(path, Some(&user)).is_ok() {
                 return Err(ApiError::new(StatusCode::CONFLICT, "already_exists", format!("{path} exists")));
             }
             Ok(conn.mkdir_as(path, true, Some(&user))?)
@@ -176,7 +184,8 @@ pub(super) async fn move_path(
     unary(&h, body, |req: pb::MoveRequest| async move {
         let user = user?;
         let (from, to) = (resolve(&req.source, &user)?, resolve(&req.destination, &user)?);
-        entry_after(&st, t.sandbox, to, move |conn, to| Ok(conn.rename(&from, to)?)).await
+        let u2 = user.clone();
+        entry_after(&st, t.sandbox, to, user, move |conn, to| Ok(conn.rename_as(&from, to, Some(&u2))?)).await
     })
     .await
 }
@@ -189,11 +198,14 @@ pub(super) async fn remove(
 ) -> Response {
     let user = user_of(&h);
     unary(&h, body, |req: pb::PathRequest| async move {
-        let path = resolve(&req.path, &user?)?;
+        let user = user?;
+        let path = resolve(&req.path, &user)?;
         let id = t.sandbox;
-        st.blocking(move |engine, st| Ok(st.agent(engine, &id, Duration::ZERO)?.remove(&path, true)?))
-            .await
-            .map_err(api)?;
+        st.blocking(move |engine, st| {
+            Ok(st.agent(engine, &id, Duration::ZERO)?.remove_as(&path, true, Some(&user))?)
+        })
+        .await
+        .map_err(api)?;
         Ok(pb::Empty {})
     })
     .await
@@ -228,21 +240,16 @@ pub(super) async fn read_file(
     let target = async {
         let q = files_query(&uri)?;
         let user = query_user(&q, &h)?;
-        resolve(q.path.as_deref().ok_or_else(|| RpcError::invalid("give ?path= of the file"))?, &user)
+        let path =
+            resolve(q.path.as_deref().ok_or_else(|| RpcError::invalid("give ?path= of the file"))?, &user)?;
+        Ok::<_, RpcError>((path, user))
     }
     .await;
-    let path = match target {
+    let (path, user) = match target {
         Ok(p) => p,
         Err(e) => return error_response(&e),
     };
-    let q = crate::api::types::PathQuery { path };
-    match crate::api::files::read(
-        State(st),
-        axum::extract::Path(t.sandbox.to_string()),
-        crate::api::extract::ApiQuery(q),
-    )
-    .await
-    {
+    match crate::api::files::read_as(st, t.sandbox, path, Some(user)).await {
         Ok(r) => r,
         Err(e) => error_response(&api(e)),
     }
@@ -265,17 +272,22 @@ fn written(path: &str) -> WriteInfo {
 pub(super) async fn write_file(
     State(st): State<AppState>,
     Extension(t): Extension<Target>,
+    Extension(caller): Extension<Caller>,
     uri: axum::http::Uri,
     h: HeaderMap,
     body: Body,
 ) -> Response {
+    let _slot = match st.uploads.take(&t.sandbox, &caller.0) {
+        Ok(s) => s,
+        Err(e) => return error_response(&e),
+    };
     match write_files(st, t.sandbox, &uri, &h, body).await {
         Ok(files) => axum::Json(files).into_response(),
         Err(e) => error_response(&e),
     }
 }
 
-/// Streams one upload into a file of the sandbox, owned by `user`, up to `left` bytes.
+/// Streams one upload into a file of the sandbox, written as `user`, up to `left` bytes.
 async fn upload<S>(
     st: &AppState,
     id: &SandboxId,
@@ -349,9 +361,26 @@ async fn write_files(
     let constraints = multer::Constraints::new()
         .allowed_fields(vec!["file"])
         .size_limit(multer::SizeLimit::new().whole_stream(st.cfg.max_upload_bytes.saturating_add(1 << 20)));
-    let mut form = multer::Multipart::with_constraints(body.into_data_stream(), boundary, constraints);
+    // The parser holds a part's headers until they end: cut them before it sees them.
+    let mut cap = HeaderCap::new(&boundary);
+    let too_long = Arc::new(AtomicBool::new(false));
+    let t2 = too_long.clone();
+    let capped = body.into_data_stream().map(move |r| {
+        let c = r.map_err(std::io::Error::other)?;
+        cap.feed(&c).map_err(|e| {
+            t2.store(true, Ordering::Relaxed);
+            std::io::Error::other(e)
+        })?;
+        Ok::<_, std::io::Error>(c)
+    });
+    let mut form = multer::Multipart::with_constraints(capped, boundary, constraints);
     let mut out = Vec::new();
-    let bad = |e: multer::Error| RpcError::invalid(format!("the multipart body does not parse: {e}"));
+    let bad = |e: multer::Error| {
+        if too_long.load(Ordering::Relaxed) {
+            return RpcError::from(HeadersTooLong);
+        }
+        RpcError::invalid(format!("the multipart body does not parse: {e}"))
+    };
     while let Some(field) = tokio::time::timeout(stall, form.next_field())
         .await
         .map_err(|_| RpcError::new("deadline_exceeded", "the client stopped sending the upload"))?

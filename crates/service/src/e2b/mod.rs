@@ -18,6 +18,7 @@ pub mod envd;
 pub mod files;
 pub mod follow;
 pub mod rest;
+pub mod uploads;
 pub mod watch;
 
 pub use branchbox_e2b_wire::{connect, pb};

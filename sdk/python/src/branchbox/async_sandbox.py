@@ -211,8 +211,8 @@ class AsyncCommands:
 
 
 class AsyncFiles:
-    """Files in one sandbox; as `Sandbox.files` (relative paths under the user's home, files
-    made owned by the user)."""
+    """Files in one sandbox; as `Sandbox.files` (relative paths under the user's home, every
+    call acting as the user)."""
 
     def __init__(self, sandbox: "AsyncSandbox") -> None:
         self._s = sandbox
@@ -223,11 +223,20 @@ class AsyncFiles:
     def _abs(self, path: str, user: Optional[str]) -> str:
         return _compat.resolve_path(path, user or self._s.default_user)
 
+    def _query(self, path: str, user: Optional[str]) -> Dict[str, Any]:
+        # Every call names its account, so the service acts as it: a file call gets what the
+        # account's commands would (a path they cannot read is refused here too).
+        who = user or self._s.default_user
+        q: Dict[str, Any] = {"path": self._abs(path, who)}
+        if who:
+            q["user"] = who
+        return q
+
     async def read(self, path: str, format: str = "text", user: Optional[str] = None) -> Any:
         """As `Sandbox.files.read`; `format="stream"` gives an async iterator of byte chunks."""
         if format not in ("text", "bytes", "stream"):
             raise InvalidArgumentError(f"format {format!r} is not one of 'text', 'bytes', 'stream'")
-        c = _api.Call("GET", self._path(), params={"path": self._abs(path, user)})
+        c = _api.Call("GET", self._path(), params=self._query(path, user))
         if format == "stream":
             cm = self._s._http.stream(c)
             # Sent now, so that a missing file raises here as for the other formats.
@@ -265,12 +274,12 @@ class AsyncFiles:
 
     async def list(self, path: str, user: Optional[str] = None) -> List[EntryInfo]:
         """Entries of a directory."""
-        r = await self._s._http.call(_api.Call("GET", self._path("/list"), params={"path": self._abs(path, user)}))
+        r = await self._s._http.call(_api.Call("GET", self._path("/list"), params=self._query(path, user)))
         return [EntryInfo.parse(e) for e in r.json()]
 
     async def get_info(self, path: str, user: Optional[str] = None) -> EntryInfo:
         """Metadata of a path."""
-        r = await self._s._http.call(_api.Call("GET", self._path("/stat"), params={"path": self._abs(path, user)}))
+        r = await self._s._http.call(_api.Call("GET", self._path("/stat"), params=self._query(path, user)))
         return EntryInfo.parse(r.json())
 
     async def exists(self, path: str, user: Optional[str] = None) -> bool:
@@ -283,14 +292,17 @@ class AsyncFiles:
 
     async def remove(self, path: str, recursive: bool = True, user: Optional[str] = None) -> None:
         """Removes a file or a directory (with its contents unless `recursive=False`)."""
-        params = {"path": self._abs(path, user), "recursive": str(recursive).lower()}
+        params = {**self._query(path, user), "recursive": str(recursive).lower()}
         await self._s._http.call(_api.Call("DELETE", self._path(), params=params))
 
     async def rename(self, old_path: str, new_path: str, user: Optional[str] = None) -> EntryInfo:
         """Renames a path; returns the renamed entry."""
-        old, new = self._abs(old_path, user), self._abs(new_path, user)
-        await self._s._http.call(_api.Call("POST", self._path("/rename"), json={"from": old, "to": new}))
-        return await self.get_info(new)
+        old, new = self._query(old_path, user), self._query(new_path, user)
+        body = {"from": old["path"], "to": new["path"]}
+        if "user" in old:
+            body["user"] = old["user"]
+        await self._s._http.call(_api.Call("POST", self._path("/rename"), json=body))
+        return await self.get_info(new["path"], user)
 
     async def watch_dir(self, path: str, on_event: Callable[[FilesystemEvent], Any],
                         on_exit: Optional[Callable[[Optional[Exception]], Any]] = None, recursive: bool = False,

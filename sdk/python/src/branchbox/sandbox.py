@@ -232,7 +232,8 @@ class Commands:
 
 class Files:
     """Files in one sandbox. Relative paths are under the user's home (`/home/user`), as in
-    E2B; files and directories made are owned by that user."""
+    E2B. Every call acts as that user (or the `user` it is given): it may do what the user's
+    commands may, and files and directories it makes are the user's."""
 
     def __init__(self, sandbox: "Sandbox") -> None:
         self._s = sandbox
@@ -242,6 +243,15 @@ class Files:
 
     def _abs(self, path: str, user: Optional[str]) -> str:
         return _compat.resolve_path(path, user or self._s.default_user)
+
+    def _query(self, path: str, user: Optional[str]) -> Dict[str, Any]:
+        # Every call names its account, so the service acts as it: a file call gets what the
+        # account's commands would (a path they cannot read is refused here too).
+        who = user or self._s.default_user
+        q: Dict[str, Any] = {"path": self._abs(path, who)}
+        if who:
+            q["user"] = who
+        return q
 
     @overload
     def read(self, path: str, format: Literal["text"] = "text", user: Optional[str] = None) -> str: ...
@@ -258,7 +268,7 @@ class Files:
         iterator is exhausted or closed)."""
         if format not in ("text", "bytes", "stream"):
             raise InvalidArgumentError(f"format {format!r} is not one of 'text', 'bytes', 'stream'")
-        c = _api.Call("GET", self._path(), params={"path": self._abs(path, user)})
+        c = _api.Call("GET", self._path(), params=self._query(path, user))
         if format == "stream":
             return self._chunks(c)
         with self._s._http.stream(c) as r:
@@ -311,12 +321,12 @@ class Files:
 
     def list(self, path: str, user: Optional[str] = None) -> List[EntryInfo]:
         """Entries of a directory."""
-        r = self._s._http.call(_api.Call("GET", self._path("/list"), params={"path": self._abs(path, user)}))
+        r = self._s._http.call(_api.Call("GET", self._path("/list"), params=self._query(path, user)))
         return [EntryInfo.parse(e) for e in r.json()]
 
     def get_info(self, path: str, user: Optional[str] = None) -> EntryInfo:
         """Metadata of a path."""
-        c = _api.Call("GET", self._path("/stat"), params={"path": self._abs(path, user)})
+        c = _api.Call("GET", self._path("/stat"), params=self._query(path, user))
         return EntryInfo.parse(self._s._http.call(c).json())
 
     def exists(self, path: str, user: Optional[str] = None) -> bool:
@@ -329,14 +339,17 @@ class Files:
 
     def remove(self, path: str, recursive: bool = True, user: Optional[str] = None) -> None:
         """Removes a file or a directory (with its contents unless `recursive=False`)."""
-        params = {"path": self._abs(path, user), "recursive": str(recursive).lower()}
+        params = {**self._query(path, user), "recursive": str(recursive).lower()}
         self._s._http.call(_api.Call("DELETE", self._path(), params=params))
 
     def rename(self, old_path: str, new_path: str, user: Optional[str] = None) -> EntryInfo:
         """Renames a path; returns the renamed entry."""
-        old, new = self._abs(old_path, user), self._abs(new_path, user)
-        self._s._http.call(_api.Call("POST", self._path("/rename"), json={"from": old, "to": new}))
-        return self.get_info(new)
+        old, new = self._query(old_path, user), self._query(new_path, user)
+        body = {"from": old["path"], "to": new["path"]}
+        if "user" in old:
+            body["user"] = old["user"]
+        self._s._http.call(_api.Call("POST", self._path("/rename"), json=body))
+        return self.get_info(new["path"], user)
 
     def watch_dir(self, path: str, recursive: bool = False, user: Optional[str] = None) -> _follow.WatchHandle:
         """Watches a directory (and with `recursive=True` its subdirectories): the handle's
