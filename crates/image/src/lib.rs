@@ -29,6 +29,7 @@ mod lock;
 mod names;
 mod oci;
 mod recipe;
+mod tar_members;
 mod unpack;
 
 pub use build::{ensure_image, image_id, Image, STATX_COMPAT_IN_IMAGE};

@@ -1,6 +1,7 @@
 //! Reading an OCI image layout (a directory or a tarball of one) or a `docker save` tarball:
 //! typed manifests, sha256-verified blobs, layers in order.
 
+use crate::tar_members::{shown, Members};
 use crate::unpack::{apply_layer, Budget, Counted};
 use branchbox_model::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -123,22 +124,22 @@ impl Source {
         let mut index = HashMap::new();
         let mut links = Vec::new();
         let mut archive = tar::Archive::new(&file);
-        let entries =
-            archive.entries().map_err(|e| bad(format!("{} is not a tarball: {e}", path.display())))?;
-        for entry in entries {
-            let entry =
-                entry.map_err(|e| bad(format!("{} is not a readable tarball: {e}", path.display())))?;
+        let members = Members::new(&mut archive)
+            .map_err(|e| bad(format!("{} is not a tarball: {e}", path.display())))?;
+        for member in members {
+            let member =
+                member.map_err(|e| bad(format!("{} is not a readable tarball: {e}", path.display())))?;
             if index.len() + links.len() >= MAX_OUTER_ENTRIES {
                 return Err(bad(format!("{} holds more than {MAX_OUTER_ENTRIES} files", path.display())));
             }
-            let name = normal(&entry.path().map_err(|e| bad(e.to_string()))?.to_string_lossy());
-            match entry.header().entry_type() {
+            let name = normal(&member.path().to_string_lossy());
+            match member.entry.header().entry_type() {
                 tar::EntryType::Regular | tar::EntryType::Continuous => {
-                    index.insert(name, (entry.raw_file_position(), entry.size()));
+                    index.insert(name, (member.entry.raw_file_position(), member.entry.size()));
                 }
                 // docker save links a layer shared by several images to its first copy.
                 tar::EntryType::Symlink | tar::EntryType::Link => {
-                    if let Ok(Some(target)) = entry.link_name() {
+                    if let Some(target) = member.link_name() {
                         links.push((name, target.to_string_lossy().into_owned()));
                     }
                 }
@@ -166,8 +167,12 @@ impl Source {
 
     /// A reader over the file `name` (already normalized: no `..`, not absolute).
     fn read(&self, name: &str) -> Result<Box<dyn Read + '_>> {
-        let missing =
-            || bad(format!("the image has no file {name:?}; is it a complete OCI layout or docker save?"));
+        let missing = || {
+            bad(format!(
+                "the image has no file {}; is it a complete OCI layout or docker save?",
+                shown(Path::new(name))
+            ))
+        };
         match self {
             Source::Dir(d) => {
                 let p = d.join(name);
@@ -180,7 +185,8 @@ impl Source {
                 let m = std::fs::symlink_metadata(&p).map_err(|_| missing())?;
                 if !inside || !m.is_file() {
                     return Err(bad(format!(
-                        "the image names {name:?}, which is not a plain file inside {}",
+                        "the image names {}, which is not a plain file inside {}",
+                        shown(Path::new(name)),
                         d.display()
                     )));
                 }

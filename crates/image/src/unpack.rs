@@ -3,6 +3,7 @@
 //! would be inside the root (like a chroot), device nodes are skipped, and bytes and entries are
 //! counted against limits.
 
+use crate::tar_members::{shown, Members};
 use branchbox_model::{Error, Result};
 use std::collections::HashSet;
 use std::ffi::OsStr;
@@ -12,6 +13,8 @@ use std::path::{Component, Path, PathBuf};
 
 /// Most symlinks followed while resolving one path (Linux's own limit).
 const MAX_HOPS: u32 = 40;
+/// Longest name of one path component (Linux's NAME_MAX).
+const NAME_MAX: usize = 255;
 
 /// What one import may unpack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,17 +74,24 @@ fn bad(msg: String) -> Error {
     Error::InvalidInput(msg)
 }
 
-/// The components of a path inside an image: `.` dropped, `..` and absolute paths refused.
+/// The components of a path inside an image: `.` dropped, `..` and absolute paths refused, and
+/// names no file system holds (over 255 bytes, or with a NUL) refused before they reach one.
 pub(crate) fn components(path: &Path) -> Result<Vec<&OsStr>> {
     let mut out = Vec::new();
     for c in path.components() {
         match c {
+            Component::Normal(n) if n.len() > NAME_MAX || n.as_bytes().contains(&0) => {
+                return Err(bad(format!(
+                    "the layer entry {} has a name over {NAME_MAX} bytes or with a NUL byte",
+                    shown(path)
+                )))
+            }
             Component::Normal(n) => out.push(n),
             Component::CurDir => {}
             Component::ParentDir | Component::RootDir | Component::Prefix(_) => {
                 return Err(bad(format!(
-                    "the layer entry {:?} leaves the image root (absolute paths and '..' are refused)",
-                    path
+                    "the layer entry {} leaves the image root (absolute paths and '..' are refused)",
+                    shown(path)
                 )))
             }
         }
@@ -170,9 +180,10 @@ pub(crate) fn apply_layer(root: &Path, layer: impl Read, budget: &mut Budget) ->
     // Written by this layer: an opaque directory hides lower layers only.
     let mut written: HashSet<PathBuf> = HashSet::new();
     let root_is_root = euid_is_root();
-    let entries = archive.entries().map_err(|e| bad(format!("the layer is not a tar archive: {e}")))?;
-    for entry in entries {
-        let mut entry = entry.map_err(|e| bad(format!("a layer entry cannot be read: {e}")))?;
+    let members =
+        Members::new(&mut archive).map_err(|e| bad(format!("the layer is not a tar archive: {e}")))?;
+    for member in members {
+        let mut member = member.map_err(|e| bad(format!("a layer entry cannot be read: {e}")))?;
         budget.entries += 1;
         if budget.entries > budget.limits.max_entries {
             return Err(bad(format!(
@@ -180,13 +191,12 @@ pub(crate) fn apply_layer(root: &Path, layer: impl Read, budget: &mut Budget) ->
                 budget.limits.max_entries
             )));
         }
-        let path =
-            entry.path().map_err(|e| bad(format!("a layer entry has an unreadable path: {e}")))?.into_owned();
+        let path = member.path().to_path_buf();
         let comps = components(&path)?;
         let Some((&name, parents)) = comps.split_last() else {
             continue; // the root itself
         };
-        let kind = entry.header().entry_type();
+        let kind = member.entry.header().entry_type();
         if name.as_bytes() == OPAQUE {
             let dir = resolve_dir(root, parents, true)?;
             let rel: PathBuf = parents.iter().collect();
@@ -199,6 +209,13 @@ pub(crate) fn apply_layer(root: &Path, layer: impl Read, budget: &mut Budget) ->
             continue;
         }
         if let Some(hidden) = name.as_bytes().strip_prefix(WHITEOUT) {
+            // `.wh.`, `.wh..` and `.wh...` would name the directory itself or its parent.
+            if matches!(hidden, b"" | b"." | b"..") || hidden.contains(&b'/') {
+                return Err(bad(format!(
+                    "the whiteout {} hides no name (empty, '.' or '..'); the layer is malformed",
+                    shown(&path)
+                )));
+            }
             let dir = resolve_dir(root, parents, true)?;
             remove_any(&dir.join(OsStr::from_bytes(hidden)))?;
             continue;
@@ -206,7 +223,7 @@ pub(crate) fn apply_layer(root: &Path, layer: impl Read, budget: &mut Budget) ->
         let dir = resolve_dir(root, parents, true)?;
         let dest = dir.join(name);
         written.insert(comps.iter().collect());
-        let mode = entry.header().mode().unwrap_or(0o644) & 0o7777;
+        let mode = member.entry.header().mode().unwrap_or(0o644) & 0o7777;
         use std::os::unix::fs::PermissionsExt;
         match kind {
             tar::EntryType::Directory => {
@@ -225,32 +242,32 @@ pub(crate) fn apply_layer(root: &Path, layer: impl Read, budget: &mut Budget) ->
                     .create_new(true)
                     .open(&dest)
                     .map_err(|e| Error::io(&dest, e))?;
-                std::io::copy(&mut entry, &mut f)
-                    .map_err(|e| bad(format!("the layer entry {path:?} cannot be unpacked: {e}")))?;
+                std::io::copy(&mut member.entry, &mut f)
+                    .map_err(|e| bad(format!("the layer entry {} cannot be unpacked: {e}", shown(&path))))?;
                 f.set_permissions(std::fs::Permissions::from_mode(mode)).map_err(|e| Error::io(&dest, e))?;
-                if let Ok(mtime) = entry.header().mtime() {
+                if let Ok(mtime) = member.entry.header().mtime() {
                     let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(mtime);
                     let _ = f.set_modified(t);
                 }
             }
             tar::EntryType::Symlink => {
-                let target = entry
+                let target = member
                     .link_name()
-                    .map_err(|e| bad(format!("the symlink {path:?} has an unreadable target: {e}")))?
-                    .ok_or_else(|| bad(format!("the symlink {path:?} has no target")))?;
+                    .ok_or_else(|| bad(format!("the symlink {} has no target", shown(&path))))?;
                 remove_any(&dest)?;
-                std::os::unix::fs::symlink(&target, &dest).map_err(|e| Error::io(&dest, e))?;
+                std::os::unix::fs::symlink(target, &dest).map_err(|e| Error::io(&dest, e))?;
             }
             tar::EntryType::Link => {
-                let target = entry
+                let target = member
                     .link_name()
-                    .map_err(|e| bad(format!("the hard link {path:?} has an unreadable target: {e}")))?
-                    .ok_or_else(|| bad(format!("the hard link {path:?} has no target")))?
-                    .into_owned();
+                    .ok_or_else(|| bad(format!("the hard link {} has no target", shown(&path))))?
+                    .to_path_buf();
                 let source = resolve_in_root(root, &target, false)?;
                 if std::fs::symlink_metadata(&source).map(|m| m.is_dir()).unwrap_or(true) {
                     return Err(bad(format!(
-                        "the hard link {path:?} points at {target:?}, which is missing or a directory"
+                        "the hard link {} points at {}, which is missing or a directory",
+                        shown(&path),
+                        shown(&target)
                     )));
                 }
                 remove_any(&dest)?;
@@ -261,12 +278,12 @@ pub(crate) fn apply_layer(root: &Path, layer: impl Read, budget: &mut Budget) ->
                 budget.skipped += 1;
                 continue;
             }
-            // PAX and GNU metadata entries are read by the tar crate; others carry nothing.
+            // Global PAX headers and unknown kinds carry nothing for the tree.
             _ => continue,
         }
         if root_is_root {
-            let uid = entry.header().uid().ok().and_then(|u| u32::try_from(u).ok());
-            let gid = entry.header().gid().ok().and_then(|g| u32::try_from(g).ok());
+            let uid = member.uid().and_then(|u| u32::try_from(u).ok());
+            let gid = member.gid().and_then(|g| u32::try_from(g).ok());
             std::os::unix::fs::lchown(&dest, uid, gid).map_err(|e| Error::io(&dest, e))?;
             if kind != tar::EntryType::Symlink && mode & 0o7000 != 0 {
                 // chown clears set-id bits; put them back.

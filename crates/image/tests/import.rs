@@ -135,6 +135,25 @@ fn entries_that_leave_the_root_are_refused() {
 }
 
 #[test]
+fn whiteouts_that_hide_no_name_are_refused_and_remove_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let images = d.path().join("images");
+    let kept = d.path().join("kept");
+    write_dir(&kept, &image(vec![(base_layer(), false)]).oci_files());
+    import(&images, "kept", &kept).unwrap();
+    // `.wh...` is `.wh.` hiding `..`: the directory above the one it sits in.
+    for (i, bad) in [".wh...", ".wh..", ".wh.", "etc/.wh...", "etc/.wh.."].iter().enumerate() {
+        let src = d.path().join(format!("layout{i}"));
+        write_dir(&src, &image(vec![(base_layer(), false), (layer(&[file(bad, "")]), false)]).oci_files());
+        let e = import(&images, "bad", &src).unwrap_err().to_string();
+        assert!(e.contains("whiteout") && e.contains("hides no name"), "{bad}: {e}");
+        assert!(tree(&images, "kept").join("etc/kept").is_file(), "{bad} removed another image");
+    }
+    assert!(imported_image(&images, "bad").unwrap().is_none());
+    no_temporaries(&images);
+}
+
+#[test]
 fn writing_through_a_symlink_stays_inside_the_root() {
     let d = tempfile::tempdir().unwrap();
     let (images, src, outside) = (d.path().join("images"), d.path().join("layout"), d.path().join("outside"));
