@@ -6,16 +6,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-./scripts/setup.sh
-echo "== building branchbox (release)"
-cargo build --release --workspace --quiet
+./scripts/setup.sh --demo
+# Only the three programs the demo runs: the CLI, the shim that owns each sandbox's agent, and
+# the agent itself (branchboxd, the VMM and the test crates are not needed here).
+echo "== building branchbox, branchbox-shim and branchbox-agent (release; about 5 minutes on 2 cores the first time, seconds after)"
+cargo build --release --quiet -p branchbox --bin branchbox -p branchbox-gvisor --bin branchbox-shim \
+    -p branchbox-agent --bin branchbox-agent
 bb=./target/release/branchbox
 export BRANCHBOX_DATA="${BRANCHBOX_DATA:-/var/lib/branchbox}"
 
 echo "== host"
 $bb doctor || true
-echo "== image (debootstrap and apt-get the first time, several minutes; then cached)"
-$bb image build
+echo "== image: Debian 12 with python3 (debootstrap the first time, about 2 minutes; then cached)"
+$bb image build minimal
 
 sandboxes=()
 forkpoint=
@@ -26,7 +29,7 @@ cleanup() {
 trap cleanup EXIT
 
 echo "== create a sandbox and run Python in it"
-src=$($bb create)
+src=$($bb create --image minimal)
 sandboxes+=("$src")
 echo "sandbox $src"
 $bb exec "$src" -- python3 -c 'import platform, sys; print("python", platform.python_version(), "on", sys.platform)'
@@ -62,3 +65,14 @@ forkpoint=$($bb --json ls | python3 -c "import json,sys; print([s['parent_snapsh
 echo "== lineage (the fork point with the source and its three children)"
 $bb log | grep -A4 "$forkpoint"
 echo "== done (sandboxes are destroyed on exit)"
+cat <<NEXT
+== next
+  $bb --help            # every command: snapshot, restore, checkpoint, rollback, templates, gc
+  # The service (HTTP API, console at /ui, E2B's wire); its setup adds node for the console:
+  ./scripts/setup.sh && cargo build --release -p branchbox-service && ./target/release/branchboxd &
+  # The Python SDK against it:
+  pip install ./sdk/python
+  BRANCHBOX_URL=http://127.0.0.1:7420 BRANCHBOX_TOKEN=\$(cat $BRANCHBOX_DATA/service/token) \\
+      python3 -c 'from branchbox import Sandbox; print(Sandbox.create().commands.run("echo hi").stdout)'
+  # E2B's own SDKs against it: E2B_API_URL=http://127.0.0.1:7420/e2b (docs/e2b.md)
+NEXT

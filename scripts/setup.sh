@@ -99,14 +99,19 @@ fi
 
 need=()
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
-# The guest kernel (`branchbox guest kernel`): Debian's 6.12 source and its build tools.
-[ -f /usr/src/linux-source-6.12.tar.xz ] || need+=(linux-source-6.12)
-for tool in make:make gcc:gcc bc:bc flex:flex bison:bison xz:xz-utils; do
-    command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool#*:}")
-done
-[ -f /usr/include/libelf.h ] || need+=(libelf-dev)
-# The root disk (`branchbox guest disk`): mkfs.ext4 -d, e2fsck.
-command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
+command -v gcc >/dev/null 2>&1 || need+=(gcc)
+# With --demo, only what the demo runs: the gvisor backend and its image. The Linux guest's
+# kernel and disk tools, and node (the service's console), are for the tests and branchboxd.
+if [ "${1:-}" != "--demo" ]; then
+    # The guest kernel (`branchbox guest kernel`): Debian's 6.12 source and its build tools.
+    [ -f /usr/src/linux-source-6.12.tar.xz ] || need+=(linux-source-6.12)
+    for tool in make:make bc:bc flex:flex bison:bison xz:xz-utils; do
+        command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool#*:}")
+    done
+    [ -f /usr/include/libelf.h ] || need+=(libelf-dev)
+    # The root disk (`branchbox guest disk`): mkfs.ext4 -d, e2fsck.
+    command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
+fi
 # QEMU comes from the suite of any qemu-utils already installed: a backports qemu-utils breaks
 # bookworm's qemu-system-common, so apt refuses the whole install (seen on a fresh machine).
 qemu=()
@@ -130,6 +135,7 @@ if [ ${#need[@]} -gt 0 ] || [ ${#qemu[@]} -gt 0 ]; then
     [ ${#qemu[@]} -eq 0 ] || apt-get install -y -q "${qemu[@]}" >/dev/null
 fi
 echo "setup: $("$runsc_bin" --version | head -1); debootstrap $(dpkg-query -W -f='${Version}' debootstrap 2>/dev/null || echo present)"
+[ "${1:-}" = "--demo" ] && exit 0
 echo "setup: linux-source-6.12 $(dpkg-query -W -f='${Version}' linux-source-6.12 2>/dev/null || echo present); $(mkfs.ext4 -V 2>&1 | head -1)"
 
 # --- node and npm; the console's terminal --------------------------------------------------------
