@@ -49,7 +49,7 @@ def test_commands_run_as_user_in_its_home_with_sudo_and_root_on_request(sbx):
     assert r.stdout == "user\n/home/user\n/home/user\n"
     # Passwordless sudo is configured (it runs on a real kernel; gVisor always sets
     # no_new_privs, so setuid programs cannot raise privileges there: user="root" does).
-    assert "user ALL=(ALL:ALL) NOPASSWD: ALL" in sbx.files.read("/etc/sudoers.d/user")
+    assert "user ALL=(ALL:ALL) NOPASSWD: ALL" in sbx.files.read("/etc/sudoers.d/user", user="root")
     assert sbx.commands.run("visudo -cf /etc/sudoers.d/user", user="root").exit_code == 0
     assert sbx.commands.run("id -un; pwd", user="root").stdout == "root\n/root\n"
     with pytest.raises(NotFoundError) as e:

@@ -29,8 +29,9 @@ def test_mode_is_applied(sbx):
 
 
 def test_list_stat_exists(sbx):
-    sbx.files.write("/srv/d/one", "1")
-    sbx.files.write("/srv/d/two", "22")
+    # As root: /srv is root's, and the calls act as the account they are made for.
+    sbx.files.write("/srv/d/one", "1", user="root")
+    sbx.files.write("/srv/d/two", "22", user="root")
     entries = {e.name: e for e in sbx.files.list("/srv/d")}
     assert set(entries) == {"one", "two"}
     assert entries["two"].size == 2 and entries["two"].type == "file" and entries["two"].path == "/srv/d/two"
@@ -39,13 +40,13 @@ def test_list_stat_exists(sbx):
 
 
 def test_rename_make_dir_remove(sbx):
-    assert sbx.files.make_dir("/work/x/y") is True
-    assert sbx.files.make_dir("/work/x/y") is False
-    sbx.files.write("/work/x/y/f", "data")
-    moved = sbx.files.rename("/work/x/y/f", "/work/x/g")
-    assert moved.path == "/work/x/g" and not sbx.files.exists("/work/x/y/f")
-    sbx.files.remove("/work/x")
-    assert not sbx.files.exists("/work/x")
+    assert sbx.files.make_dir("/tmp/work/x/y") is True
+    assert sbx.files.make_dir("/tmp/work/x/y") is False
+    sbx.files.write("/tmp/work/x/y/f", "data")
+    moved = sbx.files.rename("/tmp/work/x/y/f", "/tmp/work/x/g")
+    assert moved.path == "/tmp/work/x/g" and not sbx.files.exists("/tmp/work/x/y/f")
+    sbx.files.remove("/tmp/work/x")
+    assert not sbx.files.exists("/tmp/work/x")
 
 
 def test_missing_file_and_directory_reads_are_typed_errors(sbx):

@@ -26,7 +26,7 @@ def pools(workdir, service) -> Iterator[tuple]:
     """A service of its own with room for 4 sandboxes, and a snapshot of a prepared sandbox."""
     with _serve(workdir, "pools", "--max-sandboxes", "4") as svc:
         src = Sandbox.create(timeout=600, **svc.sdk())
-        src.files.write("/root/prepared.txt", "from the snapshot")
+        src.files.write("/root/prepared.txt", "from the snapshot", user="root")
         snap = src.create_snapshot("pool-src")
         try:
             yield svc, src, snap.snapshot_id
@@ -59,9 +59,9 @@ def test_a_claim_has_a_fresh_identity_and_the_claimed_env_files_and_metadata(poo
             assert len({h for _, h in ids}) == 3, f"hostnames shared: {ids}"
             assert a.commands.run("echo $GREETING").stdout.strip() == "hi-a"
             assert b.commands.run("echo $GREETING").stdout.strip() == "hi-b"
-            assert a.files.read("/root/in.txt") == "claimed a"
-            assert b.files.read("/root/bin.dat", format="bytes") == b"\x00\x01b"
-            assert a.files.read("/root/prepared.txt") == "from the snapshot"
+            assert a.files.read("/root/in.txt", user="root") == "claimed a"
+            assert b.files.read("/root/bin.dat", format="bytes", user="root") == b"\x00\x01b"
+            assert a.files.read("/root/prepared.txt", user="root") == "from the snapshot"
             assert a.get_info().metadata == {"who": "a"}
             listed = {s.sandbox_id for s in Sandbox.list(**svc.sdk())}
             assert {a.sandbox_id, b.sandbox_id} <= listed
@@ -97,7 +97,7 @@ def test_an_empty_pool_waits_then_fails_and_a_cold_start_only_when_allowed(pools
         cold = pool.claim(allow_cold=True, wait=0)
         claimed.append(cold)
         assert cold.claim_info.source == "cold"
-        assert cold.files.read("/root/prepared.txt") == "from the snapshot"
+        assert cold.files.read("/root/prepared.txt", user="root") == "from the snapshot"
         info = pool.get_info()
         assert info.claims_cold == 1 and info.claims_pool == 3
     finally:

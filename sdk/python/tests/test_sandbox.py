@@ -39,7 +39,7 @@ def test_context_manager_kills_on_exit(service):
 
 
 def test_pause_blocks_commands_and_connect_resumes_with_state(sbx):
-    sbx.files.write("/root/kept.txt", "still here")
+    sbx.files.write("/root/kept.txt", "still here", user="root")
     assert sbx.pause().state == "paused"
     assert sbx.get_info().end_at is None
     with pytest.raises(ConflictError) as e:
@@ -47,7 +47,7 @@ def test_pause_blocks_commands_and_connect_resumes_with_state(sbx):
     assert e.value.status == 409 and "paused" in e.value.message
     again = Sandbox.connect(sbx.sandbox_id, timeout=60)
     assert again.get_info().state == "running"
-    assert again.files.read("/root/kept.txt") == "still here"
+    assert again.files.read("/root/kept.txt", user="root") == "still here"
     assert again.get_info().end_at is not None
 
 
