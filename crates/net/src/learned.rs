@@ -7,7 +7,8 @@
 //!
 //! An answer's addresses are counted against the bound the moment they are taken, and the
 //! answer waits until the batch that carries them is in the set: the guest never sees an
-//! address it cannot reach yet.
+//! address it cannot reach yet. An answer whose addresses are all in the set already goes at
+//! once (they are sent again with the next batch, for their new lifetime).
 
 use crate::Result;
 use std::collections::HashMap;
@@ -120,27 +121,30 @@ impl Learned {
         }
         let now = Instant::now();
         let until = now + Duration::from_secs(u64::from(ttl));
-        let batch = {
+        let waits = {
             let mut st = lock(&self.state);
             st.held.retain(|_, e| e.until > now);
             let new = addrs.iter().filter(|a| !st.held.contains_key(a)).count();
             if st.held.len() + new > self.bound {
                 return Err(Refusal::Full { new, held: st.held.len(), bound: self.bound });
             }
-            // Held addresses go again too: a policy change flushes the set, and one that
-            // leaves the policy as it was does not tell the forwarder.
-            let batch = Arc::clone(&st.open);
+            // Held addresses go again too, without waiting for it: a policy change flushes the
+            // set, and one that leaves the policy as it was does not tell the forwarder.
+            let mut waits: Vec<Arc<Batch>> = Vec::new();
             for &a in addrs {
-                let e = st.held.entry(a).or_insert_with(|| Entry { until, batch: Arc::clone(&batch) });
+                let open = Arc::clone(&st.open);
+                let e = st.held.entry(a).or_insert(Entry { until, batch: open });
                 e.until = e.until.max(until);
-                e.batch = Arc::clone(&batch);
+                if lock(&e.batch.outcome).is_none() && !waits.iter().any(|w| Arc::ptr_eq(w, &e.batch)) {
+                    waits.push(Arc::clone(&e.batch));
+                }
                 let t = st.pending.entry(a).or_insert(ttl);
                 *t = (*t).max(ttl);
             }
-            batch
+            waits
         };
         self.work.notify_one();
-        batch.wait(BATCH_WAIT)
+        waits.iter().try_for_each(|b| b.wait(BATCH_WAIT))
     }
 
     /// Forgets every address held: the router's set was flushed (a policy change).
