@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod pool;
 pub mod serve;
 pub mod state;
+pub mod streams;
 pub mod ttl;
 pub mod ui;
 pub mod unread;

@@ -98,7 +98,12 @@ fn main() -> anyhow::Result<()> {
     let dbs = backups::databases(&cfg.engine.data_dir, &service_dir);
     backups::check(&dbs).map_err(anyhow::Error::msg).context("checking the metadata databases")?;
     let st = AppState::open(cfg, tokens).context("opening the data directory")?;
-    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve(st, listener))
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let served = runtime.block_on(serve(st, listener));
+    // A blocking worker still in a call (a foreground command waiting for its timeout) must
+    // not hold the stop: dropping the runtime would wait for it without bound.
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    served
 }
 
 async fn serve(st: AppState, listener: std::net::TcpListener) -> anyhow::Result<()> {
@@ -120,7 +125,15 @@ async fn serve(st: AppState, listener: std::net::TcpListener) -> anyhow::Result<
     let (router, _) = api::router(st.clone());
     let limits =
         ServeLimits { header_timeout: st.cfg.header_timeout, max_connections: st.cfg.max_connections };
-    serve::serve(listener, router, limits, stop_signal(), Duration::from_secs(10)).await;
+    // Streams end as soon as the stop comes, so the drain waits only for ordinary requests.
+    let stopping = {
+        let st = st.clone();
+        async move {
+            stop_signal().await;
+            st.streams.stop();
+        }
+    };
+    serve::serve(listener, router, limits, stopping, DRAIN).await;
     // Restore shells are a cache this service started: a stopped service leaves none running.
     let engine_cfg = st.cfg.engine.clone();
     match tokio::task::spawn_blocking(move || {
@@ -139,6 +152,9 @@ async fn serve(st: AppState, listener: std::net::TcpListener) -> anyhow::Result<
     }
     Ok(())
 }
+
+/// How long open requests may run on after SIGTERM before the service stops anyway.
+const DRAIN: Duration = Duration::from_secs(10);
 
 async fn stop_signal() {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {

@@ -37,6 +37,8 @@ pub struct Inner {
     pub e2b: crate::e2b::follow::Registry,
     /// envd uploads running now, bounded per sandbox and per token.
     pub uploads: crate::e2b::uploads::Uploads,
+    /// Long-lived streams: their bounds, and the signal that ends them when the service stops.
+    pub streams: crate::streams::Streams,
     engines: Mutex<Vec<Engine>>,
     db: Mutex<ServiceDb>,
     /// Sandboxes admitted but not yet recorded by the engine.
@@ -89,6 +91,7 @@ impl AppState {
             files: Default::default(),
             e2b: Default::default(),
             uploads: Default::default(),
+            streams: Default::default(),
             engines: Mutex::new(vec![engine]),
             db: Mutex::new(db),
             pending: Mutex::new(0),

@@ -1,19 +1,26 @@
 //! Following what runs on in a sandbox: typing into a background process's stdin, streaming
-//! its output as it comes, and watching a directory for changes (server-sent events).
+//! its output as it comes, and watching a directory for changes (server-sent events). A
+//! stream ends as soon as its client goes or the service stops, and streams are bounded per
+//! sandbox, per token and in the service (`crate::streams`).
 
 use super::commands::{self, error_event, exit_event};
 use super::extract::{sandbox_id, sandbox_path, ApiJson, ApiQuery};
+use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::state::AppState;
+use crate::streams::{self, Detach, Place};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::Extension;
 use base64::Engine as _;
 use branchbox_model::AgentConn;
 use branchbox_protocol::{FileKind, OutStream};
 use futures_util::Stream;
 use serde::Deserialize;
 use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use utoipa::{IntoParams, ToSchema};
@@ -84,39 +91,45 @@ pub async fn input(
 }
 
 /// What a follower hands the client: the events its worker sends, until the worker ends (and
-/// drops its sender). Dropped when the client goes, it shuts the agent connection, which ends
-/// the worker's blocking read; the connection has no stall limit (a quiet process or directory
-/// is no stalled agent).
+/// drops its sender) or the service stops. Dropped when the client goes (or ended by the
+/// stop), it shuts the agent connection, which ends the worker's blocking read at once; the
+/// connection has no stall limit (a quiet process or directory is no stalled agent).
 struct Follow {
     rx: mpsc::Receiver<Result<Event, Infallible>>,
-    shut: std::os::unix::net::UnixStream,
+    stopping: Pin<Box<dyn Future<Output = ()> + Send>>,
+    detach: Option<Detach>,
 }
 
 impl Stream for Follow {
     type Item = Result<Event, Infallible>;
 
     fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
+        mut self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Self::Item>> {
+        if self.stopping.as_mut().poll(cx).is_ready() {
+            self.detach = None;
+            return std::task::Poll::Ready(None);
+        }
         self.rx.poll_recv(cx)
     }
 }
 
-impl Drop for Follow {
-    fn drop(&mut self) {
-        let _ = self.shut.shutdown(std::net::Shutdown::Both);
-    }
+/// A place for one more stream in sandbox `id`, counted against the caller's token.
+fn place(
+    st: &AppState,
+    id: &branchbox_model::SandboxId,
+    caller: &Option<Extension<Caller>>,
+) -> ApiResult<Place> {
+    let token = caller.as_ref().map_or("anonymous", |c| c.0 .0.as_str());
+    Ok(st.streams.take(streams::Kind::Follow, id, token)?)
 }
 
 /// A channel for a worker reading `conn`, and the stream the client is answered with.
-fn follower(conn: &mut AgentConn) -> ApiResult<(Events, Follow)> {
+fn follower(st: &AppState, conn: &mut AgentConn) -> ApiResult<(Events, Follow)> {
     let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(64);
-    let shut = conn
-        .stream_mut()
-        .try_clone()
-        .map_err(|e| ApiError::internal(format!("cannot share the agent connection: {e}")))?;
-    Ok((tx, Follow { rx, shut }))
+    let detach = Detach::of(conn)?;
+    Ok((tx, Follow { rx, stopping: st.streams.stopping(), detach: Some(detach) }))
 }
 
 /// Streams a background process's output from now on (with `replay`, what it kept first) as
@@ -125,13 +138,15 @@ fn follower(conn: &mut AgentConn) -> ApiResult<(Events, Follow)> {
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/processes/{pid}/output", tag = "commands",
     params(("id" = String, Path, description = "sandbox id"), ("pid" = String, Path, description = "process id"), OutputQuery),
     responses((status = 200, content_type = "text/event-stream", body = super::types::StreamEvent, description = "stdout/stderr events, then exit"),
-              (status = "4XX", body = ErrorBody, description = "no such process (404), paused (409)")))]
+              (status = "4XX", body = ErrorBody, description = "no such process (404), paused (409), too many streams open in the sandbox, with the token or in the service (429)")))]
 pub async fn output(
     State(st): State<AppState>,
     Path((id, pid)): Path<(String, String)>,
+    caller: Option<Extension<Caller>>,
     ApiQuery(q): ApiQuery<OutputQuery>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
     let (id, pid) = (sandbox_id(&id)?, commands::pid(&pid)?);
+    let place = place(&st, &id, &caller)?;
     let replay = q.replay;
     let mut conn = st
         .blocking(move |engine, st| {
@@ -143,8 +158,9 @@ pub async fn output(
             Ok(engine.connect(&id)?)
         })
         .await?;
-    let (tx, rx) = follower(&mut conn)?;
+    let (tx, rx) = follower(&st, &mut conn)?;
     tokio::task::spawn_blocking(move || {
+        let _place = place;
         let b64 = base64::engine::general_purpose::STANDARD;
         let r = conn.attach(pid, replay, &mut |which, chunk| {
             let name = if which == OutStream::Stdout { "stdout" } else { "stderr" };
@@ -167,14 +183,16 @@ pub async fn output(
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files/watch", tag = "files",
     params(("id" = String, Path, description = "sandbox id"), WatchQuery),
     responses((status = 200, content_type = "text/event-stream", description = "change events"),
-              (status = "4XX", body = ErrorBody, description = "bad path, not a directory (422), not found (404), paused (409)")))]
+              (status = "4XX", body = ErrorBody, description = "bad path, not a directory (422), not found (404), paused (409), too many streams open in the sandbox, with the token or in the service (429)")))]
 pub async fn watch(
     State(st): State<AppState>,
     Path(id): Path<String>,
+    caller: Option<Extension<Caller>>,
     ApiQuery(q): ApiQuery<WatchQuery>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
     let id = sandbox_id(&id)?;
     let path = sandbox_path(&q.path)?;
+    let place = place(&st, &id, &caller)?;
     let recursive = q.recursive;
     let dir = path.clone();
     let mut conn = st
@@ -185,8 +203,9 @@ pub async fn watch(
             Ok(engine.connect(&id)?)
         })
         .await?;
-    let (tx, rx) = follower(&mut conn)?;
+    let (tx, rx) = follower(&st, &mut conn)?;
     tokio::task::spawn_blocking(move || {
+        let _place = place;
         let r = conn.watch(&path, recursive, &mut |e| {
             let event = match e {
                 None => Event::default().event("ready").data("{}"),

@@ -4,18 +4,26 @@
 //! as every other route, and the token never reaches the sandbox: the credentials the client
 //! sent the service (`Authorization`, `Cookie`) and the hop-by-hop headers are dropped.
 //!
+//! A WebSocket joined through it holds two sockets for as long as both ends talk, so joined
+//! WebSockets are bounded per sandbox, per token and in the service (`crate::streams`; 429
+//! `too_many_streams` past a bound), and end when the service stops.
+//!
 //! Not in the OpenAPI document: what a route under it takes and answers is the sandbox
 //! server's own.
 
+use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::state::AppState;
+use crate::streams::{self, Place};
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
-use axum::Router;
+use axum::{Extension, Router};
 use hyper_util::rt::TokioIo;
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 /// Longest wait for the sandbox's server to accept the connection.
@@ -51,17 +59,33 @@ pub fn router() -> Router<AppState> {
 async fn to_root(
     State(st): State<AppState>,
     Path((id, port)): Path<(String, String)>,
+    caller: Option<Extension<Caller>>,
     req: Request,
 ) -> Response {
-    pass(st, id, port, String::new(), req).await.unwrap_or_else(IntoResponse::into_response)
+    pass(st, id, port, String::new(), caller, req).await.unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn to_path(
     State(st): State<AppState>,
     Path((id, port, rest)): Path<(String, String, String)>,
+    caller: Option<Extension<Caller>>,
     req: Request,
 ) -> Response {
-    pass(st, id, port, rest, req).await.unwrap_or_else(IntoResponse::into_response)
+    pass(st, id, port, rest, caller, req).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// What bounds a joined WebSocket's life: its place under the bounds (given back when it
+/// ends) and the service's stop (which ends it).
+pub struct Lifetime {
+    place: Option<Place>,
+    stopping: Pin<Box<dyn Future<Output = ()> + Send>>,
+}
+
+impl Lifetime {
+    /// No bound and no stop: for a request that is no WebSocket handshake.
+    pub fn unbounded() -> Lifetime {
+        Lifetime { place: None, stopping: Box::pin(std::future::pending()) }
+    }
 }
 
 async fn pass(
@@ -69,10 +93,18 @@ async fn pass(
     id: String,
     port: String,
     rest: String,
+    caller: Option<Extension<Caller>>,
     req: Request,
 ) -> Result<Response, ApiError> {
     let id = super::extract::sandbox_id(&id)?;
     let port = super::network::port_number(&port)?;
+    let lifetime = if wants_websocket(req.headers()) {
+        let token = caller.as_ref().map_or("anonymous", |c| c.0 .0.as_str());
+        let place = st.streams.take(streams::Kind::Socket, &id, token)?;
+        Lifetime { place: Some(place), stopping: st.streams.stopping() }
+    } else {
+        Lifetime::unbounded()
+    };
     // Opened where the sandbox's router answers: the host, or the uplink namespace
     // (BRANCHBOX_NET_UPLINK_NETNS) when there is one.
     let stream = st.blocking(move |engine, _| Ok(engine.connect_port(&id, port, CONNECT_TIMEOUT)?)).await?;
@@ -82,7 +114,7 @@ async fn pass(
             tokio::net::TcpStream::from_std(s)
         })
         .map_err(|e| unreachable(port, &e))?;
-    forward(stream, port, &rest, req).await
+    forward(stream, port, &rest, req, lifetime).await
 }
 
 /// The answer when nothing takes a connection on `port` of the sandbox.
@@ -106,12 +138,13 @@ fn wants_websocket(headers: &HeaderMap) -> bool {
 /// Sends `req` over `stream` (to the HTTP server on `port` of the sandbox) as a request for
 /// `/rest` (with the original query), streaming both bodies. A WebSocket handshake is passed
 /// on as one: when the server switches protocols, the two connections are joined byte for
-/// byte until either side closes.
+/// byte until either side closes or `lifetime` ends them.
 pub async fn forward(
     stream: tokio::net::TcpStream,
     port: u16,
     rest: &str,
     mut req: Request,
+    lifetime: Lifetime,
 ) -> Result<Response, ApiError> {
     let websocket = wants_websocket(req.headers());
     let client_side = websocket.then(|| hyper::upgrade::on(&mut req));
@@ -152,11 +185,15 @@ pub async fn forward(
         Some(client_side) if switched => {
             let server_side = hyper::upgrade::on(&mut answer);
             tokio::spawn(async move {
+                let Lifetime { place, stopping } = lifetime;
                 if let (Ok(client), Ok(server)) = (client_side.await, server_side.await) {
-                    let _ =
-                        tokio::io::copy_bidirectional(&mut TokioIo::new(client), &mut TokioIo::new(server))
-                            .await;
+                    let (mut client, mut server) = (TokioIo::new(client), TokioIo::new(server));
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        () = stopping => {}
+                    }
                 }
+                drop(place);
             });
             true
         }
@@ -249,7 +286,7 @@ mod tests {
             .body(Body::empty())
             .unwrap();
         let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let resp = forward(stream, addr.port(), "a/b", req).await.unwrap();
+        let resp = forward(stream, addr.port(), "a/b", req, Lifetime::unbounded()).await.unwrap();
         assert_eq!(resp.status(), StatusCode::OK);
         assert_eq!(resp.headers().get("x-kept").unwrap(), "2");
         assert!(resp.headers().get("x-private").is_none(), "a header Connection names was passed back");
@@ -275,7 +312,7 @@ mod tests {
         });
         let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
         let req = axum::http::Request::get("/").body(Body::empty()).unwrap();
-        let e = forward(stream, addr.port(), "", req).await.unwrap_err();
+        let e = forward(stream, addr.port(), "", req, Lifetime::unbounded()).await.unwrap_err();
         assert_eq!((e.status, e.code), (StatusCode::BAD_GATEWAY, "port_failed"));
         assert!(e.message.contains(&format!("port {}", addr.port())), "{}", e.message);
         server.await.unwrap();
@@ -311,7 +348,9 @@ mod tests {
             "/{*rest}",
             any(move |req: Request| async move {
                 let stream = tokio::net::TcpStream::connect(up).await.unwrap();
-                forward(stream, up.port(), "ws", req).await.unwrap_or_else(IntoResponse::into_response)
+                forward(stream, up.port(), "ws", req, Lifetime::unbounded())
+                    .await
+                    .unwrap_or_else(IntoResponse::into_response)
             }),
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -5,29 +5,31 @@
 //! control, `{"type": "resize", "cols": N, "rows": N}`. Binary from the service is what the
 //! terminal printed; text from the service is `{"type": "exit", "code", "signal"}` when the
 //! command ends, or `{"type": "error", "code", "message"}`, each followed by a close.
+//!
+//! Terminals are bounded per sandbox, per token and in the service (`crate::streams`, shared
+//! with envd's terminals); one ends when its socket closes or the service stops.
 
 use super::extract::{account_name, sandbox_id, sandbox_path, ApiQuery};
-use super::places::{upgrade, Cap};
+use super::places::upgrade;
+use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::state::AppState;
+use crate::streams::{self, Place};
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
+use axum::Extension;
 use branchbox_protocol::{ClientError, Command, ExecSpec, PtyEvent, PtyInput, PtyOutput, PtySize};
 use futures_util::{SinkExt, StreamExt};
 use serde::Deserialize;
+use std::future::Future;
 use tokio::sync::mpsc;
 use utoipa::IntoParams;
 
 /// Largest message a client may send (keys typed, or a control message).
 pub const MAX_INPUT_MESSAGE: usize = 64 * 1024;
-/// Most terminals open at once in one service: an upgraded socket no longer counts against
-/// the connection cap, and each terminal holds two threads and a process in its sandbox.
-pub const MAX_TERMINALS: usize = 256;
-
-static TERMINALS: Cap = Cap::new(MAX_TERMINALS, "too_many_terminals", "terminals");
 
 /// Longest command line of a terminal.
 const MAX_CMD: usize = 16 * 1024;
@@ -86,11 +88,11 @@ fn spec_of(q: &PtyQuery) -> ApiResult<(ExecSpec, PtySize)> {
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/pty", tag = "commands",
     params(("id" = String, Path, description = "sandbox id"), PtyQuery),
     responses((status = 101, description = "switching to the WebSocket protocol"),
-              (status = "4XX", body = ErrorBody, description = "not a WebSocket handshake (426), bad size or command, missing CSRF token (403), not found, paused (409)"),
-              (status = 503, body = ErrorBody, description = "too many terminals open")))]
+              (status = "4XX", body = ErrorBody, description = "not a WebSocket handshake (426), bad size or command, missing CSRF token (403), not found, paused (409), too many terminals open in the sandbox, with the token or in the service (429)")))]
 pub async fn open(
     State(st): State<AppState>,
     Path(id): Path<String>,
+    caller: Option<Extension<Caller>>,
     ApiQuery(q): ApiQuery<PtyQuery>,
     headers: HeaderMap,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
@@ -101,7 +103,11 @@ pub async fn open(
         tokens.check_csrf_param(&headers, q.csrf.as_deref())?;
     }
     let ws = upgrade(ws, "a terminal")?;
-    let place = TERMINALS.take()?;
+    // An upgraded socket no longer counts against the connection cap, and each terminal holds
+    // two threads and a process in its sandbox.
+    let token = caller.as_ref().map_or("anonymous", |c| c.0 .0.as_str());
+    let place = st.streams.take(streams::Kind::Terminal, &id, token)?;
+    let stopping = st.streams.stopping();
     // Start the terminal before answering, so a missing or paused sandbox gets its status code.
     let (input, output) = st
         .blocking(move |engine, _| {
@@ -109,12 +115,10 @@ pub async fn open(
             Ok(engine.connect(&id)?.open_pty(spec, size)?)
         })
         .await?;
-    Ok(ws.max_message_size(MAX_INPUT_MESSAGE).max_frame_size(MAX_INPUT_MESSAGE).on_upgrade(
-        move |socket| async move {
-            session(socket, input, output).await;
-            drop(place);
-        },
-    ))
+    Ok(ws
+        .max_message_size(MAX_INPUT_MESSAGE)
+        .max_frame_size(MAX_INPUT_MESSAGE)
+        .on_upgrade(move |socket| session(socket, input, output, place, stopping)))
 }
 
 /// What the typing thread is handed.
@@ -131,17 +135,32 @@ fn error_message(code: &str, message: &str) -> Message {
     text(serde_json::json!({ "type": "error", "code": code, "message": message }))
 }
 
-/// Joins the socket to the terminal until either ends. The agent connection is blocking, so
-/// one thread reads the terminal and another types into it; closing the socket drops the
-/// typing thread's channel, which closes the agent connection, which ends the command.
-async fn session(socket: WebSocket, input: PtyInput, output: PtyOutput) {
+/// Joins the socket to the terminal until either ends or the service stops. The agent
+/// connection is blocking, so one thread reads the terminal (holding the terminal's `place`
+/// until the command is gone) and another types into it; closing the socket drops the typing
+/// thread's channel, which closes the agent connection, which ends the command.
+async fn session(
+    socket: WebSocket,
+    input: PtyInput,
+    output: PtyOutput,
+    place: Place,
+    stopping: impl Future<Output = ()>,
+) {
     let (mut sink, mut stream) = socket.split();
     let (out_tx, mut out_rx) = mpsc::channel::<(Message, bool)>(16);
     let (in_tx, in_rx) = mpsc::channel::<Typed>(16);
-    std::thread::spawn(move || read_terminal(output, out_tx));
+    std::thread::spawn(move || {
+        read_terminal(output, out_tx);
+        drop(place);
+    });
     std::thread::spawn(move || type_into(input, in_rx));
+    tokio::pin!(stopping);
     loop {
         tokio::select! {
+            () = &mut stopping => {
+                let _ = sink.send(Message::Close(Some(CloseFrame { code: 1001, reason: "the service is stopping".into() }))).await;
+                break;
+            }
             out = out_rx.recv() => {
                 let Some((msg, last)) = out else { break };
                 if sink.send(msg).await.is_err() {

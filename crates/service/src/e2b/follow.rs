@@ -4,9 +4,12 @@
 //!
 //! - A command is a background process of the agent (`spawn`), read through `attach`. As in
 //!   envd, the process outlives its Start stream: a client that goes away (a background handle
-//!   dropped, a lost connection) stops reading, and the process runs on until it exits, is
-//!   killed (`SendSignal`) or reaches the Start call's timeout (`Connect-Timeout-Ms`; none when
-//!   absent or 0, as in envd). `Connect` reads it again by pid.
+//!   dropped, a lost connection) ends the stream at once, quiet process or not (its agent
+//!   connection is shut, which frees the thread reading it: `crate::streams`), and the process
+//!   runs on until it exits, is killed (`SendSignal`) or reaches the Start call's timeout
+//!   (`Connect-Timeout-Ms`; none when absent or 0, as in envd). `Connect` reads it again by pid.
+//!   Streams and terminals are bounded per sandbox, per token and in the service
+//!   (`crate::streams::Kind`); past a bound the call ends with `resource_exhausted`.
 //! - So that the Start stream misses none of its output, it attaches with `replay`: the agent
 //!   sends what the command printed before the attach (up to its kept 1 MiB of each stream),
 //!   then the rest, with nothing lost or repeated in between. Without `stdin` in the request
@@ -25,8 +28,10 @@ use super::envd::{
 };
 use super::pb::{self, process_event, process_input};
 use crate::api::types::RunCommand;
+use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::state::AppState;
+use crate::streams::{self, Detach, Place, Refused};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -38,7 +43,6 @@ use branchbox_protocol::{
 };
 use futures_util::StreamExt;
 use std::collections::HashMap;
-use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -48,8 +52,6 @@ use super::watch::Watcher;
 
 /// Linux's largest possible pid (`PID_MAX_LIMIT` on 64-bit); terminals are numbered above it.
 pub const PID_MAX_LIMIT: u32 = 1 << 22;
-/// Most terminals open through envd's API at once in one service.
-pub const MAX_TERMINALS: usize = 128;
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -66,6 +68,8 @@ struct Terminal {
     input: Mutex<PtyInput>,
     reader: Mutex<Option<mpsc::Sender<Ev>>>,
     killed: AtomicBool,
+    /// Its place under the terminals' bounds, held until the command ends.
+    _place: Place,
 }
 
 /// The service's terminals and polling watchers opened through envd's API.
@@ -101,7 +105,7 @@ impl Registry {
 
     pub(super) fn drop_watcher(&self, id: &str) {
         if let Some(w) = lock(&self.watchers).remove(id) {
-            let _ = w.shut.shutdown(std::net::Shutdown::Both);
+            w.detach.shut();
         }
     }
 }
@@ -122,23 +126,45 @@ pub(super) fn envelope<M: prost::Message + serde::Serialize>(codec: Codec, m: &M
     Bytes::from(connect::envelope(0, &connect::encode(codec, m)))
 }
 
-pub(super) fn shut_on_drop(conn: &mut branchbox_model::AgentConn) -> Result<UnixStream, RpcError> {
-    conn.stream_mut()
-        .try_clone()
-        .map_err(|e| RpcError::new("internal", format!("cannot share the agent connection: {e}")))
+/// The detacher of an agent connection (see `crate::streams`).
+pub(super) fn detach_of(conn: &mut branchbox_model::AgentConn) -> Result<Detach, RpcError> {
+    Detach::of(conn).map_err(api)
 }
 
-/// Reads an attached process into `tx` on a blocking thread: output, then its end. When the
-/// stream's reader goes, the agent connection is shut, which cancels the attach (not the
-/// process).
+/// The token a data-plane call came with, which its streams count against.
+pub(super) fn token_of(caller: &Option<Extension<Caller>>) -> &str {
+    caller.as_ref().map_or("anonymous", |c| c.0 .0.as_str())
+}
+
+/// envd's answer past a stream bound.
+pub(super) fn exhausted(r: Refused) -> RpcError {
+    RpcError::new("resource_exhausted", r.to_string())
+}
+
+/// A place for a stream of `kind` in the call's sandbox, or envd's `resource_exhausted`.
+pub(super) fn place(
+    st: &AppState,
+    kind: streams::Kind,
+    id: &SandboxId,
+    caller: &Option<Extension<Caller>>,
+) -> Result<Place, RpcError> {
+    st.streams.take(kind, id, token_of(caller)).map_err(exhausted)
+}
+
+/// Reads an attached process into `tx` on a blocking thread (which holds `place`): output, then
+/// its end. The stream holds the returned detacher: when it ends (its client gone, the service
+/// stopping), the agent connection is shut, which ends the blocked read at once and cancels
+/// the attach (not the process).
 fn pump_attach(
     mut conn: branchbox_model::AgentConn,
     pid: i32,
     replay: bool,
     tx: mpsc::Sender<Ev>,
-) -> Result<(), RpcError> {
-    let shut = shut_on_drop(&mut conn)?;
+    place: Place,
+) -> Result<Detach, RpcError> {
+    let detach = detach_of(&mut conn)?;
     tokio::task::spawn_blocking(move || {
+        let _place = place;
         let mut gone = false;
         let r = conn.attach(pid, replay, &mut |which, chunk| {
             if gone {
@@ -149,16 +175,13 @@ fn pump_attach(
             } else {
                 process_event::Output::Stderr(chunk.to_vec())
             };
-            if tx.blocking_send(Ev::Data(o)).is_err() {
-                gone = true;
-                let _ = shut.shutdown(std::net::Shutdown::Both);
-            }
+            gone = tx.blocking_send(Ev::Data(o)).is_err();
         });
         if !gone {
             let _ = tx.blocking_send(Ev::End(r.map_err(|e| api(ApiError::from(e)))));
         }
     });
-    Ok(())
+    Ok(detach)
 }
 
 /// What a stream does when its command ends: record the step (sandboxes with history).
@@ -168,20 +191,31 @@ struct After {
     cmd: Command,
 }
 
-/// Serves one process's events as a Start or Connect stream: the start event with `pid`, data
-/// events, keepalives, then the end event, or the error that ends the stream (`deadline`: the
-/// stream's own timeout).
-fn serve(
-    kind: Kind,
+/// What one Start or Connect stream serves: a process's events from `rx`, and what ends it.
+struct Served {
     pid: u32,
-    mut rx: mpsc::Receiver<Ev>,
+    rx: mpsc::Receiver<Ev>,
     keepalive: Option<u64>,
+    /// The stream's own timeout, ms.
     deadline: Option<u64>,
     after: Option<After>,
-) -> Response {
+    /// Shuts the agent connection read for `rx` when the stream ends (none for a terminal,
+    /// which lives on).
+    detach: Option<Detach>,
+}
+
+/// Serves one process's events as a Start or Connect stream: the start event with `pid`, data
+/// events, keepalives, then the end event, or the error that ends the stream. The stream ends
+/// as soon as its client goes (the body dropped) or the service stops, whatever the process
+/// is doing; its detacher goes with it.
+fn serve(st: &AppState, kind: Kind, s: Served) -> Response {
     let Kind::Stream(codec) = kind else { unreachable!("streams only") };
+    let Served { pid, mut rx, keepalive, deadline, after, detach } = s;
     let (tx, body) = mpsc::channel::<Bytes>(16);
+    let stopping = st.streams.stopping();
     tokio::spawn(async move {
+        let _detach = detach;
+        tokio::pin!(stopping);
         let first = event(process_event::Event::Start(process_event::StartEvent { pid }));
         if tx.send(message(codec, &first)).await.is_err() {
             return;
@@ -209,6 +243,10 @@ fn serve(
                 }
                 _ = tokio::time::sleep_until(until), if deadline.is_some() => {
                     break Err(RpcError::new("deadline_exceeded", "the call's timeout passed; the process runs on (Connect to it again)"));
+                }
+                () = tx.closed() => return,
+                () = &mut stopping => {
+                    break Err(RpcError::new("unavailable", "the service is stopping; the process runs on (Connect to it again)"));
                 }
             }
         };
@@ -266,6 +304,7 @@ async fn write_input(
 pub async fn start(
     State(st): State<AppState>,
     Extension(t): Extension<Target>,
+    caller: Option<Extension<Caller>>,
     h: HeaderMap,
     body: Body,
 ) -> Response {
@@ -283,9 +322,15 @@ pub async fn start(
         Err(e) => return stream_error(kind, &e),
     };
     let r = if req.pty.is_some() {
-        start_terminal(&st, &t.sandbox, &h, kind, req).await
+        match place(&st, streams::Kind::Terminal, &t.sandbox, &caller) {
+            Ok(p) => start_terminal(&st, &t.sandbox, &h, kind, req, p).await,
+            Err(e) => Err(e),
+        }
     } else {
-        start_process(&st, &t.sandbox, &h, kind, req).await
+        match place(&st, streams::Kind::Follow, &t.sandbox, &caller) {
+            Ok(p) => start_process(&st, &t.sandbox, &h, kind, req, p).await,
+            Err(e) => Err(e),
+        }
     };
     r.unwrap_or_else(|e| stream_error(kind, &e))
 }
@@ -333,6 +378,7 @@ async fn start_process(
     h: &HeaderMap,
     kind: Kind,
     req: pb::StartRequest,
+    place: Place,
 ) -> Result<Response, RpcError> {
     let want_stdin = req.stdin == Some(true);
     let keepalive = keepalive_of(h);
@@ -348,9 +394,11 @@ async fn start_process(
         .await
         .map_err(api)?;
     let (tx, rx) = mpsc::channel::<Ev>(64);
-    pump_attach(conn, pid, true, tx)?;
+    let detach = pump_attach(conn, pid, true, tx, place)?;
     let after = After { st: st.clone(), sandbox: id.clone(), cmd: recorded };
-    Ok(serve(kind, pid as u32, rx, keepalive, None, Some(after)))
+    let served =
+        Served { pid: pid as u32, rx, keepalive, deadline: None, after: Some(after), detach: Some(detach) };
+    Ok(serve(st, kind, served))
 }
 
 async fn start_terminal(
@@ -359,6 +407,7 @@ async fn start_terminal(
     h: &HeaderMap,
     kind: Kind,
     req: pb::StartRequest,
+    place: Place,
 ) -> Result<Response, RpcError> {
     let size = req.pty.and_then(|p| p.size).unwrap_or(pb::PtySize { cols: 80, rows: 24 });
     let size = u16::try_from(size.cols)
@@ -370,12 +419,6 @@ async fn start_terminal(
     let config = req.process.clone().unwrap_or_default();
     let spec = spec_of(st, id, h, req.process.unwrap_or_default()).await?;
     let reg = &st.e2b;
-    if lock(&reg.terminals).len() >= MAX_TERMINALS {
-        return Err(RpcError::new(
-            "resource_exhausted",
-            format!("{MAX_TERMINALS} terminals are open; kill one and retry"),
-        ));
-    }
     let sid = id.clone();
     let (input, output) =
         st.blocking(move |engine, _| Ok(engine.connect(&sid)?.open_pty(spec, size)?)).await.map_err(api)?;
@@ -387,6 +430,7 @@ async fn start_terminal(
         input: Mutex::new(input),
         reader: Mutex::new(Some(tx)),
         killed: AtomicBool::new(false),
+        _place: place,
     });
     lock(&reg.terminals).insert(pid, term.clone());
     let st2 = st.clone();
@@ -394,7 +438,7 @@ async fn start_terminal(
         read_terminal(&term, output);
         lock(&st2.e2b.terminals).remove(&pid);
     });
-    Ok(serve(kind, pid, rx, keepalive, None, None))
+    Ok(serve(st, kind, Served { pid, rx, keepalive, deadline: None, after: None, detach: None }))
 }
 
 /// Hands a terminal's output to its reader of the moment until the command ends.
@@ -437,6 +481,7 @@ fn read_terminal(term: &Terminal, mut output: PtyOutput) {
 pub async fn connect_to(
     State(st): State<AppState>,
     Extension(t): Extension<Target>,
+    caller: Option<Extension<Caller>>,
     h: HeaderMap,
     body: Body,
 ) -> Response {
@@ -454,8 +499,10 @@ pub async fn connect_to(
             let (tx, rx) = mpsc::channel::<Ev>(64);
             // The previous reader's stream ends; this one reads from now on.
             *lock(&term.reader) = Some(tx);
-            return Ok(serve(kind, pid as u32, rx, keepalive, deadline, None));
+            let served = Served { pid: pid as u32, rx, keepalive, deadline, after: None, detach: None };
+            return Ok(serve(&st, kind, served));
         }
+        let place = place(&st, streams::Kind::Follow, &t.sandbox, &caller)?;
         let id = t.sandbox.clone();
         let conn = st
             .blocking(move |engine, st| {
@@ -468,8 +515,9 @@ pub async fn connect_to(
             .await
             .map_err(api)?;
         let (tx, rx) = mpsc::channel::<Ev>(64);
-        pump_attach(conn, pid, false, tx)?;
-        Ok(serve(kind, pid as u32, rx, keepalive, deadline, None))
+        let detach = pump_attach(conn, pid, false, tx, place)?;
+        let served = Served { pid: pid as u32, rx, keepalive, deadline, after: None, detach: Some(detach) };
+        Ok(serve(&st, kind, served))
     }
     .await;
     r.unwrap_or_else(|e: RpcError| stream_error(kind, &e))

@@ -1,17 +1,21 @@
 //! envd's directory watches: `WatchDir` (a stream of changes) and the polling trio
 //! `CreateWatcher` / `GetWatcherEvents` / `RemoveWatcher` that the sync SDK's `files.watch_dir`
 //! uses, through the agent's `watch`. Each answers once the agent's watch is in place, so no
-//! change made after the client hears back is missed. Polling watchers buffer up to
-//! [`MAX_WATCH_EVENTS`] events each (the oldest are dropped past that) and go when removed,
-//! when their sandbox goes (the agent connection ends), or after [`WATCHER_IDLE`] without a
-//! `GetWatcherEvents`.
+//! change made after the client hears back is missed. A `WatchDir` stream ends as soon as its
+//! client goes, quiet directory or not (its agent connection is shut, which frees the thread
+//! reading it). Polling watchers buffer up to [`MAX_WATCH_EVENTS`] events each (the oldest are
+//! dropped past that) and go when removed, when their sandbox goes (the agent connection
+//! ends), after [`WATCHER_IDLE`] without a `GetWatcherEvents`, or when the service stops. Both
+//! are bounded per sandbox, per token and in the service (`crate::streams::Kind`).
 
 use super::connect::{self, Kind, RpcError};
 use super::envd::{api, resolve, stream_error, stream_response, unary, user_of, Target};
-use super::follow::{deadline_of, envelope, keepalive_of, lock, shut_on_drop, stream_kind};
+use super::follow::{deadline_of, detach_of, envelope, keepalive_of, lock, place, stream_kind};
 use super::pb;
+use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::state::AppState;
+use crate::streams::{self, Detach, Place};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -20,14 +24,11 @@ use axum::Extension;
 use branchbox_model::SandboxId;
 use branchbox_protocol::{FileKind, WatchKind};
 use std::collections::VecDeque;
-use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
-/// Most polling watchers at once in one service.
-pub const MAX_WATCHERS: usize = 256;
 /// Events a polling watcher keeps until they are fetched.
 pub const MAX_WATCH_EVENTS: usize = 10_000;
 /// A polling watcher not polled for this long is removed.
@@ -39,7 +40,10 @@ pub(super) struct Watcher {
     events: Mutex<VecDeque<pb::FilesystemEvent>>,
     polled: Mutex<Instant>,
     ended: AtomicBool,
-    pub(super) shut: UnixStream,
+    /// Shuts its agent connection when the watcher is dropped from the registry.
+    pub(super) detach: Detach,
+    /// Its place under the watchers' bounds.
+    _place: Place,
 }
 
 fn event_type(k: WatchKind) -> i32 {
@@ -88,6 +92,7 @@ async fn open_watch(
 pub async fn watch_dir(
     State(st): State<AppState>,
     Extension(t): Extension<Target>,
+    caller: Option<Extension<Caller>>,
     h: HeaderMap,
     body: Body,
 ) -> Response {
@@ -99,16 +104,14 @@ pub async fn watch_dir(
     let opened = async {
         let bytes = super::envd::read_body(body).await?;
         let req: pb::WatchRequest = connect::decode_request(kind, &bytes)?;
-        let (path, conn) = open_watch(&st, &t.sandbox, &h, &req).await?;
-        Ok::<_, RpcError>((path, conn, req.recursive, deadline_of(&h)?))
+        let place = place(&st, streams::Kind::Follow, &t.sandbox, &caller)?;
+        let (path, mut conn) = open_watch(&st, &t.sandbox, &h, &req).await?;
+        let detach = detach_of(&mut conn)?;
+        Ok::<_, RpcError>((path, conn, detach, place, req.recursive, deadline_of(&h)?))
     }
     .await;
-    let (path, mut conn, recursive, deadline) = match opened {
+    let (path, mut conn, detach, place, recursive, deadline) = match opened {
         Ok(o) => o,
-        Err(e) => return stream_error(kind, &e),
-    };
-    let shut = match shut_on_drop(&mut conn) {
-        Ok(s) => s,
         Err(e) => return stream_error(kind, &e),
     };
     // `None` first, once the agent's watch is in place: the start event goes out then, so no
@@ -116,11 +119,14 @@ pub async fn watch_dir(
     let (etx, mut erx) = mpsc::channel::<Option<pb::FilesystemEvent>>(256);
     let root = path.clone();
     let worker = tokio::task::spawn_blocking(move || {
+        let _place = place;
         conn.watch(&path, recursive, &mut |e| etx.blocking_send(e.map(|e| fs_event(&root, e))).is_ok())
     });
     let keepalive = keepalive_of(&h);
     let (tx, body) = mpsc::channel::<Bytes>(16);
+    let stopping = st.streams.stopping();
     tokio::spawn(async move {
+        tokio::pin!(stopping);
         let start = pb::WatchDirResponse { event: Some(pb::watch_dir::Event::Start(pb::Empty {})) };
         let period = Duration::from_secs(keepalive.unwrap_or(3600));
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
@@ -160,10 +166,15 @@ pub async fn watch_dir(
                         end = Some(Some(RpcError::new("deadline_exceeded", "the watch's timeout passed")));
                         break;
                     }
+                    () = tx.closed() => break,
+                    () = &mut stopping => {
+                        end = Some(Some(RpcError::new("unavailable", "the service is stopping")));
+                        break;
+                    }
                 }
             }
         }
-        let _ = shut.shutdown(std::net::Shutdown::Both);
+        drop(detach);
         if let Some(e) = end {
             let _ = tx.send(Bytes::from(connect::end_stream(e.as_ref()))).await;
         }
@@ -175,26 +186,23 @@ pub async fn watch_dir(
 pub async fn create_watcher(
     State(st): State<AppState>,
     Extension(t): Extension<Target>,
+    caller: Option<Extension<Caller>>,
     h: HeaderMap,
     body: Body,
 ) -> Response {
     let h2 = h.clone();
     unary(&h, body, |req: pb::WatchRequest| async move {
-        if lock(&st.e2b.watchers).len() >= MAX_WATCHERS {
-            return Err(RpcError::new(
-                "resource_exhausted",
-                format!("{MAX_WATCHERS} watchers are open; remove some (RemoveWatcher) and retry"),
-            ));
-        }
+        let place = place(&st, streams::Kind::Watcher, &t.sandbox, &caller)?;
         let (path, mut conn) = open_watch(&st, &t.sandbox, &h2, &req).await?;
-        let shut = shut_on_drop(&mut conn)?;
+        let detach = detach_of(&mut conn)?;
         let id = hex::encode(rand::random::<[u8; 16]>());
         let w = Arc::new(Watcher {
             sandbox: t.sandbox.clone(),
             events: Mutex::default(),
             polled: Mutex::new(Instant::now()),
             ended: AtomicBool::new(false),
-            shut,
+            detach,
+            _place: place,
         });
         lock(&st.e2b.watchers).insert(id.clone(), w.clone());
         let (st2, id2, w2, recursive) = (st.clone(), id.clone(), w.clone(), req.recursive);
@@ -227,11 +235,19 @@ pub async fn create_watcher(
             st.e2b.drop_watcher(&id);
             return Err(RpcError::new("unavailable", "the watch could not be set up in the sandbox"));
         }
-        // Idle watchers go.
+        // Idle watchers go, and every watcher when the service stops.
         let (st3, id3, sandbox) = (st.clone(), id.clone(), t.sandbox.clone());
+        let stopping = st.streams.stopping();
         tokio::spawn(async move {
+            tokio::pin!(stopping);
             loop {
-                tokio::time::sleep(WATCHER_IDLE / 10).await;
+                tokio::select! {
+                    () = tokio::time::sleep(WATCHER_IDLE / 10) => {}
+                    () = &mut stopping => {
+                        st3.e2b.drop_watcher(&id3);
+                        return;
+                    }
+                }
                 let Ok(w) = st3.e2b.watcher(&sandbox, &id3) else { return };
                 if lock(&w.polled).elapsed() > WATCHER_IDLE {
                     st3.e2b.drop_watcher(&id3);
