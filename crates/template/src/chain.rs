@@ -2,8 +2,9 @@
 //! the hashes of its inputs (an upload's files), so editing step k changes the keys of k and
 //! everything after it and nothing before.
 
+use crate::context_file::{hash_open, open_at, open_context};
 use crate::spec::check_rel;
-use crate::{Error, Result, Step, MAX_UPLOAD_BYTES, MAX_UPLOAD_ENTRIES};
+use crate::{Error, Result, Scanned, Step, MAX_UPLOAD_BYTES, MAX_UPLOAD_ENTRIES};
 use sha2::{Digest, Sha256};
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -52,6 +53,8 @@ pub enum Entry {
         mode: u32,
         /// SHA-256 of the content when scanned.
         sha256: String,
+        /// Which file was hashed; [`Scanned::open`] sends only that one.
+        scanned: Scanned,
     },
 }
 
@@ -73,47 +76,35 @@ fn mode_of(md: &std::fs::Metadata) -> u32 {
     md.permissions().mode() & 0o7777
 }
 
-fn file_sha(path: &Path) -> Result<String> {
-    let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
-    loop {
-        let n = f.read(&mut buf).map_err(|e| Error::io(path, e))?;
-        if n == 0 {
-            return Ok(hex::encode(h.finalize()));
-        }
-        h.update(&buf[..n]);
-    }
-}
-
 impl Upload {
     /// Scans `src` under `context`, refusing anything that leaves it: `..`, absolute paths,
     /// and symlinks anywhere (a link could point outside, and following it would copy host
-    /// files the context does not hold). Bounded by [`MAX_UPLOAD_ENTRIES`] and
-    /// [`MAX_UPLOAD_BYTES`].
+    /// files the context does not hold). Every file and directory is opened from its parent's
+    /// descriptor without following a link, so one swapped in during the scan is refused too.
+    /// Bounded by [`MAX_UPLOAD_ENTRIES`] and [`MAX_UPLOAD_BYTES`].
     pub fn scan(context: &Path, src: &str) -> Result<Upload> {
         check_rel("upload", src)?;
         let ctx = context.canonicalize().map_err(|e| Error::io(context, e))?;
-        let root = ctx.join(src);
-        // Every component below the context must be a real directory or file.
-        let mut at = ctx.clone();
+        let mut root = ctx.clone();
+        let mut open = open_context(&ctx)?;
         for c in Path::new(src).components() {
-            at.push(c);
-            let md = at.symlink_metadata().map_err(|e| Error::io(&at, e))?;
-            if md.file_type().is_symlink() {
-                return Err(Error::Invalid(format!(
-                    "upload {src:?}: {} is a symlink; symlinks are not followed (they could leave the context)",
-                    at.display()
-                )));
+            if let std::path::Component::Normal(name) = c {
+                root.push(name);
+                open = open_at(&open, name, &root)?;
             }
         }
         let mut up = Upload { entries: Vec::new(), single_file: false, hash: String::new(), bytes: 0 };
-        let md = root.symlink_metadata().map_err(|e| Error::io(&root, e))?;
+        let md = open.metadata().map_err(|e| Error::io(&root, e))?;
         if md.is_file() {
             up.single_file = true;
-            up.push_file(String::new(), &root, &md)?;
+            up.push_file(String::new(), &root, open, &md)?;
+        } else if md.is_dir() {
+            up.walk(&open, &root, String::new(), src)?;
         } else {
-            up.walk(&root, String::new(), src)?;
+            return Err(Error::Invalid(format!(
+                "upload {src:?}: {} is a special file; only files and directories are uploaded",
+                root.display()
+            )));
         }
         let mut h = Sha256::new();
         for e in &up.entries {
@@ -136,7 +127,13 @@ impl Upload {
         Ok(())
     }
 
-    fn push_file(&mut self, rel: String, path: &Path, md: &std::fs::Metadata) -> Result<()> {
+    fn push_file(
+        &mut self,
+        rel: String,
+        path: &Path,
+        file: std::fs::File,
+        md: &std::fs::Metadata,
+    ) -> Result<()> {
         self.bytes += md.len();
         if self.bytes > MAX_UPLOAD_BYTES {
             return Err(Error::Invalid(format!(
@@ -145,12 +142,15 @@ impl Upload {
                 path.display()
             )));
         }
-        let sha256 = file_sha(path)?;
-        self.entries.push(Entry::File { rel, local: path.to_path_buf(), mode: mode_of(md), sha256 });
+        let (sha256, scanned) = hash_open(file, md, path)?;
+        self.entries.push(Entry::File { rel, local: path.to_path_buf(), mode: mode_of(md), sha256, scanned });
         Ok(())
     }
 
-    fn walk(&mut self, dir: &Path, rel: String, src: &str) -> Result<()> {
+    /// Adds the tree of the open directory `open`, at `dir`. Names are listed by path, but each
+    /// is opened from `open` itself: a directory swapped for a link after it was opened can
+    /// only make a listed name missing, never lead outside.
+    fn walk(&mut self, open: &std::fs::File, dir: &Path, rel: String, src: &str) -> Result<()> {
         self.count(src)?;
         self.entries.push(Entry::Dir { rel: rel.clone() });
         let mut names: Vec<std::fs::DirEntry> = std::fs::read_dir(dir)
@@ -164,12 +164,13 @@ impl Upload {
                 Error::Invalid(format!("upload {src:?}: the name {n:?} is not UTF-8; rename it"))
             })?;
             let child = if rel.is_empty() { name } else { format!("{rel}/{name}") };
-            let md = path.symlink_metadata().map_err(|e| Error::io(&path, e))?;
+            let file = open_at(open, &e.file_name(), &path)?;
+            let md = file.metadata().map_err(|e| Error::io(&path, e))?;
             if md.is_dir() {
-                self.walk(&path, child, src)?;
+                self.walk(&file, &path, child, src)?;
             } else if md.is_file() {
                 self.count(src)?;
-                self.push_file(child, &path, &md)?;
+                self.push_file(child, &path, file, &md)?;
             } else {
                 return Err(Error::Invalid(format!(
                     "upload {src:?}: {} is a symlink or special file; only files and directories are uploaded",
@@ -295,10 +296,86 @@ mod tests {
         let p = dir.path().join("f");
         std::fs::write(&p, "before").unwrap();
         let up = Upload::scan(dir.path(), "f").unwrap();
-        let Entry::File { sha256, .. } = &up.entries[0] else { panic!("not a file") };
+        let Entry::File { sha256, scanned, .. } = &up.entries[0] else { panic!("not a file") };
         std::fs::write(&p, "after!").unwrap();
-        let mut r = Verified::new(std::fs::File::open(&p).unwrap());
+        let mut r = scanned.open(&p).unwrap();
         std::io::copy(&mut r, &mut std::io::sink()).unwrap();
         assert!(r.check(sha256, &p).unwrap_err().to_string().contains("changed during the build"));
+    }
+
+    /// The scanned files of `src` under `ctx`, by their path relative to the upload.
+    fn scanned(ctx: &Path, src: &str) -> Vec<(String, PathBuf, Scanned)> {
+        Upload::scan(ctx, src)
+            .unwrap()
+            .entries
+            .into_iter()
+            .filter_map(|e| match e {
+                Entry::File { rel, local, scanned, .. } => Some((rel, local, scanned)),
+                Entry::Dir { .. } => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_symlink_swapped_in_after_the_scan_is_not_followed() {
+        let (ctx, outside) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        std::fs::write(outside.path().join("secret"), "host secret").unwrap();
+        std::fs::create_dir_all(ctx.path().join("app")).unwrap();
+        std::fs::write(ctx.path().join("app/a.txt"), "context").unwrap();
+        let files = scanned(ctx.path(), "app");
+        let (_, local, file) = &files[0];
+        std::fs::remove_file(local).unwrap();
+        std::os::unix::fs::symlink(outside.path().join("secret"), local).unwrap();
+        let e = file.open(local).err().expect("refused").to_string();
+        assert!(e.contains("is a symlink"), "{e}");
+    }
+
+    #[test]
+    fn a_directory_swapped_for_a_link_after_the_scan_sends_nothing_from_outside() {
+        let (ctx, outside) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        std::fs::write(outside.path().join("b.txt"), "host secret").unwrap();
+        std::fs::create_dir_all(ctx.path().join("app/sub")).unwrap();
+        std::fs::write(ctx.path().join("app/sub/b.txt"), "context").unwrap();
+        let files = scanned(ctx.path(), "app");
+        let (rel, local, file) = &files[0];
+        assert_eq!(rel, "sub/b.txt");
+        std::fs::rename(ctx.path().join("app/sub"), ctx.path().join("moved")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), ctx.path().join("app/sub")).unwrap();
+        let e = file.open(local).err().expect("refused").to_string();
+        assert!(e.contains("was replaced after the scan"), "{e}");
+    }
+
+    #[test]
+    fn a_file_replaced_after_the_scan_is_refused_and_a_grown_one_sends_what_was_hashed() {
+        let ctx = tempfile::tempdir().unwrap();
+        let p = ctx.path().join("f");
+        std::fs::write(&p, "scanned").unwrap();
+        let up = Upload::scan(ctx.path(), "f").unwrap();
+        let Entry::File { sha256, scanned, .. } = &up.entries[0] else { panic!("not a file") };
+        std::fs::write(ctx.path().join("new"), "scanned").unwrap();
+        std::fs::rename(ctx.path().join("new"), &p).unwrap();
+        assert!(scanned.open(&p).err().expect("refused").to_string().contains("was replaced"));
+
+        let up = Upload::scan(ctx.path(), "f").unwrap();
+        let Entry::File { sha256: now, scanned, .. } = &up.entries[0] else { panic!("not a file") };
+        assert_eq!(now, sha256, "the same bytes hash the same");
+        use std::io::Write;
+        std::fs::OpenOptions::new().append(true).open(&p).unwrap().write_all(b" and more").unwrap();
+        let mut r = scanned.open(&p).unwrap();
+        let mut sent = Vec::new();
+        r.read_to_end(&mut sent).unwrap();
+        assert_eq!(sent, b"scanned", "only the bytes hashed are sent");
+        r.check(now, &p).unwrap();
+    }
+
+    #[test]
+    fn a_scan_refuses_fifos_without_waiting_for_a_writer() {
+        let ctx = tempfile::tempdir().unwrap();
+        let fifo =
+            std::ffi::CString::new(ctx.path().join("pipe").into_os_string().into_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let e = Upload::scan(ctx.path(), "pipe").unwrap_err().to_string();
+        assert!(e.contains("special file"), "{e}");
     }
 }

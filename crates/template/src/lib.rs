@@ -10,11 +10,13 @@
 //! Not for: running steps or storing snapshots (branchbox-core's engine does that).
 
 pub mod chain;
+mod context_file;
 mod defaults;
 pub mod dockerfile;
 mod spec;
 mod toml_file;
 
+pub use context_file::Scanned;
 pub use defaults::{command, ExecDefaults};
 pub use spec::{Base, RunCmd, Step, TemplateSpec, DEFAULT_IMAGE};
 pub use toml_file::parse_toml;

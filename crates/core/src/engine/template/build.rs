@@ -7,7 +7,7 @@ use super::{Built, StepRecord, Template, TemplateStatus};
 use crate::engine::{agent_error, BackendChoice, Engine, SnapshotOptions};
 use branchbox_model::{now_ms, Error, Result, SandboxId, SnapshotId, SnapshotKind};
 use branchbox_protocol::{ExecSpec, OutStream, MAX_EXEC_OUTPUT};
-use branchbox_template::chain::{self, Entry, Upload, Verified};
+use branchbox_template::chain::{self, Entry, Upload};
 use branchbox_template::{Base, ExecDefaults, Step, TemplateSpec};
 use serde::Serialize;
 use std::io::Write;
@@ -450,9 +450,9 @@ impl Engine {
                         Entry::Dir { rel } => {
                             conn.mkdir(&up.dest(src, to, rel), true).map_err(agent_error)?
                         }
-                        Entry::File { rel, local, mode, sha256 } => {
-                            let f = std::fs::File::open(local).map_err(|e| Error::io(local, e))?;
-                            let mut r = Verified::new(f);
+                        Entry::File { rel, local, mode, sha256, scanned } => {
+                            // The file the scan hashed, or nothing: never a link swapped in since.
+                            let mut r = scanned.open(local).map_err(Error::from)?;
                             conn.write_file(&up.dest(src, to, rel), &mut r, Some(*mode), false, true)
                                 .map_err(agent_error)?;
                             r.check(sha256, local).map_err(Error::from)?;
