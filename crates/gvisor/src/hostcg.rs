@@ -6,6 +6,12 @@
 //! and left in place, so the shim creates the memory and pids cgroups itself (cgroup v1, as on
 //! this host), reads their counters once the container has ended, and removes them. On a
 //! cgroup v2 host runsc keeps managing them and the reason stays unknown.
+//!
+//! The sandbox's resolver (its DNS forwarder, in the shim) gets a CPU cgroup of its own,
+//! `cpu/branchbox/<id>-dns`, capped at a quarter of one core: what a guest's queries make it do
+//! (threads, upstream sockets, the `nft` updates of its allow-list set) is bounded however hard
+//! the guest asks, beside the sandbox's own limit. It is not the container's cgroup: runsc
+//! makes that one per generation and removes it, and the forwarder outlives generations.
 
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -121,20 +127,49 @@ pub fn record(sandbox_dir: &Path, ended: &Ended) -> std::io::Result<()> {
 /// takes a moment after `runsc kill`; a cgroup still busy after that is left for the next try.
 pub fn remove(cid: &str) {
     for controller in ["memory", "pids"] {
-        let d = dir(controller, cid);
-        for _ in 0..100 {
-            match std::fs::remove_dir(&d) {
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                    std::thread::sleep(std::time::Duration::from_millis(20))
-                }
-                _ => break,
+        remove_dir_when_empty(&dir(controller, cid));
+    }
+}
+
+/// The CPU a sandbox's resolver may use: [`DNS_QUOTA_US`] in every [`DNS_PERIOD_US`].
+pub const DNS_QUOTA_US: u64 = 25_000;
+/// The CFS period of the resolver's cgroup.
+pub const DNS_PERIOD_US: u64 = 100_000;
+
+fn dns_dir(id: &str) -> PathBuf {
+    Path::new(V1_ROOT).join("cpu").join("branchbox").join(format!("{id}-dns"))
+}
+
+/// Creates sandbox `id`'s resolver cgroup (a quarter of one core) and moves the calling thread
+/// into it, so the threads and processes it starts from now on run there too. `false` when
+/// this host has no cgroup v1 CPU controller (nothing is moved).
+pub fn enter_dns(id: &str) -> std::io::Result<bool> {
+    if !Path::new(V1_ROOT).join("cpu/cpu.cfs_quota_us").is_file() {
+        return Ok(false);
+    }
+    let d = dns_dir(id);
+    std::fs::create_dir_all(&d)?;
+    std::fs::write(d.join("cpu.cfs_period_us"), DNS_PERIOD_US.to_string())?;
+    std::fs::write(d.join("cpu.cfs_quota_us"), DNS_QUOTA_US.to_string())?;
+    // SAFETY: gettid(2) takes nothing and cannot fail.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+    std::fs::write(d.join("tasks"), tid.to_string())?;
+    Ok(true)
+}
+
+fn remove_dir_when_empty(d: &Path) {
+    for _ in 0..100 {
+        match std::fs::remove_dir(d) {
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
             }
+            _ => break,
         }
     }
 }
 
 /// Removes the cgroups of every generation of sandbox `id` (after a shim that could not clean
-/// up, such as one killed).
+/// up, such as one killed), and its resolver's.
 /// Both controllers are listed: runsc deletes a memory cgroup of its own after an OOM kill,
 /// and the pids cgroup of that generation must not be left behind.
 pub fn remove_all(id: &str) {
@@ -153,6 +188,7 @@ pub fn remove_all(id: &str) {
     for cid in cids {
         remove(&cid);
     }
+    remove_dir_when_empty(&dns_dir(id));
 }
 
 #[cfg(test)]
@@ -183,6 +219,48 @@ mod tests {
     fn no_counter_means_the_agent_exited() {
         assert_eq!(judge("x-g1", "", "", "", "").reason, "agent_exited");
         assert_eq!(judge("x-g1", "oom_kill 0\n", "max 0\n", "", "").reason, "agent_exited");
+    }
+
+    /// CPU seconds the calling thread has used.
+    fn thread_cpu() -> f64 {
+        let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: clock_gettime(2) fills `t`.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+        t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
+    }
+
+    #[test]
+    fn the_resolvers_threads_and_processes_are_held_to_a_quarter_of_a_core() {
+        if unsafe { libc::geteuid() } != 0 || !Path::new(V1_ROOT).join("cpu/cpu.cfs_quota_us").is_file() {
+            eprintln!("skipped: needs root and the cgroup v1 CPU controller");
+            return;
+        }
+        let id = format!("sbx-test{:012x}", std::process::id());
+        let inside = id.clone();
+        let (spent, child_cgroup) = std::thread::spawn(move || {
+            assert!(enter_dns(&inside).unwrap());
+            let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+            let cgroup = std::fs::read_to_string(format!("/proc/{}/cgroup", child.id())).unwrap();
+            let _ = child.kill();
+            let _ = child.wait();
+            // Spin for 2 s of wall time: a quarter of a core allows about 0.5 s of it.
+            let (start, cpu) = (std::time::Instant::now(), thread_cpu());
+            while start.elapsed() < std::time::Duration::from_secs(2) {
+                std::hint::black_box(0u64);
+            }
+            (thread_cpu() - cpu, cgroup)
+        })
+        .join()
+        .unwrap();
+        remove_all(&id);
+        eprintln!("a thread spinning for 2 s in the resolver's cgroup used {spent:.2} s of CPU");
+        assert!(!dns_dir(&id).exists(), "the resolver's cgroup is left");
+        let want = format!("/branchbox/{id}-dns");
+        assert!(
+            child_cgroup.lines().any(|l| l.contains(":cpu") && l.ends_with(&want)),
+            "a process the resolver started is outside its cgroup:\n{child_cgroup}"
+        );
+        assert!(spent < 1.0, "the resolver's thread used {spent:.2} s of CPU in 2 s");
     }
 
     #[test]
