@@ -15,6 +15,8 @@ use std::path::{Component, Path, PathBuf};
 const MAX_HOPS: u32 = 40;
 /// Longest name of one path component (Linux's NAME_MAX).
 const NAME_MAX: usize = 255;
+/// Longest path (Linux's PATH_MAX).
+const PATH_MAX: usize = 4096;
 
 /// What one import may unpack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,8 +77,12 @@ fn bad(msg: String) -> Error {
 }
 
 /// The components of a path inside an image: `.` dropped, `..` and absolute paths refused, and
-/// names no file system holds (over 255 bytes, or with a NUL) refused before they reach one.
+/// paths no system call takes (over 4096 bytes, a name over 255 or with a NUL) refused before
+/// they reach one, whose error would repeat them whole.
 pub(crate) fn components(path: &Path) -> Result<Vec<&OsStr>> {
+    if path.as_os_str().len() > PATH_MAX {
+        return Err(bad(format!("the layer entry {} is longer than {PATH_MAX} bytes", shown(path))));
+    }
     let mut out = Vec::new();
     for c in path.components() {
         match c {

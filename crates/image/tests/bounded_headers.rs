@@ -210,3 +210,24 @@ fn an_extension_header_just_over_the_budget_is_refused_without_echoing_it() {
     assert!(e.contains("over the limit of 65536"), "{e}");
     assert!(!e.contains("nnnn"), "the name is not echoed: {e}");
 }
+
+#[test]
+fn a_path_within_the_budget_but_too_long_for_linux_is_refused_with_a_short_error() {
+    let d = tempfile::tempdir().unwrap();
+    let (images, src) = (d.path().join("images"), d.path().join("layout"));
+    let mut builder = tar::Builder::new(Vec::new());
+    for name in [format!("{}/x", "d/".repeat(30_000)), format!("{}/x", "n".repeat(300))] {
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(0o644);
+        h.set_size(0);
+        builder.append_data(&mut h, &name, &[][..]).unwrap();
+        let tar = builder.into_inner().unwrap();
+        write_dir(&src, &image(vec![(layer(&[loader()]), false), (tar, true)]).oci_files());
+        let e = import_image(&images, "long", &src, ImportLimits::default(), &mut |_| {})
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("longer than 4096 bytes") || e.contains("over 255 bytes"), "{e}");
+        assert!(e.len() < 512, "the error is short: {} bytes", e.len());
+        builder = tar::Builder::new(Vec::new());
+    }
+}
