@@ -129,6 +129,36 @@ def test_dropped_start_and_watchdir_streams_free_their_threads_and_the_service_a
     assert threads(pid) <= before + 16, f"{threads(pid)} threads after 600 dropped streams, {before} before"
 
 
+def test_dropped_streams_of_quiet_commands_and_processes_free_their_threads(svc, box):
+    """branchbox's own streams: a streamed command, a background process's output and a
+    directory watch, each dropped by its client while nothing happens."""
+    sid, _ = box
+    pid = svc.proc.pid
+    bearer = {"authorization": f"Bearer {svc.token}"}
+    with svc.client() as c:
+        bg = c.post(f"/v1/sandboxes/{sid}/processes", json={"cmd": "sleep 600", "timeout": 120}).json()["pid"]
+    s = request(svc, "GET", f"/v1/sandboxes/{sid}/files/watch?path=/tmp", bearer)
+    read_until(s, [b"event: ready"], "directory watch")
+    s.close()
+    time.sleep(1)
+    before = threads(pid)
+    body = json.dumps({"cmd": "sleep 120", "timeout": 120}).encode()
+    for i in range(30):
+        s = request(svc, "POST", f"/v1/sandboxes/{sid}/commands/stream", {**bearer, "content-type": "application/json"}, body)
+        read_until(s, [b"200 OK"], f"streamed command {i}")
+        s.close()
+        s = request(svc, "GET", f"/v1/sandboxes/{sid}/processes/{bg}/output", bearer)
+        read_until(s, [b"200 OK"], f"process output {i}")
+        s.close()
+        s = request(svc, "GET", f"/v1/sandboxes/{sid}/files/watch?path=/tmp", bearer)
+        read_until(s, [b"event: ready"], f"directory watch {i}")
+        s.close()
+    deadline = time.monotonic() + 15
+    while threads(pid) > before + 16 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert threads(pid) <= before + 16, f"{threads(pid)} threads after 90 dropped streams, {before} before"
+
+
 def test_one_sandbox_holds_a_bounded_number_of_streams_and_others_still_get_theirs(svc, box):
     held = []
     try:

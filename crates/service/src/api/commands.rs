@@ -3,12 +3,13 @@
 
 use super::extract::{account_name, check_map, sandbox_id, sandbox_path, seconds, ApiJson};
 use super::types::*;
+use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::state::AppState;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::Json;
+use axum::{Extension, Json};
 use base64::Engine as _;
 use branchbox_model::SandboxId;
 use branchbox_protocol::{Command, ExecSpec, ExitStatus, OutStream};
@@ -124,16 +125,20 @@ pub(super) fn error_event(e: &ApiError) -> Event {
 /// Runs a command and streams its output as server-sent events: `stdout` and `stderr` events
 /// carry `{"data": <base64 bytes>}`, then one `exit` event carries `{exit_code, signal,
 /// timed_out, truncated, oom_killed, duration_ms}` (or one `error` event carries `{"error": {...}}`).
+/// A client that goes away ends the stream at once (the command runs on to its timeout); the
+/// streams a sandbox holds open are bounded (`crate::streams`).
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/commands/stream", tag = "commands",
     params(("id" = String, Path, description = "sandbox id")), request_body = RunCommand,
     responses((status = 200, content_type = "text/event-stream", body = StreamEvent, description = "stdout/stderr events, then exit"),
-              (status = "4XX", body = ErrorBody, description = "bad command, not found, paused (409)")))]
+              (status = "4XX", body = ErrorBody, description = "bad command, not found, paused (409), too many streams open in the sandbox, with the token or in the service (429)")))]
 pub async fn run_stream(
     State(st): State<AppState>,
     Path(id): Path<String>,
+    caller: Option<Extension<Caller>>,
     ApiJson(req): ApiJson<RunCommand>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
     let id = sandbox_id(&id)?;
+    let place = super::follow::place(&st, &id, &caller)?;
     // Connect before answering, so a missing or paused sandbox gets its status code rather
     // than an error event.
     let sandbox = id.clone();
@@ -145,12 +150,12 @@ pub async fn run_stream(
         .await?;
     let (spec, stdin) = spec;
     let cmd = spec.cmd.clone();
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(64);
+    // The stream shuts the agent connection when the client goes away (or the service stops),
+    // which ends the wait for output instead of holding a thread until the command's timeout.
+    let (tx, rx) = super::follow::follower(&st, &mut conn)?;
     let out = tx.clone();
     let worker = tokio::task::spawn_blocking(move || {
-        // Closing our end of the agent connection when the client goes away ends the wait
-        // for output instead of holding a thread until the command's own timeout.
-        let shut = conn.stream_mut().try_clone().ok();
+        let _place = place;
         let mut gone = false;
         let b64 = base64::engine::general_purpose::STANDARD;
         let mut input = stdin.as_deref().map(str::as_bytes);
@@ -160,12 +165,7 @@ pub async fn run_stream(
             }
             let name = if which == OutStream::Stdout { "stdout" } else { "stderr" };
             let data = serde_json::json!({ "data": b64.encode(chunk) }).to_string();
-            if out.blocking_send(Ok(Event::default().event(name).data(data))).is_err() {
-                gone = true;
-                if let Some(s) = &shut {
-                    let _ = s.shutdown(std::net::Shutdown::Both);
-                }
-            }
+            gone = out.blocking_send(Ok(Event::default().event(name).data(data))).is_err();
         })
     });
     tokio::spawn(async move {
@@ -184,7 +184,7 @@ pub async fn run_stream(
         };
         let _ = tx.send(Ok(last)).await;
     });
-    Ok(Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).keep_alive(KeepAlive::default()))
+    Ok(Sse::new(rx).keep_alive(KeepAlive::default()))
 }
 
 /// Starts a background process. With `stdin` (text, possibly empty) its stdin stays open: the

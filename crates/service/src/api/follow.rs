@@ -60,7 +60,7 @@ pub struct WatchQuery {
 }
 
 /// Where a follower's events go.
-type Events = mpsc::Sender<Result<Event, Infallible>>;
+pub(super) type Events = mpsc::Sender<Result<Event, Infallible>>;
 
 /// Writes to the stdin of a background process that was started with `stdin` (its stdin then
 /// stays open until `eof`).
@@ -94,7 +94,7 @@ pub async fn input(
 /// drops its sender) or the service stops. Dropped when the client goes (or ended by the
 /// stop), it shuts the agent connection, which ends the worker's blocking read at once; the
 /// connection has no stall limit (a quiet process or directory is no stalled agent).
-struct Follow {
+pub(super) struct Follow {
     rx: mpsc::Receiver<Result<Event, Infallible>>,
     stopping: Pin<Box<dyn Future<Output = ()> + Send>>,
     detach: Option<Detach>,
@@ -116,7 +116,7 @@ impl Stream for Follow {
 }
 
 /// A place for one more stream in sandbox `id`, counted against the caller's token.
-fn place(
+pub(super) fn place(
     st: &AppState,
     id: &branchbox_model::SandboxId,
     caller: &Option<Extension<Caller>>,
@@ -126,7 +126,7 @@ fn place(
 }
 
 /// A channel for a worker reading `conn`, and the stream the client is answered with.
-fn follower(st: &AppState, conn: &mut AgentConn) -> ApiResult<(Events, Follow)> {
+pub(super) fn follower(st: &AppState, conn: &mut AgentConn) -> ApiResult<(Events, Follow)> {
     let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(64);
     let detach = Detach::of(conn)?;
     Ok((tx, Follow { rx, stopping: st.streams.stopping(), detach: Some(detach) }))
