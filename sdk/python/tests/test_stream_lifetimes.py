@@ -40,16 +40,39 @@ def svc(workdir: Path) -> Iterator[Service]:
         yield s
 
 
-@pytest.fixture
-def box(svc: Service) -> Iterator[Tuple[str, str]]:
+def e2b_sandbox(svc: Service) -> Tuple[str, str]:
     """A sandbox made through E2B's REST API: its id and its access token."""
     r = httpx.post(f"{svc.url}/e2b/sandboxes", headers={"x-api-key": svc.token}, json={"templateID": "base", "timeout": 900}, timeout=120)
     assert r.status_code == 201, r.text
     o = r.json()
-    yield o["sandboxID"], o["envdAccessToken"]
-    if svc.proc is None:
-        return  # stopped by the test; the module's service kills what is left when it ends
-    httpx.delete(f"{svc.url}/e2b/sandboxes/{o['sandboxID']}", headers={"x-api-key": svc.token}, timeout=120)
+    return o["sandboxID"], o["envdAccessToken"]
+
+
+def kill(svc: Service, box: Tuple[str, str]) -> None:
+    """Kills the sandbox; one the service cannot answer for now (stopped by the test, or out
+    of threads) is left to the module's service, which kills what is left when it ends."""
+    if svc.proc is not None:
+        try:
+            httpx.delete(f"{svc.url}/e2b/sandboxes/{box[0]}", headers={"x-api-key": svc.token}, timeout=30)
+        except httpx.TimeoutException:
+            pass
+
+
+@pytest.fixture
+def box(svc: Service) -> Iterator[Tuple[str, str]]:
+    b = e2b_sandbox(svc)
+    yield b
+    kill(svc, b)
+
+
+@pytest.fixture
+def boxes(svc: Service) -> Iterator[List[Tuple[str, str]]]:
+    """Eight sandboxes: a spawn's cost grows with the processes its sandbox already runs, so
+    the quiet processes are spread."""
+    bs = [e2b_sandbox(svc) for _ in range(8)]
+    yield bs
+    for b in bs:
+        kill(svc, b)
 
 
 def threads(pid: int) -> int:
@@ -99,10 +122,10 @@ QUIET_PROCESS = {"process": {"cmd": "/bin/sleep", "args": ["600"]}}
 BOUNDED = {"connect-timeout-ms": "120000"}
 
 
-def test_dropped_start_and_watchdir_streams_free_their_threads_and_the_service_answers(svc, box):
+def test_dropped_start_and_watchdir_streams_free_their_threads_and_the_service_answers(svc, boxes):
     pid = svc.proc.pid
     # One stream first, so the pool threads any first request starts are in the baseline.
-    s, got = envd_stream(svc, box, "filesystem.Filesystem/WatchDir", {"path": "/tmp"})
+    s, got = envd_stream(svc, boxes[0], "filesystem.Filesystem/WatchDir", {"path": "/tmp"})
     s.close()
     time.sleep(1)
     before = threads(pid)
@@ -112,13 +135,16 @@ def test_dropped_start_and_watchdir_streams_free_their_threads_and_the_service_a
             ("process.Process/Start", QUIET_PROCESS, BOUNDED),
             ("filesystem.Filesystem/WatchDir", {"path": "/tmp"}, {}),
         )[i % 2]
-        s, got = envd_stream(svc, box, method, msg, extra)
+        s, got = envd_stream(svc, boxes[i // 2 % len(boxes)], method, msg, extra)
         s.close()
         assert b'"start"' in got, f"stream {i} of {method}: {got[:300]!r}"
 
     # A few clients at once, as an impatient one would (and to keep the test short).
-    with ThreadPoolExecutor(4) as pool:
+    pool = ThreadPoolExecutor(8)
+    try:
         list(pool.map(open_and_drop, range(600)))
+    finally:
+        pool.shutdown(cancel_futures=True)
     t = time.monotonic()
     r = httpx.get(f"{svc.url}/v1/sandboxes", headers=svc.headers(), timeout=5)
     took = time.monotonic() - t
