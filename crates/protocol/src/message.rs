@@ -566,6 +566,17 @@ mod tests {
     }
 
     #[test]
+    fn an_older_hosts_owner_is_the_account_a_write_or_mkdir_acts_as() {
+        let w: Request = serde_json::from_str(r#"{"op":"write_file","path":"/f","owner":"user"}"#).unwrap();
+        assert!(matches!(w, Request::WriteFile { user: Some(u), .. } if u == "user"));
+        let m: Request = serde_json::from_str(r#"{"op":"mkdir","path":"/d","owner":"user"}"#).unwrap();
+        assert!(matches!(m, Request::Mkdir { user: Some(u), .. } if u == "user"));
+        // Sent as `user`, and not at all when absent, so older agents parse it as before.
+        let r = Request::Stat { path: "/".into(), user: None };
+        assert_eq!(serde_json::to_string(&r).unwrap(), r#"{"op":"stat","path":"/"}"#);
+    }
+
+    #[test]
     fn a_fresh_identity_carries_the_given_names_and_new_randomness_each_call() {
         let before = now_ns();
         let (a, seed_a) = AfterFork::fresh("sbx-0123456789abcdef", "bb-01234567").unwrap();
