@@ -1,13 +1,17 @@
 //! E2B's control plane (the REST API the SDKs reach at `E2B_API_URL`): create, list, get,
 //! kill, timeout, pause, resume/connect, and the template list, in E2B's JSON shapes, each
 //! mapped onto the service's own handlers so the limits, cap, audit and TTL are the same.
+//! Where E2B's server means something else by the same call, E2B's meaning is kept here:
+//! connect only ever extends a sandbox's end, a timeout of 0 ends it now, and an id of any
+//! other shape names no sandbox (404).
 
 use super::{E2bError, PresentedKey, ENVD_VERSION};
 use crate::api::extract::ApiQuery;
 use crate::api::sandboxes;
 use crate::api::types::{ConnectSandbox, CreateSandbox, ListSandboxes, SandboxInfo, SetTimeout, StateName};
+use crate::api::AuditNote;
 use crate::auth::{Caller, Tokens};
-use crate::db::OnTimeout;
+use crate::db::{OnTimeout, SandboxMeta};
 use crate::error::ApiError;
 use crate::state::AppState;
 use axum::body::Bytes;
@@ -16,6 +20,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
+use branchbox_model::{now_ms, SandboxId};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -47,6 +52,16 @@ fn body<T: DeserializeOwned>(bytes: &Bytes) -> E2bResult<T> {
     let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) { b"{}" } else { bytes };
     serde_json::from_slice(bytes).map_err(|e| {
         E2bError(ApiError::bad_request("bad_body", format!("the JSON body does not fit this operation: {e}")))
+    })
+}
+
+/// A sandbox id from E2B's wire. One not shaped like branchbox's ids names no sandbox, so it
+/// answers E2B's not-found (404), as E2B's server does for an unknown id: the SDKs read that as
+/// "no such sandbox" (`Sandbox.kill("x")` answers False) where a 400 would raise.
+fn e2b_id(id: &str) -> E2bResult<SandboxId> {
+    SandboxId::parse(id).map_err(|_| {
+        let shown: String = id.chars().take(64).collect();
+        E2bError(ApiError::not_found(format!("sandbox {shown:?} not found")))
     })
 }
 
@@ -254,6 +269,7 @@ async fn detail(
     Extension(key): Extension<PresentedKey>,
     Path(id): Path<String>,
 ) -> E2bResult<Json<E2bListed>> {
+    e2b_id(&id)?;
     let Json(info) = sandboxes::get(State(st.clone()), Path(id)).await?;
     if info.state == StateName::Lost {
         return Err(E2bError(ApiError::not_found(format!(
@@ -266,6 +282,7 @@ async fn detail(
 }
 
 async fn kill(State(st): State<AppState>, Path(id): Path<String>) -> E2bResult<StatusCode> {
+    e2b_id(&id)?;
     Ok(sandboxes::kill(State(st), Path(id)).await?)
 }
 
@@ -276,21 +293,51 @@ struct TimeoutBody {
     duration: Option<f64>,
 }
 
+/// Sets a sandbox's end to `timeout` seconds from now, shorter or longer. As on E2B's server,
+/// a timeout of 0 (or less) ends the sandbox now: its on-timeout action (kill, or pause with
+/// `auto_pause`) runs at the service's next timeout check.
 async fn set_timeout(State(st): State<AppState>, Path(id): Path<String>, raw: Bytes) -> E2bResult<Response> {
     let req: TimeoutBody = body(&raw)?;
     let Some(timeout) = req.timeout else {
         return Err(E2bError(ApiError::bad_request("bad_body", "give timeout: the seconds from now")));
     };
+    let sid = e2b_id(&id)?;
+    if timeout <= 0.0 {
+        let _found = sandboxes::get(State(st.clone()), Path(id)).await?;
+        let default_ms = (st.cfg.default_timeout_s * 1000) as i64;
+        let n = AuditNote {
+            sandbox: Some(sid.as_str().to_string()),
+            detail: Some("timeout 0 s: ends now".into()),
+            ..Default::default()
+        };
+        st.blocking(move |_, st| end_now(st, &sid, default_ms)).await?;
+        return Ok((StatusCode::NO_CONTENT, Extension(n)).into_response());
+    }
     let (_, note, _) =
         sandboxes::set_timeout(State(st), Path(id), crate::api::extract::ApiJson(SetTimeout { timeout }))
             .await?;
     Ok((StatusCode::NO_CONTENT, note).into_response())
 }
 
+/// Makes a sandbox's timeout fire now, keeping the length later renewals reuse; a sandbox made
+/// outside the service gets its record here, as a renewal would give it.
+fn end_now(st: &AppState, id: &SandboxId, default_ms: i64) -> Result<(), ApiError> {
+    let db = st.db();
+    match db.get(id)? {
+        Some(_) => db.set_expiry(id, Some(now_ms()), None)?,
+        None => db.put(
+            id,
+            &SandboxMeta { expires_ms: Some(now_ms()), timeout_ms: default_ms, ..Default::default() },
+        )?,
+    }
+    Ok(())
+}
+
 /// `refreshes`: keeps a sandbox alive for `duration` seconds more (E2B's default 60 s... here
 /// the timeout restarts with that length).
 async fn refresh(State(st): State<AppState>, Path(id): Path<String>, raw: Bytes) -> E2bResult<Response> {
     let req: TimeoutBody = body(&raw)?;
+    e2b_id(&id)?;
     let timeout = req.duration.unwrap_or(60.0);
     let (_, note, _) =
         sandboxes::set_timeout(State(st), Path(id), crate::api::extract::ApiJson(SetTimeout { timeout }))
@@ -299,12 +346,15 @@ async fn refresh(State(st): State<AppState>, Path(id): Path<String>, raw: Bytes)
 }
 
 async fn pause(State(st): State<AppState>, Path(id): Path<String>) -> E2bResult<Response> {
+    e2b_id(&id)?;
     let (_, note, _) = sandboxes::pause(State(st), Path(id)).await?;
     Ok((StatusCode::NO_CONTENT, note).into_response())
 }
 
-/// `connect` (v1 and v2) and the older `resume`: resumes a paused sandbox (201) or renews a
-/// running one's timeout (200).
+/// `connect` (v1 and v2) and the older `resume`: resumes a paused sandbox (201) or extends a
+/// running one's timeout (200). As on E2B's server, connect only ever extends: a running
+/// sandbox's end becomes the later of its current end and now + `timeout` (the SDKs send their
+/// default 300 s on every connect, which must not cut a sandbox created for an hour short).
 async fn connect(
     State(st): State<AppState>,
     Extension(key): Extension<PresentedKey>,
@@ -312,6 +362,7 @@ async fn connect(
     raw: Bytes,
 ) -> E2bResult<Response> {
     let req: TimeoutBody = body(&raw)?;
+    let sid = e2b_id(&id)?;
     let before = sandboxes::get(State(st.clone()), Path(id.clone())).await?.0;
     let (_, note, Json(info)) = sandboxes::connect(
         State(st.clone()),
@@ -319,6 +370,12 @@ async fn connect(
         crate::api::extract::ApiJson(ConnectSandbox { timeout: req.timeout }),
     )
     .await?;
+    let kept = if before.state == StateName::Paused { None } else { before.expires_ms };
+    if let (Some(old), Some(new)) = (kept, info.expires_ms) {
+        if new < old {
+            st.blocking(move |_, st| Ok(st.db().set_expiry(&sid, Some(old), None)?)).await?;
+        }
+    }
     let status = if before.state == StateName::Paused { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, note, Json(created(&st, &info, &key))).into_response())
 }
