@@ -151,18 +151,24 @@ class AsyncCommands:
         if cwd is not None:
             cwd = _compat.resolve_path(cwd, user)
         text = _follow.stdin_text(stdin)
-        if background:
+        if background or timeout == 0:
             body = _api.command_body(cmd, envs, cwd, None, text, user)
-            if timeout is not None and stdin is None:
+            if timeout and stdin is None:
                 body["timeout"] = timeout
             r = await self._s._http.call(_api.Call("POST", _api.sandbox_path(sid, "/processes"), json=body))
             pid = r.json()["pid"]
             follower = None
-            if on_stdout is not None or on_stderr is not None:
+            if on_stdout is not None or on_stderr is not None or not background:
                 # From the start: what it printed before the stream was open comes first.
                 follower = await _follow.AsyncOutputFollower.open(self._s._http, sid, pid, on_stdout, on_stderr,
                                                                   None, replay=True)
-            return AsyncCommandHandle(self._s, pid, cmd, follower)
+            handle = AsyncCommandHandle(self._s, pid, cmd, follower)
+            if background:
+                return handle
+            # E2B's timeout=0, no limit: as `Sandbox.commands.run`.
+            if text is not None:
+                await self.close_stdin(pid)
+            return await handle.wait(timeout=None)
         body = _api.command_body(cmd, envs, cwd, timeout, text, user)
         http_timeout = _api.command_http_timeout(timeout)
         if on_stdout is None and on_stderr is None:

@@ -161,8 +161,9 @@ class Commands:
         """Runs `cmd` (a shell line, or an argv list) as `user` (the sandbox's default user,
         `user` unless chosen at create) in its home unless `cwd` says otherwise, and returns its
         result; raises `CommandExitException` when it fails (`CommandTimeoutException`, also a
-        `TimeoutException`, at its timeout). With `on_stdout`/`on_stderr` the output streams to
-        the callbacks as it is produced; with `background=True` it returns a `CommandHandle`.
+        `TimeoutException`, at its timeout; `timeout=0`, as in E2B's, sets none). With
+        `on_stdout`/`on_stderr` the output streams to the callbacks as it is produced; with
+        `background=True` it returns a `CommandHandle`.
         `stdin`: a text to read; with `background=True`, `True` (E2B's) keeps its stdin open for
         `send_stdin`/`close_stdin`, and a text is written first with it open likewise."""
         sid = self._s.sandbox_id
@@ -170,16 +171,23 @@ class Commands:
         if cwd is not None:
             cwd = _compat.resolve_path(cwd, user)
         text = _follow.stdin_text(stdin)
-        if background:
+        if background or timeout == 0:
             body = _api.command_body(cmd, envs, cwd, None, text, user)
-            if timeout is not None and stdin is None:
+            if timeout and stdin is None:
                 body["timeout"] = timeout
             pid = self._s._http.call(_api.Call("POST", _api.sandbox_path(sid, "/processes"), json=body)).json()["pid"]
             follower = None
-            if on_stdout is not None or on_stderr is not None:
+            if on_stdout is not None or on_stderr is not None or not background:
                 # From the start: what it printed before the stream was open comes first.
                 follower = _follow.OutputFollower(self._s._http, sid, pid, on_stdout, on_stderr, None, replay=True)
-            return CommandHandle(self._s, pid, cmd, follower)
+            handle = CommandHandle(self._s, pid, cmd, follower)
+            if background:
+                return handle
+            # E2B's timeout=0, no limit: the service bounds a foreground call, so the command
+            # runs as a process without a timeout, followed to its end.
+            if text is not None:
+                self.close_stdin(pid)
+            return handle.wait(timeout=None)
         body = _api.command_body(cmd, envs, cwd, timeout, text, user)
         http_timeout = _api.command_http_timeout(timeout)
         if on_stdout is None and on_stderr is None:

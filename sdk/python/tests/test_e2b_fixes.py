@@ -1,0 +1,89 @@
+"""Where branchboxd and the branchbox SDK meant something else than E2B by the same call (issue
+28): E2B's own SDK (the pinned `e2b` package) on branchboxd's E2B wire API, configured only as
+an E2B user would, and branchbox's SDK where its E2B-shaped calls differed. Real gVisor
+sandboxes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from branchbox import CommandExitException
+from conftest import wait_until
+
+e2b = pytest.importorskip("e2b", reason="the e2b package is not installed (pip install -r sdk/python/requirements-test.txt)")
+
+
+@pytest.fixture
+def e2b_env(service, monkeypatch):
+    """Only what an E2B user sets (E2B_VALIDATE_API_KEY=false: e2b 2.40 to 2.46 refuse a key
+    not shaped like E2B's before sending anything)."""
+    for k in list(os.environ):
+        if k.startswith(("BRANCHBOX_", "E2B_")):
+            monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("E2B_API_URL", f"{service.url}/e2b")
+    monkeypatch.setenv("E2B_SANDBOX_URL", f"{service.url}/e2b/envd")
+    monkeypatch.setenv("E2B_API_KEY", service.token)
+    monkeypatch.setenv("E2B_VALIDATE_API_KEY", "false")
+    return service
+
+
+def _end_ms(service, sandbox_id: str) -> int:
+    with service.client() as c:
+        r = c.get(f"/v1/sandboxes/{sandbox_id}")
+        assert r.status_code == 200, r.text
+        return r.json()["expires_ms"]
+
+
+def test_connect_extends_a_sandboxs_end_and_never_shortens_it(e2b_env):
+    sbx = e2b.Sandbox.create(timeout=3600)
+    try:
+        end = _end_ms(e2b_env, sbx.sandbox_id)
+        # e2b up to 2.46 (2.45.1 in issue 28) send their default 300 s on every connect.
+        again = e2b.Sandbox.connect(sbx.sandbox_id, timeout=300)
+        assert again.commands.run("echo hi").stdout == "hi\n"
+        assert _end_ms(e2b_env, sbx.sandbox_id) >= end, "connect cut the sandbox's time short"
+        e2b.Sandbox.connect(sbx.sandbox_id, timeout=7200)
+        assert _end_ms(e2b_env, sbx.sandbox_id) >= end + 3000 * 1000, "a longer timeout did not extend it"
+    finally:
+        sbx.kill()
+
+
+def test_ids_of_another_shape_are_not_found_so_kill_answers_false(e2b_env):
+    for bad in ("x", "not-a-sandbox", "sbx-"):
+        assert e2b.Sandbox.kill(bad) is False
+        with pytest.raises(e2b.NotFoundException):
+            e2b.Sandbox.get_info(bad)
+        with pytest.raises(e2b.NotFoundException):
+            e2b.Sandbox.set_timeout(bad, 60)
+    with e2b_env.client() as c:
+        r = c.post("/e2b/sandboxes/x/connect", json={"timeout": 60}, headers={"X-API-Key": e2b_env.token})
+        assert r.status_code == 404 and r.json()["code"] == 404, r.text
+
+
+def test_set_timeout_zero_ends_the_sandbox_now_as_on_e2bs_server(e2b_env):
+    sbx = e2b.Sandbox.create(timeout=600)
+    try:
+        sbx.set_timeout(0)
+
+        def gone():
+            with e2b_env.client() as c:
+                return c.get(f"/v1/sandboxes/{sbx.sandbox_id}").status_code == 404
+
+        wait_until(gone, "the sandbox to end at its zero timeout", 60)
+    finally:
+        e2b.Sandbox.kill(sbx.sandbox_id)
+
+
+def test_branchbox_command_timeout_zero_means_no_limit(sbx):
+    r = sbx.commands.run("sleep 1; echo done", timeout=0)
+    assert (r.exit_code, r.stdout) == (0, "done\n")
+    seen = []
+    r = sbx.commands.run("cat; echo ok >&2", timeout=0, stdin="fed\n", on_stdout=seen.append)
+    assert (r.stdout, r.stderr, "".join(seen)) == ("fed\n", "ok\n", "fed\n")
+    with pytest.raises(CommandExitException) as e:
+        sbx.commands.run("exit 4", timeout=0)
+    assert e.value.exit_code == 4
+    h = sbx.commands.run("sleep 1; echo bg", background=True, timeout=0)
+    assert h.wait(timeout=30).stdout == "bg\n"
