@@ -383,6 +383,56 @@ mod tests {
         assert!(!asked.contains("secret"), "the client's credentials reached the sandbox: {asked}");
     }
 
+    #[tokio::test]
+    async fn a_joined_websocket_holds_its_place_until_the_service_stops_it() {
+        use crate::streams::{Kind, Streams};
+        let (up, _seen) = websocket_upstream().await;
+        let streams = std::sync::Arc::new(Streams::default());
+        let (s2, id) = (streams.clone(), branchbox_model::SandboxId::generate());
+        let app = Router::new().route(
+            "/{*rest}",
+            any(move |req: Request| {
+                let (s2, id) = (s2.clone(), id.clone());
+                async move {
+                    let stream = tokio::net::TcpStream::connect(up).await.unwrap();
+                    let place = s2.take(Kind::Socket, &id, "tok").unwrap();
+                    let lifetime = Lifetime { place: Some(place), stopping: s2.stopping() };
+                    forward(stream, up.port(), "ws", req, lifetime)
+                        .await
+                        .unwrap_or_else(IntoResponse::into_response)
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let front = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let mut c = tokio::net::TcpStream::connect(front).await.unwrap();
+        c.write_all(
+            b"GET /ws HTTP/1.1\r\nhost: x\r\nconnection: Upgrade\r\nupgrade: websocket\r\n\
+                      sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        read_head(&mut c).await;
+        c.write_all(b"ping").await.unwrap();
+        let mut echo = [0u8; 4];
+        tokio::time::timeout(Duration::from_secs(10), c.read_exact(&mut echo)).await.unwrap().unwrap();
+        assert_eq!(streams.open(Kind::Socket), 1, "the joined socket holds no place");
+        streams.stop();
+        let n = tokio::time::timeout(Duration::from_secs(10), c.read(&mut echo))
+            .await
+            .expect("the joined socket outlived the service's stop")
+            .unwrap();
+        assert_eq!(n, 0);
+        for _ in 0..100 {
+            if streams.open(Kind::Socket) == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the stopped socket kept its place");
+    }
+
     #[test]
     fn only_websocket_upgrades_count() {
         let mut h = HeaderMap::new();
