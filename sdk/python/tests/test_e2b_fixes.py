@@ -5,11 +5,12 @@ sandboxes."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
 
-from branchbox import CommandExitException
+from branchbox import AsyncSandbox, CommandExitException, Sandbox
 from conftest import wait_until
 
 e2b = pytest.importorskip("e2b", reason="the e2b package is not installed (pip install -r sdk/python/requirements-test.txt)")
@@ -87,3 +88,18 @@ def test_branchbox_command_timeout_zero_means_no_limit(sbx):
     assert e.value.exit_code == 4
     h = sbx.commands.run("sleep 1; echo bg", background=True, timeout=0)
     assert h.wait(timeout=30).stdout == "bg\n"
+
+
+def test_branchbox_is_running_takes_e2bs_request_timeout_and_answers_false_after_kill(service):
+    sbx = Sandbox.create(timeout=120, **service.sdk())
+    assert sbx.is_running(request_timeout=5) is True
+    assert sbx.kill() is True
+    assert sbx.is_running(request_timeout=5) is False
+
+    async def run_async():
+        s = await AsyncSandbox.create(timeout=120, **service.sdk())
+        assert await s.is_running(request_timeout=5) is True
+        assert await s.kill() is True
+        assert await s.is_running(request_timeout=5) is False
+
+    asyncio.run(run_async())

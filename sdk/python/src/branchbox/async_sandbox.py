@@ -495,10 +495,11 @@ class AsyncSandbox:
         h = await self.commands.run(["/bin/sh", "-c", _compat.METRICS_SCRIPT], background=True, user="root", timeout=30)
         return [_compat.parse_metrics((await h.wait(timeout=30)).stdout)]
 
-    async def is_running(self) -> bool:
-        """True while it is running."""
+    async def is_running(self, request_timeout: Optional[float] = None) -> bool:
+        """As `Sandbox.is_running`."""
+        c = _api.Call("GET", _api.sandbox_path(self.sandbox_id), timeout=request_timeout)
         try:
-            return (await self.get_info()).state == "running"
+            return SandboxInfo.parse((await self._http.call(c)).json()).state == "running"
         except NotFoundError:
             return False
 

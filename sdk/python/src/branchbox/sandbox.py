@@ -587,10 +587,12 @@ class Sandbox:
         h = self.commands.run(["/bin/sh", "-c", _compat.METRICS_SCRIPT], background=True, user="root", timeout=30)
         return [_compat.parse_metrics(h.wait(timeout=30).stdout)]
 
-    def is_running(self) -> bool:
-        """True while it is running (not paused, lost or gone)."""
+    def is_running(self, request_timeout: Optional[float] = None) -> bool:
+        """True while it is running (not paused, lost or gone); `request_timeout` (E2B's)
+        bounds the request."""
+        c = _api.Call("GET", _api.sandbox_path(self.sandbox_id), timeout=request_timeout)
         try:
-            return self.get_info().state == "running"
+            return SandboxInfo.parse(self._http.call(c).json()).state == "running"
         except NotFoundError:
             return False
 
