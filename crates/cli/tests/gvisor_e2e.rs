@@ -310,6 +310,36 @@ fn a_dead_shell_is_passed_over_and_an_unclaimed_one_ends_itself() {
     assert_eq!(shells(&dir), (Vec::new(), 0));
 }
 
+#[test]
+fn ls_all_lists_restore_shells_which_end_once_no_sandbox_of_their_kind_is_left() {
+    let dir = private_dir("shells-orphaned");
+    let src = Sandbox::new_in(&dir);
+    let child = Sandbox(ok_in(&dir, &["fork", &src.0, "-n", "1"]).trim().to_string(), dir.clone());
+    let ready = ready_shells(&dir, 1);
+    let all: serde_json::Value = serde_json::from_str(&ok_in(&dir, &["--json", "ls", "--all"])).unwrap();
+    let mut listed: Vec<String> =
+        all["shells"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap().to_string()).collect();
+    listed.sort();
+    assert_eq!(listed, ready, "{all}");
+    for shell in &ready {
+        assert!(!ok_in(&dir, &["ls"]).contains(shell.as_str()), "{shell} is listed as a sandbox");
+    }
+    // While a sandbox of their kind lives, a reconciliation with no idle time keeps them.
+    let reconcile = || {
+        let out = bb_in(&dir).env("BRANCHBOX_SHELL_IDLE_S", "0").arg("ls").output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    reconcile();
+    assert_eq!(shells(&dir).0, ready, "shells of a kind still in use were ended");
+    ok_in(&dir, &["kill", &src.0, &child.0]);
+    reconcile();
+    assert_eq!(shells(&dir), (Vec::new(), 0), "shells outlived every sandbox of their kind");
+    for shell in &ready {
+        assert!(runtime_niceness(shell).is_empty(), "shell {shell} still runs");
+        assert!(!dir.join("sandboxes").join(shell).exists());
+    }
+}
+
 /// Writes `text` to `path` in sandbox `s`.
 fn src_write(s: &Sandbox, path: &str, text: &str) {
     ok_in(&s.1, &["exec", &s.0, "--", "sh", "-c", &format!("printf %s {text} > {path}")]);
