@@ -103,3 +103,16 @@ def test_branchbox_is_running_takes_e2bs_request_timeout_and_answers_false_after
         assert await s.is_running(request_timeout=5) is False
 
     asyncio.run(run_async())
+
+
+def test_refresh_extends_and_never_shortens_as_on_e2bs_server(e2b_env):
+    sbx = e2b.Sandbox.create(timeout=3600)
+    try:
+        end = _end_ms(e2b_env, sbx.sandbox_id)
+        with e2b_env.client() as c:
+            r = c.post(f"/e2b/sandboxes/{sbx.sandbox_id}/refreshes", json={"duration": 60},
+                       headers={"X-API-Key": e2b_env.token})
+            assert r.status_code == 204, r.text
+        assert _end_ms(e2b_env, sbx.sandbox_id) >= end, "a refresh cut the sandbox's time short"
+    finally:
+        sbx.kill()

@@ -333,16 +333,38 @@ fn end_now(st: &AppState, id: &SandboxId, default_ms: i64) -> Result<(), ApiErro
     Ok(())
 }
 
-/// `refreshes`: keeps a sandbox alive for `duration` seconds more (E2B's default 60 s... here
-/// the timeout restarts with that length).
+/// `refreshes`: keeps a sandbox alive for `duration` seconds (default 60) from now. As on E2B's
+/// server it only ever extends: an end later than that stays.
 async fn refresh(State(st): State<AppState>, Path(id): Path<String>, raw: Bytes) -> E2bResult<Response> {
     let req: TimeoutBody = body(&raw)?;
-    e2b_id(&id)?;
+    let sid = e2b_id(&id)?;
     let timeout = req.duration.unwrap_or(60.0);
-    let (_, note, _) =
-        sandboxes::set_timeout(State(st), Path(id), crate::api::extract::ApiJson(SetTimeout { timeout }))
-            .await?;
+    let before = sandboxes::get(State(st.clone()), Path(id.clone())).await?.0;
+    let (_, note, Json(info)) = sandboxes::set_timeout(
+        State(st.clone()),
+        Path(id),
+        crate::api::extract::ApiJson(SetTimeout { timeout }),
+    )
+    .await?;
+    never_earlier(&st, sid, &before, &info).await?;
     Ok((StatusCode::NO_CONTENT, note).into_response())
+}
+
+/// Connect and refresh only ever extend on E2B's server: when the renewal just made (`after`)
+/// ends a running sandbox before the end it had (`before`), that end is put back.
+async fn never_earlier(
+    st: &AppState,
+    id: SandboxId,
+    before: &SandboxInfo,
+    after: &SandboxInfo,
+) -> E2bResult<()> {
+    let kept = if before.state == StateName::Paused { None } else { before.expires_ms };
+    if let (Some(old), Some(new)) = (kept, after.expires_ms) {
+        if new < old {
+            st.blocking(move |_, st| Ok(st.db().set_expiry(&id, Some(old), None)?)).await?;
+        }
+    }
+    Ok(())
 }
 
 async fn pause(State(st): State<AppState>, Path(id): Path<String>) -> E2bResult<Response> {
@@ -370,12 +392,7 @@ async fn connect(
         crate::api::extract::ApiJson(ConnectSandbox { timeout: req.timeout }),
     )
     .await?;
-    let kept = if before.state == StateName::Paused { None } else { before.expires_ms };
-    if let (Some(old), Some(new)) = (kept, info.expires_ms) {
-        if new < old {
-            st.blocking(move |_, st| Ok(st.db().set_expiry(&sid, Some(old), None)?)).await?;
-        }
-    }
+    never_earlier(&st, sid, &before, &info).await?;
     let status = if before.state == StateName::Paused { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, note, Json(created(&st, &info, &key))).into_response())
 }
