@@ -2,8 +2,8 @@
 //! kill, timeout, pause, resume/connect, and the template list, in E2B's JSON shapes, each
 //! mapped onto the service's own handlers so the limits, cap, audit and TTL are the same.
 //! Where E2B's server means something else by the same call, E2B's meaning is kept here:
-//! connect only ever extends a sandbox's end, a timeout of 0 ends it now, and an id of any
-//! other shape names no sandbox (404).
+//! connect and refresh only ever extend a sandbox's end, a timeout of 0 ends it now, and an id
+//! of any other shape names no sandbox (404).
 
 use super::{E2bError, PresentedKey, ENVD_VERSION};
 use crate::api::extract::ApiQuery;
