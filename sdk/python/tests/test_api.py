@@ -160,6 +160,8 @@ def test_file_limits_and_capacity_on_a_limited_service(limited):
             msg = err(c.post("/v1/sandboxes", json={}), 503, "at_capacity")
             assert "at most 1" in msg
             err(c.post(f"/v1/sandboxes/{sid}/fork", json={"count": 1}), 503, "at_capacity")
+            # A template build starts a sandbox of its own: it is admitted against the cap too.
+            err(c.post("/v1/templates", json={"name": "over-cap", "steps": [{"run": "true"}]}), 503, "at_capacity")
             two_mib = b"z" * (2 << 20)
             err(c.put(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/a"}, content=two_mib), 413, "too_large")
             # Without a length up front (chunked), the limit is enforced while streaming.

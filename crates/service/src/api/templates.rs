@@ -127,18 +127,24 @@ fn event(name: &str, data: String) -> Result<Event, Infallible> {
 /// its exit code; `GET /v1/templates/{name}/log` has the log).
 #[utoipa::path(post, path = "/v1/templates", tag = "templates", request_body = BuildTemplate,
     responses((status = 200, content_type = "text/event-stream", body = BuildStreamEvent, description = "progress, then done or error"),
-              (status = "4XX", body = ErrorBody, description = "invalid template")))]
+              (status = "4XX", body = ErrorBody, description = "invalid template"),
+              (status = 503, body = ErrorBody, description = "at_capacity: the service runs as many sandboxes as --max-sandboxes allows")))]
 pub async fn build(
     State(st): State<AppState>,
     ApiJson(req): ApiJson<BuildTemplate>,
 ) -> ApiResult<(Extension<AuditNote>, Sse<impl Stream<Item = Result<Event, Infallible>>>)> {
     let spec = spec_of(req)?;
     let note = AuditNote { detail: Some(format!("template {}", spec.name)), ..Default::default() };
+    // A build runs its steps in a sandbox of its own: it is admitted against --max-sandboxes
+    // like a create, and holds its place until it ends (so many builds at once cannot start
+    // more sandboxes than the cap allows; its own sandbox may count twice meanwhile).
+    let place = st.blocking(|engine, st| st.reserve(engine, 1)).await?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(64);
     tokio::spawn(async move {
         let out = tx.clone();
         let done = st
             .blocking(move |engine, _| {
+                let _place = place;
                 let mut gone = false;
                 let r = engine.build_template(spec, None, &mut |ev| {
                     let name = match ev {
