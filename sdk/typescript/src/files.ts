@@ -1,5 +1,6 @@
 /** Files in one sandbox (`sandbox.files`). Relative paths are under the user's home
- *  (`/home/user`), as in E2B; files and directories made belong to that user. */
+ *  (`/home/user`), as in E2B. Every call acts as that user (or the `user` it is given): it may
+ *  do what the user's commands may, and files and directories made belong to that user. */
 
 import { InvalidArgumentError, NotFoundError } from "./errors";
 import { sandboxPath, type RequestBody } from "./http";
@@ -48,7 +49,7 @@ export class Files {
     if (!["text", "bytes", "blob", "stream"].includes(format)) {
       throw new InvalidArgumentError(`format ${JSON.stringify(format)} is not one of text, bytes, blob, stream`);
     }
-    const c = { method: "GET" as const, path: this.path(), query: { path: this.sandbox._abs(path, opts.user) } };
+    const c = { method: "GET" as const, path: this.path(), query: this.query(path, opts.user) };
     const r = await this.sandbox._http.call(c);
     if (format === "stream") {
       return r.body ?? new ReadableStream<Uint8Array>({ start: (ctl) => ctl.close() });
@@ -124,7 +125,7 @@ export class Files {
     const d = await this.sandbox._http.json<Wire<typeof ENTRY_INFO>[]>({
       method: "GET",
       path: this.path("/list"),
-      query: { path: this.sandbox._abs(path, opts.user) },
+      query: this.query(path, opts.user),
     });
     return d.map(parseEntryInfo);
   }
@@ -134,7 +135,7 @@ export class Files {
     const d = await this.sandbox._http.json<Wire<typeof ENTRY_INFO>>({
       method: "GET",
       path: this.path("/stat"),
-      query: { path: this.sandbox._abs(path, opts.user) },
+      query: this.query(path, opts.user),
     });
     return parseEntryInfo(d);
   }
@@ -155,18 +156,29 @@ export class Files {
     await this.sandbox._http.empty({
       method: "DELETE",
       path: this.path(),
-      query: { path: this.sandbox._abs(path, opts.user), recursive: opts.recursive ?? true },
+      query: { ...this.query(path, opts.user), recursive: opts.recursive ?? true },
     });
   }
 
   /** Renames a path; resolves to the renamed entry. */
   async rename(oldPath: string, newPath: string, opts: FileOpts = {}): Promise<EntryInfo> {
+    const owner = opts.user ?? this.sandbox.defaultUser;
     const body: Body<typeof RENAME_PATH> = {
-      from: this.sandbox._abs(oldPath, opts.user),
-      to: this.sandbox._abs(newPath, opts.user),
+      from: this.sandbox._abs(oldPath, owner),
+      to: this.sandbox._abs(newPath, owner),
     };
+    if (owner) body.user = owner;
     await this.sandbox._http.empty({ method: "POST", path: this.path("/rename"), json: body });
     return this.getInfo(body.to as string, opts);
+  }
+
+  /** The query of a call on `path` that acts as `user` (default: the sandbox's user), so it may
+   *  do what that account's commands may and nothing more. */
+  private query(path: string, user?: string): Record<string, string> {
+    const owner = user ?? this.sandbox.defaultUser;
+    const q: Record<string, string> = { path: this.sandbox._abs(path, owner) };
+    if (owner) q.user = owner;
+    return q;
   }
 
   /** Makes a directory and its parents, owned by the user; false when it existed already. */

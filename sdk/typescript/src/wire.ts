@@ -172,7 +172,7 @@ export const ENTRY_INFO = {
   mtime_ns: "integer",
 } as const;
 export const WRITTEN = { path: "string", size: "integer" } as const;
-export const RENAME_PATH = { from: "string", to: "string" } as const;
+export const RENAME_PATH = { from: "string", to: "string", user: "string?" } as const;
 export const MAKE_DIR = { path: "string", parents: "boolean?", user: "string?" } as const;
 export const MADE = { created: "boolean" } as const;
 export const CHALLENGE = { listen: "string", proofs: "string[]" } as const;
@@ -215,11 +215,11 @@ export const ROUTES: readonly RouteUse[] = [
   { method: "GET", path: "/v1/sandboxes/{id}/processes", response: PROCESS_INFO, list: true },
   { method: "POST", path: "/v1/sandboxes/{id}/processes/{pid}/signal", request: SEND_SIGNAL },
   { method: "POST", path: "/v1/sandboxes/{id}/processes/{pid}/wait", request: WAIT_PROCESS, response: WAIT_RESULT },
-  { method: "GET", path: "/v1/sandboxes/{id}/files", query: ["path"] },
+  { method: "GET", path: "/v1/sandboxes/{id}/files", query: ["path", "user"] },
   { method: "PUT", path: "/v1/sandboxes/{id}/files", query: ["path", "mode", "user"], response: WRITTEN },
-  { method: "DELETE", path: "/v1/sandboxes/{id}/files", query: ["path", "recursive"] },
-  { method: "GET", path: "/v1/sandboxes/{id}/files/list", query: ["path"], response: ENTRY_INFO, list: true },
-  { method: "GET", path: "/v1/sandboxes/{id}/files/stat", query: ["path"], response: ENTRY_INFO },
+  { method: "DELETE", path: "/v1/sandboxes/{id}/files", query: ["path", "recursive", "user"] },
+  { method: "GET", path: "/v1/sandboxes/{id}/files/list", query: ["path", "user"], response: ENTRY_INFO, list: true },
+  { method: "GET", path: "/v1/sandboxes/{id}/files/stat", query: ["path", "user"], response: ENTRY_INFO },
   { method: "POST", path: "/v1/sandboxes/{id}/files/rename", request: RENAME_PATH },
   { method: "POST", path: "/v1/sandboxes/{id}/files/mkdir", request: MAKE_DIR, response: MADE },
 ];

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import { after, before, describe, test } from "node:test";
-import { ConflictError, NotFoundError, Sandbox } from "../src/index";
+import { ConflictError, NotFoundError, PermissionDeniedError, Sandbox } from "../src/index";
 import { sandbox } from "./helpers";
 
 describe("files", () => {
@@ -89,6 +89,19 @@ describe("files", () => {
     assert.equal(await sbx.files.exists("tree/g.txt"), false);
     await sbx.files.remove("tree");
     assert.equal(await sbx.files.exists("tree"), false);
+  });
+
+  test("every file call acts as the user: what its commands cannot touch, the files API refuses too", async () => {
+    await sbx.files.write("/root/secret.txt", "s", { user: "root" });
+    const cat = await sbx.commands.run("cat /root/secret.txt >/dev/null 2>&1; echo $?");
+    assert.notEqual(cat.stdout.trim(), "0", "the user's commands can read root's file");
+    await assert.rejects(sbx.files.read("/root/secret.txt"), PermissionDeniedError);
+    await assert.rejects(sbx.files.list("/root"), PermissionDeniedError);
+    await assert.rejects(sbx.files.getInfo("/root/secret.txt"), PermissionDeniedError);
+    await assert.rejects(sbx.files.remove("/root/secret.txt"), PermissionDeniedError);
+    await assert.rejects(sbx.files.rename("/root/secret.txt", "/root/taken.txt"), PermissionDeniedError);
+    assert.equal(await sbx.files.read("/root/secret.txt", { user: "root" }), "s");
+    assert.equal((await sbx.files.getInfo("/root/secret.txt", { user: "root" })).size, 1);
   });
 
   test("a missing file is a NotFoundError; a directory in the way of makeDir a ConflictError", async () => {
