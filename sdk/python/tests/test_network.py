@@ -121,3 +121,10 @@ def test_udp_reaches_a_sandbox_port_through_the_service_relay_behind_its_token(n
             sbx.udp(0)
     with pytest.raises(NotFoundError):
         sbx.udp(5300)  # killed on leaving the block
+
+
+def test_open_ports_is_sent_and_refused_without_a_network(service):
+    # The service answers 422 for ports opened on a sandbox that has none: proof the SDK
+    # sends the option (a dropped one would create the sandbox).
+    with pytest.raises(InvalidArgumentError, match="network"):
+        Sandbox.create(open_ports=True, **service.sdk())

@@ -84,6 +84,7 @@ def create(
     image: Optional[str] = None,
     network: Optional[Mapping[str, Any]] = None,
     allow_internet_access: Optional[bool] = None,
+    open_ports: Optional[bool] = None,
 ) -> Call:
     if snapshot_id is not None:
         check_snapshot_ref(snapshot_id)
@@ -101,6 +102,7 @@ def create(
         "image": image,
         "network": dict(network) if network is not None else None,
         "allow_internet_access": allow_internet_access,
+        "open_ports": open_ports,
     }
     return Call("POST", "/v1/sandboxes", json=compact(body))
 

@@ -380,12 +380,13 @@ class AsyncSandbox:
         user: Optional[str] = None,
         allow_internet_access: Optional[bool] = None,
         network: Optional[Mapping[str, Any]] = None,
+        open_ports: Optional[bool] = None,
     ) -> "AsyncSandbox":
         """As `Sandbox.create`."""
         http = _AsyncHttp(ConnectionConfig.resolve(api_url, _compat.token_of(api_key, token), request_timeout))
         c = _api.create(_compat.template_name(template), snapshot_id, timeout, on_timeout, metadata, envs, backend,
                         memory_mib, cpus, pids, image=image, network=network,
-                        allow_internet_access=allow_internet_access)
+                        allow_internet_access=allow_internet_access, open_ports=open_ports)
         info = SandboxInfo.parse((await http.call(c)).json())
         return cls(info.sandbox_id, http, info, user=user, template=template, image=image)
 

@@ -428,6 +428,7 @@ class Sandbox:
         user: Optional[str] = None,
         allow_internet_access: Optional[bool] = None,
         network: Optional[Mapping[str, Any]] = None,
+        open_ports: Optional[bool] = None,
     ) -> "Sandbox":
         """Starts a sandbox from the template (or from `snapshot_id`, or from the image named by
         `image`: "default", "minimal" or an imported one); `timeout` seconds later it is killed
@@ -437,11 +438,12 @@ class Sandbox:
         Without `allow_internet_access` or `network` it has no network; True gives it the public
         internet (private ranges refused), False a network that reaches nothing but still serves
         its ports, and `network` a policy (`{"mode": "allow_list", "allow": ["192.0.2.0/24"]}`);
-        gvisor only (docs/network.md)."""
+        gvisor only (docs/network.md). Its ports answer at `get_host`'s address to root and the
+        service's user only; `open_ports=True` opens them to every local user on purpose."""
         http = _Http(ConnectionConfig.resolve(api_url, _compat.token_of(api_key, token), request_timeout))
         c = _api.create(_compat.template_name(template), snapshot_id, timeout, on_timeout, metadata, envs, backend,
                         memory_mib, cpus, pids, image=image, network=network,
-                        allow_internet_access=allow_internet_access)
+                        allow_internet_access=allow_internet_access, open_ports=open_ports)
         info = SandboxInfo.parse(http.call(c).json())
         s = cls.__new__(cls)
         s._bind(info.sandbox_id, http, info, user=user, template=template, image=image)
