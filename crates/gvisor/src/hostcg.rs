@@ -7,11 +7,8 @@
 //! this host), reads their counters once the container has ended, and removes them. On a
 //! cgroup v2 host runsc keeps managing them and the reason stays unknown.
 //!
-//! The sandbox's resolver (its DNS forwarder, in the shim) gets a CPU cgroup of its own,
-//! `cpu/branchbox/<id>-dns`, capped at a quarter of one core: what a guest's queries make it do
-//! (threads, upstream sockets, the `nft` updates of its allow-list set) is bounded however hard
-//! the guest asks, beside the sandbox's own limit. It is not the container's cgroup: runsc
-//! makes that one per generation and removes it, and the forwarder outlives generations.
+//! The sandbox's resolver (its DNS forwarder, in the shim) runs in a CPU cgroup of its own
+//! (`branchbox_net::resolver_cgroup`), removed here with the rest.
 
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -131,32 +128,6 @@ pub fn remove(cid: &str) {
     }
 }
 
-/// The CPU a sandbox's resolver may use: [`DNS_QUOTA_US`] in every [`DNS_PERIOD_US`].
-pub const DNS_QUOTA_US: u64 = 25_000;
-/// The CFS period of the resolver's cgroup.
-pub const DNS_PERIOD_US: u64 = 100_000;
-
-fn dns_dir(id: &str) -> PathBuf {
-    Path::new(V1_ROOT).join("cpu").join("branchbox").join(format!("{id}-dns"))
-}
-
-/// Creates sandbox `id`'s resolver cgroup (a quarter of one core) and moves the calling thread
-/// into it, so the threads and processes it starts from now on run there too. `false` when
-/// this host has no cgroup v1 CPU controller (nothing is moved).
-pub fn enter_dns(id: &str) -> std::io::Result<bool> {
-    if !Path::new(V1_ROOT).join("cpu/cpu.cfs_quota_us").is_file() {
-        return Ok(false);
-    }
-    let d = dns_dir(id);
-    std::fs::create_dir_all(&d)?;
-    std::fs::write(d.join("cpu.cfs_period_us"), DNS_PERIOD_US.to_string())?;
-    std::fs::write(d.join("cpu.cfs_quota_us"), DNS_QUOTA_US.to_string())?;
-    // SAFETY: gettid(2) takes nothing and cannot fail.
-    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
-    std::fs::write(d.join("tasks"), tid.to_string())?;
-    Ok(true)
-}
-
 fn remove_dir_when_empty(d: &Path) {
     for _ in 0..100 {
         match std::fs::remove_dir(d) {
@@ -188,7 +159,7 @@ pub fn remove_all(id: &str) {
     for cid in cids {
         remove(&cid);
     }
-    remove_dir_when_empty(&dns_dir(id));
+    branchbox_net::resolver_cgroup::remove(id);
 }
 
 #[cfg(test)]
@@ -238,7 +209,7 @@ mod tests {
         let id = format!("sbx-test{:012x}", std::process::id());
         let inside = id.clone();
         let (spent, child_cgroup) = std::thread::spawn(move || {
-            assert!(enter_dns(&inside).unwrap());
+            assert!(branchbox_net::resolver_cgroup::enter(&inside).unwrap());
             let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
             let cgroup = std::fs::read_to_string(format!("/proc/{}/cgroup", child.id())).unwrap();
             let _ = child.kill();
@@ -254,7 +225,7 @@ mod tests {
         .unwrap();
         remove_all(&id);
         eprintln!("a thread spinning for 2 s in the resolver's cgroup used {spent:.2} s of CPU");
-        assert!(!dns_dir(&id).exists(), "the resolver's cgroup is left");
+        assert!(!branchbox_net::resolver_cgroup::dir(&id).exists(), "the resolver's cgroup is left");
         let want = format!("/branchbox/{id}-dns");
         assert!(
             child_cgroup.lines().any(|l| l.contains(":cpu") && l.ends_with(&want)),

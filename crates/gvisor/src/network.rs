@@ -40,18 +40,13 @@ pub fn readdress(id: &str) -> Result<()> {
 
 /// Serves sandbox `id`'s resolver from this process (its shim) until it exits: the policy of
 /// each query is the one recorded in `dir` then. Its threads, and the `nft`s they run, live in
-/// the resolver's CPU cgroup (`hostcg::enter_dns`): they are started from a thread that
-/// entered it.
+/// the resolver's CPU cgroup (`branchbox_net::resolver_cgroup`).
 pub fn serve_dns(id: &str, dir: &Path) -> Result<()> {
     let cfg = NetConfig::from_env().map_err(map)?;
-    let (id, dir) = (id.to_string(), dir.to_path_buf());
-    std::thread::spawn(move || {
-        if let Err(e) = crate::hostcg::enter_dns(&id) {
-            eprintln!("branchbox-shim: the resolver runs outside a CPU cgroup of its own: {e}");
-        }
-        branchbox_net::dns::start(cfg, &id, Box::new(move || recorded(&dir).ok().flatten())).map_err(map)
+    let (sid, dir) = (id.to_string(), dir.to_path_buf());
+    branchbox_net::resolver_cgroup::start_inside(id, "branchbox-shim", move || {
+        branchbox_net::dns::start(cfg, &sid, Box::new(move || recorded(&dir).ok().flatten())).map_err(map)
     })
-    .join()
     .map_err(|_| Error::Backend("the sandbox's resolver panicked while starting".into()))?
 }
 

@@ -53,8 +53,10 @@ pub(crate) fn carry(dir: &Path, dest: &Path) -> Result<()> {
     }
 }
 
-/// Removes sandbox `id`'s namespaces, links, rules and uplink slot; nothing there is fine.
+/// Removes sandbox `id`'s namespaces, links, rules and uplink slot, and its resolver's CPU
+/// cgroup (its VMM process, which served the resolver, has stopped); nothing there is fine.
 pub(crate) fn detach(id: &str) -> Result<()> {
+    branchbox_net::resolver_cgroup::remove(id);
     NetConfig::from_env().unwrap_or_default().teardown(id).map_err(map)
 }
 

@@ -11,6 +11,7 @@ pub mod learned;
 pub mod policy;
 pub mod ports;
 pub mod record;
+pub mod resolver_cgroup;
 mod sandbox;
 mod slots;
 pub mod testing;

@@ -86,6 +86,7 @@ fn the_vmm_attaches_the_guest_to_its_sandbox_tap_serves_its_resolver_and_a_resto
         fn drop(&mut self) {
             for id in self.1 {
                 let _ = self.0.teardown(id);
+                branchbox_net::resolver_cgroup::remove(id);
             }
         }
     }
@@ -113,6 +114,21 @@ fn the_vmm_attaches_the_guest_to_its_sandbox_tap_serves_its_resolver_and_a_resto
     assert_eq!(cmdline.matches("virtio_mmio.device=").count(), 4, "blk, vsock, rng and net: {cmdline}");
     assert!(!tap_link(&a).contains("NO-CARRIER"), "the VMM did not attach to tap0: {}", tap_link(&a));
     assert_eq!(ask_resolver(&a, "files.example"), Ok(1), "the source's VMM does not serve its resolver");
+    // Its threads run in the resolver's CPU cgroup, where the host has cgroup v1's CPU controller.
+    if Path::new("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").is_file() {
+        let cg = branchbox_net::resolver_cgroup::dir(&a);
+        let tasks = read(&cg.join("tasks"));
+        let vmm_threads: Vec<String> = std::fs::read_dir(format!("/proc/{}/task", source.pid()))
+            .unwrap()
+            .flatten()
+            .map(|t| t.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            tasks.lines().any(|t| vmm_threads.iter().any(|v| v == t)),
+            "no thread of the VMM is in the resolver's cgroup {}: {tasks:?}",
+            cg.display()
+        );
+    }
 
     let snap = work.path().join("snap");
     std::fs::create_dir(&snap).unwrap();
