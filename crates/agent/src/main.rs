@@ -334,6 +334,8 @@ impl Agent {
             Ok(rx) => rx,
             Err(status) => return Ok(Response::Exited(status)),
         };
+        // In place: an empty data frame tells the client every later byte will reach it.
+        emit(&Response::Data, &[]);
         loop {
             match rx.recv_timeout(Duration::from_millis(200)) {
                 Ok(procs::Output::Chunk(which, bytes)) => {

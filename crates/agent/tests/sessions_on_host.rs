@@ -156,6 +156,33 @@ fn an_attached_reader_gets_the_output_from_then_on_and_the_exit() {
 }
 
 #[test]
+fn what_a_process_prints_after_the_reader_is_in_place_reaches_it() {
+    // The process prints only once the file exists, and the file is made when the agent says
+    // the reader is in place: a reader that missed output printed after that point gets "".
+    let dir = tempfile::tempdir().unwrap();
+    let go = dir.path().join("go");
+    let (_agent, mut client) = agent();
+    let line = format!(
+        "for i in $(seq 1000); do [ -e {0} ] && {{ echo ok; exit 0; }}; sleep 0.01; done; exit 9",
+        go.display()
+    );
+    let pid = client.spawn(ExecSpec::new(Command::Shell(line))).unwrap();
+    let (mut told, mut out) = (0, String::new());
+    let status = client
+        .attach_then(
+            pid,
+            false,
+            &mut || {
+                told += 1;
+                std::fs::write(&go, b"").unwrap();
+            },
+            &mut |_, b| out.push_str(&String::from_utf8_lossy(b)),
+        )
+        .unwrap();
+    assert_eq!((status.code, out.as_str(), told), (Some(0), "ok\n", 1));
+}
+
+#[test]
 fn an_attach_with_replay_right_after_spawn_sees_all_of_a_short_commands_output_once() {
     let (_agent, mut client) = agent();
     for _ in 0..5 {

@@ -37,10 +37,26 @@ impl<S: Transport> AgentClient<S> {
         replay: bool,
         on_output: &mut dyn FnMut(OutStream, &[u8]),
     ) -> Result<ExitStatus, ClientError> {
+        self.attach_then(pid, replay, &mut || {}, on_output)
+    }
+
+    /// As [`attach`](Self::attach), and calls `on_attached` once the agent has the reader in
+    /// place: every byte the process prints after that reaches `on_output`. A caller that
+    /// answers its own client only then (the service's follow streams) can promise "from now
+    /// on" without a window in which output is lost. An agent too old to say so calls it never;
+    /// its first output or the exit then stands for it.
+    pub fn attach_then(
+        &mut self,
+        pid: i32,
+        replay: bool,
+        on_attached: &mut dyn FnMut(),
+        on_output: &mut dyn FnMut(OutStream, &[u8]),
+    ) -> Result<ExitStatus, ClientError> {
         let id = self.send(Request::Attach { pid, replay }, Vec::new())?;
         loop {
             let f = self.recv_within(id, None)?;
             match f.msg {
+                Response::Data if f.body.is_empty() => on_attached(),
                 Response::Stdout => on_output(OutStream::Stdout, &f.body),
                 Response::Stderr => on_output(OutStream::Stderr, &f.body),
                 Response::Exited(status) => return Ok(status),

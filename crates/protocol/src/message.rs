@@ -177,7 +177,9 @@ pub enum Request {
         eof: bool,
     },
     /// Stream a background process's output from now on as `stdout`/`stderr` frames, then its
-    /// `exited` (at once when it has already ended). Its tails are still kept for `wait`.
+    /// `exited` (at once when it has already ended). An empty `data` frame says the reader is
+    /// in place (after the replayed output): everything printed later follows it. Its tails
+    /// are still kept for `wait`.
     Attach {
         /// Process id returned by `spawn`.
         pid: i32,

@@ -207,6 +207,34 @@ impl Drop for Detach {
     }
 }
 
+/// Longest a follow stream waits for the agent to say its reader is in place before it answers
+/// its client anyway: an agent that predates the signal (one inside an old template's
+/// snapshot) never sends it.
+const ATTACH_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Tells a follow stream's handler, once, that the agent's reader is in place (or that the
+/// attach ended first), so the handler answers its client only then: output "from now on"
+/// then means from the answer on, with nothing printed in between lost.
+pub struct Attaching(std::cell::Cell<Option<tokio::sync::oneshot::Sender<()>>>);
+
+impl Attaching {
+    /// The signal for the reading thread, and the wait for the handler.
+    pub fn new() -> (Attaching, impl Future<Output = ()> + Send) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        (Attaching(std::cell::Cell::new(Some(tx))), async move {
+            // Err: the attach ended (or failed) before saying so; its stream carries why.
+            let _ = tokio::time::timeout(ATTACH_WAIT, rx).await;
+        })
+    }
+
+    /// The reader is in place (a second call does nothing).
+    pub fn done(&self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -133,7 +133,8 @@ pub(super) fn follower(st: &AppState, conn: &mut AgentConn) -> ApiResult<(Events
 }
 
 /// Streams a background process's output from now on (with `replay`, what it kept first) as
-/// server-sent events, as `commands/stream` does: `stdout`/`stderr` with `{"data": base64}`, then `exit` (at once
+/// server-sent events, as `commands/stream` does; the answer comes once the agent reads the
+/// process for the stream, so nothing it prints after the answer is missed: `stdout`/`stderr` with `{"data": base64}`, then `exit` (at once
 /// when it has ended), or `error`. Its output so far is in `wait`'s tails.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/processes/{pid}/output", tag = "commands",
     params(("id" = String, Path, description = "sandbox id"), ("pid" = String, Path, description = "process id"), OutputQuery),
@@ -159,10 +160,12 @@ pub async fn output(
         })
         .await?;
     let (tx, rx) = follower(&st, &mut conn)?;
+    let (attaching, in_place) = streams::Attaching::new();
     tokio::task::spawn_blocking(move || {
         let _place = place;
         let b64 = base64::engine::general_purpose::STANDARD;
-        let r = conn.attach(pid, replay, &mut |which, chunk| {
+        let r = conn.attach_then(pid, replay, &mut || attaching.done(), &mut |which, chunk| {
+            attaching.done();
             let name = if which == OutStream::Stdout { "stdout" } else { "stderr" };
             let data = serde_json::json!({ "data": b64.encode(chunk) }).to_string();
             let _ = tx.blocking_send(Ok(Event::default().event(name).data(data)));
@@ -173,6 +176,9 @@ pub async fn output(
         };
         let _ = tx.blocking_send(Ok(last));
     });
+    // Answer once the agent reads for us: what the process prints after the client has its
+    // answer (the input it then sends, say) is never lost.
+    in_place.await;
     Ok(Sse::new(rx).keep_alive(KeepAlive::default()))
 }
 

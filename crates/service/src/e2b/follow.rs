@@ -155,7 +155,7 @@ pub(super) fn place(
 /// its end. The stream holds the returned detacher: when it ends (its client gone, the service
 /// stopping), the agent connection is shut, which ends the blocked read at once and cancels
 /// the attach (not the process).
-fn pump_attach(
+async fn pump_attach(
     mut conn: branchbox_model::AgentConn,
     pid: i32,
     replay: bool,
@@ -163,10 +163,12 @@ fn pump_attach(
     place: Place,
 ) -> Result<Detach, RpcError> {
     let detach = detach_of(&mut conn)?;
+    let (attaching, in_place) = streams::Attaching::new();
     tokio::task::spawn_blocking(move || {
         let _place = place;
         let mut gone = false;
-        let r = conn.attach(pid, replay, &mut |which, chunk| {
+        let r = conn.attach_then(pid, replay, &mut || attaching.done(), &mut |which, chunk| {
+            attaching.done();
             if gone {
                 return;
             }
@@ -181,6 +183,9 @@ fn pump_attach(
             let _ = tx.blocking_send(Ev::End(r.map_err(|e| api(ApiError::from(e)))));
         }
     });
+    // The stream is answered once the agent reads the process for it: what the process
+    // prints after `Connect`'s answer (to input sent then, say) is never lost.
+    in_place.await;
     Ok(detach)
 }
 
@@ -394,7 +399,7 @@ async fn start_process(
         .await
         .map_err(api)?;
     let (tx, rx) = mpsc::channel::<Ev>(64);
-    let detach = pump_attach(conn, pid, true, tx, place)?;
+    let detach = pump_attach(conn, pid, true, tx, place).await?;
     let after = After { st: st.clone(), sandbox: id.clone(), cmd: recorded };
     let served =
         Served { pid: pid as u32, rx, keepalive, deadline: None, after: Some(after), detach: Some(detach) };
@@ -515,7 +520,7 @@ pub async fn connect_to(
             .await
             .map_err(api)?;
         let (tx, rx) = mpsc::channel::<Ev>(64);
-        let detach = pump_attach(conn, pid, false, tx, place)?;
+        let detach = pump_attach(conn, pid, false, tx, place).await?;
         let served = Served { pid: pid as u32, rx, keepalive, deadline, after: None, detach: Some(detach) };
         Ok(serve(&st, kind, served))
     }
