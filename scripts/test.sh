@@ -73,19 +73,31 @@ fuzz_start=$(date +%s)
         cargo build --locked --quiet --target x86_64-unknown-linux-gnu --bins
 )
 mkdir -p "$work/fuzz-artifacts"
-for t in mmio_registers blk_requests vsock_packets net_frames rng_chains layer_file process_frames image_import \
-    template_parse dns_queries connect_requests proc_net_tcp; do
+# Two targets at a time, one per core: each runs for its 10 s whatever else runs.
+fuzz_one() {
+    local t=$1 log="$work/fuzz-$1.log"
     mkdir -p "$work/fuzz-corpus/$t"
-    log="$work/fuzz-$t.log"
     if ! "fuzz/target/x86_64-unknown-linux-gnu/debug/$t" -max_total_time=10 -rss_limit_mb=1024 \
-        -artifact_prefix="$work/fuzz-artifacts/" "$work/fuzz-corpus/$t" "fuzz/seeds/$t" \
+        -artifact_prefix="$work/fuzz-artifacts/$t-" "$work/fuzz-corpus/$t" "fuzz/seeds/$t" \
         >"$log" 2>&1; then
         tail -n 40 "$log"
         echo "fuzz target $t failed: the crashing input is printed above (Base64); save it to a"
         echo "file and replay it with fuzz/target/x86_64-unknown-linux-gnu/debug/$t FILE"
-        exit 1
+        return 1
     fi
     echo "$t: $(grep -E '^Done' "$log")"
+}
+set -- mmio_registers blk_requests vsock_packets net_frames rng_chains layer_file process_frames image_import \
+    template_parse dns_queries connect_requests proc_net_tcp
+while [ $# -gt 0 ]; do
+    fuzz_one "$1" & first=$!
+    second=
+    if [ $# -gt 1 ]; then fuzz_one "$2" & second=$!; fi
+    failed=0
+    wait "$first" || failed=1
+    [ -z "$second" ] || wait "$second" || failed=1
+    [ "$failed" = 0 ] || exit 1
+    shift; [ $# -eq 0 ] || shift
 done
 echo "fuzz stage: $(( $(date +%s) - fuzz_start )) s"
 # --- end of fuzz targets -------------------------------------------------------------------------
@@ -110,7 +122,7 @@ done
 # see sdk/python/tests/conftest.py. They run alone: beside the Rust tests a fork bomb lost its
 # sandbox, and beside the benchmarks the soak's process flood did.
 stage "service and Python SDK"
-BRANCHBOXD="$PWD/target/debug/branchboxd" target/py/bin/pytest -q -p no:cacheprovider sdk/python/tests
+BRANCHBOXD="$PWD/target/debug/branchboxd" target/py/bin/pytest -q -p no:cacheprovider --durations=15 sdk/python/tests
 # The TypeScript SDK's tests start one branchboxd of their own the same way (test/run.ts) and
 # run node:test's files against it; its dependencies come from the committed package-lock.json,
 # installed again when node_modules is missing or older than the lock file.
