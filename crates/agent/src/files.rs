@@ -197,7 +197,7 @@ fn write_stream(
         p.clone()
     } else {
         let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        dir.join(format!(".{name}.branchbox-{}", std::process::id() ^ rand_suffix()))
+        dir.join(temp_name(&name, p.symlink_metadata().is_ok()))
     };
     let mut f = fs::OpenOptions::new()
         .write(true)
@@ -237,6 +237,37 @@ fn write_stream(
     outcome
 }
 
+/// What marks the hidden file an atomic write goes through.
+const TEMP_MARK: &str = ".branchbox-";
+
+/// The hidden name an atomic write of `name` goes through before its rename over `name`.
+/// `replaces` (a file of that name was there as the write began) is part of the name, so a
+/// watcher can report the rename as the file's own events: its write, and its creation too
+/// when it was not there (see [`temp_of`]).
+fn temp_name(name: &str, replaces: bool) -> String {
+    let kind = if replaces { 'w' } else { 'c' };
+    format!(".{name}{TEMP_MARK}{kind}{}", std::process::id() ^ rand_suffix())
+}
+
+/// For the hidden name of an atomic write (a file name, no directory): `Some(replaces)`, as
+/// [`temp_name`] made it; `None` for any other name.
+pub fn temp_of(name: &[u8]) -> Option<bool> {
+    let mark = TEMP_MARK.as_bytes();
+    let at = name.windows(mark.len()).rposition(|w| w == mark)?;
+    if name.first() != Some(&b'.') || at < 2 {
+        return None;
+    }
+    let (kind, digits) = name[at + mark.len()..].split_first()?;
+    if digits.is_empty() || digits.len() > 10 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    match kind {
+        b'w' => Some(true),
+        b'c' => Some(false),
+        _ => None,
+    }
+}
+
 fn rand_suffix() -> u32 {
     let mut b = [0u8; 4];
     // SAFETY: getrandom into a local buffer.
@@ -272,6 +303,17 @@ pub fn stat(path: &str, user: Option<&str>) -> Result<FileStat, Failure> {
     let p = check_path(path)?;
     let md = as_user(user, || p.symlink_metadata().map_err(ctx(&p)))?;
     Ok(stat_of(path.to_string(), &md))
+}
+
+/// Follows every symbolic link of `path` as `user`: the stat of where it leads, named by the
+/// absolute path reached.
+pub fn resolve(path: &str, user: Option<&str>) -> Result<FileStat, Failure> {
+    let p = check_path(path)?;
+    as_user(user, || {
+        let real = fs::canonicalize(&p).map_err(ctx(&p))?;
+        let md = real.symlink_metadata().map_err(ctx(&real))?;
+        Ok(stat_of(real.to_string_lossy().into_owned(), &md))
+    })
 }
 
 /// Removes a file or directory as `user`.
@@ -439,6 +481,37 @@ mod tests {
         write_as(&base.join("home/f"), b"hello", NOBODY).unwrap();
         assert_eq!(read_as(&base.join("home/f"), NOBODY).unwrap(), b"hello");
         assert_eq!(stat(s(&base.join("home/f")), NOBODY).unwrap().size, 5);
+    }
+
+    #[test]
+    fn the_hidden_names_of_atomic_writes_say_whether_they_replace_and_no_other_name_passes() {
+        for (name, replaces) in [("f.txt", true), ("f.txt", false), (".x.branchbox-c1", true)] {
+            assert_eq!(temp_of(temp_name(name, replaces).as_bytes()), Some(replaces), "{name}");
+        }
+        for other in
+            [".f.branchbox-123", "f.branchbox-c1", ".f.branchbox-c", ".f.branchbox-cx1", ".branchbox-c1", "x"]
+        {
+            assert_eq!(temp_of(other.as_bytes()), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn resolve_follows_every_link_to_what_it_leads_to_and_a_dangling_link_is_not_found() {
+        let (_d, base) = tree();
+        fs::write(base.join("etc/f"), b"x").unwrap();
+        symlink("../etc/f", base.join("home/one")).unwrap();
+        symlink(base.join("home/one"), base.join("home/two")).unwrap();
+        let real = fs::canonicalize(base.join("etc/f")).unwrap();
+        let r = resolve(s(&base.join("home/two")), None).unwrap();
+        assert_eq!((r.name.as_str(), r.kind, r.size), (s(&real), FileKind::File, 1));
+        let d = resolve(s(&base.join("home/cfg")), NOBODY).unwrap();
+        assert_eq!(d.kind, FileKind::Dir);
+        assert_eq!(stat(s(&base.join("home/two")), None).unwrap().kind, FileKind::Symlink);
+        symlink(base.join("nowhere"), base.join("home/dangling")).unwrap();
+        assert_eq!(resolve(s(&base.join("home/dangling")), None).unwrap_err().code, ErrorCode::NotFound);
+        // Through a directory the account cannot enter, it cannot resolve either.
+        symlink(base.join("private/secret"), base.join("home/peek")).unwrap();
+        denied(resolve(s(&base.join("home/peek")), NOBODY));
     }
 
     #[test]

@@ -294,6 +294,7 @@ impl Agent {
             Request::ListDir { path, user } => files::list(&path, user.as_deref())
                 .map(|(entries, truncated)| Response::Entries { entries, truncated }),
             Request::Stat { path, user } => files::stat(&path, user.as_deref()).map(Response::Stat),
+            Request::Resolve { path, user } => files::resolve(&path, user.as_deref()).map(Response::Stat),
             Request::Walk { path, exclude } => {
                 files::walk(&path, &exclude, token, &mut |c| emit(&Response::Data, c))
                     .map(|size| Response::FileEnd { size })

@@ -13,11 +13,13 @@ use std::path::{Path, PathBuf};
 
 /// Most directories one recursive watch follows.
 pub const MAX_WATCHED_DIRS: usize = 8192;
+/// Renames of hidden write files awaiting their other half, at most.
+const MAX_MOVES: usize = 1024;
 /// Events sent per batch at most (one `data` frame).
 const BATCH: usize = 256;
 
+/// What envd's watcher (fsnotify) reports: a write is each `IN_MODIFY`, not the close after it.
 const MASK: u32 = libc::IN_CREATE
-    | libc::IN_CLOSE_WRITE
     | libc::IN_MODIFY
     | libc::IN_DELETE
     | libc::IN_MOVED_FROM
@@ -78,7 +80,7 @@ impl Watcher {
 fn kind_of(mask: u32) -> Option<WatchKind> {
     if mask & (libc::IN_CREATE | libc::IN_MOVED_TO) != 0 {
         Some(WatchKind::Create)
-    } else if mask & (libc::IN_CLOSE_WRITE | libc::IN_MODIFY) != 0 {
+    } else if mask & libc::IN_MODIFY != 0 {
         Some(WatchKind::Write)
     } else if mask & libc::IN_DELETE != 0 {
         Some(WatchKind::Remove)
@@ -119,6 +121,8 @@ pub fn watch(
     emit(&[]);
     let mut buf = vec![0u8; 64 * 1024];
     let mut sent = 0u64;
+    // Renames away from an atomic write's hidden file, by inotify cookie, until their other half.
+    let mut moves: HashMap<u32, bool> = HashMap::new();
     loop {
         if token.is_cancelled() {
             return Err(cancelled());
@@ -158,9 +162,28 @@ pub fn watch(
             if name.is_empty() {
                 continue;
             }
+            // The hidden file of the agent's own atomic write is not reported; its rename over
+            // the file written is, as that file's write (and creation, when it was new).
+            if let Some(replaces) = crate::files::temp_of(name) {
+                if ev.mask & libc::IN_MOVED_FROM != 0 {
+                    if moves.len() >= MAX_MOVES {
+                        moves.clear();
+                    }
+                    moves.insert(ev.cookie, replaces);
+                }
+                continue;
+            }
             let path = dir.join(std::ffi::OsStr::from_bytes(name));
-            let Some(kind) = kind_of(ev.mask) else { continue };
-            let mut events = vec![WatchEvent { kind, name: path.to_string_lossy().into_owned() }];
+            let moved_in = (ev.mask & libc::IN_MOVED_TO != 0).then(|| moves.remove(&ev.cookie)).flatten();
+            let kinds = match moved_in {
+                Some(true) => vec![WatchKind::Write],
+                Some(false) => vec![WatchKind::Create, WatchKind::Write],
+                None => kind_of(ev.mask).into_iter().collect(),
+            };
+            let Some(&kind) = kinds.first() else { continue };
+            let shown = path.to_string_lossy().into_owned();
+            let mut events: Vec<WatchEvent> =
+                kinds.into_iter().map(|kind| WatchEvent { kind, name: shown.clone() }).collect();
             if recursive && ev.mask & libc::IN_ISDIR != 0 && kind == WatchKind::Create {
                 // A directory made (or moved in) later is followed too. What was put in it
                 // before its watch began is reported as created, so nothing made in it is
@@ -200,12 +223,69 @@ pub fn watch(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cancel::Registry;
+    use std::sync::mpsc;
+
+    /// Watches `dir` on a thread, runs `act` once the watch is in place, and answers the events
+    /// seen until the marker file `zz-end` is created.
+    fn events_of(dir: &Path, act: impl FnOnce()) -> Vec<(WatchKind, String)> {
+        let (reg, root) = (Registry::default(), dir.to_str().unwrap().to_string());
+        let token = reg.start(1);
+        let (tx, rx) = mpsc::channel::<Vec<u8>>();
+        let t = std::thread::spawn(move || watch(&root, false, &token, &mut |c| drop(tx.send(c.to_vec()))));
+        assert!(rx.recv().unwrap().is_empty(), "the watch was not in place first");
+        act();
+        std::fs::write(dir.join("zz-end"), b"").unwrap();
+        let mut seen = Vec::new();
+        while !seen.iter().any(|(_, n): &(WatchKind, String)| n.ends_with("zz-end")) {
+            let chunk = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("no events");
+            for line in chunk.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+                let e: WatchEvent = serde_json::from_slice(line).unwrap();
+                seen.push((e.kind, e.name));
+            }
+        }
+        reg.cancel(1);
+        assert!(t.join().unwrap().is_err(), "a cancelled watch ends with the cancel");
+        seen.retain(|(_, n)| !n.ends_with("zz-end"));
+        seen
+    }
+
+    fn write(path: &Path, data: &[u8]) {
+        let (tx, rx) = mpsc::sync_channel(2);
+        tx.send(Some(data.to_vec())).unwrap();
+        tx.send(None).unwrap();
+        let t = crate::files::WriteTarget {
+            path: path.to_str().unwrap(),
+            mode: None,
+            append: false,
+            parents: false,
+            user: None,
+        };
+        crate::files::write(&t, &rx, &crate::cancel::Token::default()).unwrap();
+    }
+
+    #[test]
+    fn an_atomic_write_shows_only_the_files_own_create_and_write() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("f.txt");
+        let name = f.to_str().unwrap().to_string();
+        let seen = events_of(d.path(), || write(&f, b"one"));
+        assert_eq!(seen, vec![(WatchKind::Create, name.clone()), (WatchKind::Write, name.clone())]);
+        let seen = events_of(d.path(), || write(&f, b"two"));
+        assert_eq!(seen, vec![(WatchKind::Write, name.clone())]);
+        // Any other rename is reported as it happened.
+        let seen = events_of(d.path(), || std::fs::rename(&f, d.path().join("g")).unwrap());
+        assert_eq!(seen[0], (WatchKind::Rename, name));
+        assert_eq!(seen[1].0, WatchKind::Create);
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 2, "a hidden file was left behind");
+    }
 
     #[test]
     fn event_kinds_follow_the_masks() {
         assert_eq!(kind_of(libc::IN_CREATE | libc::IN_ISDIR), Some(WatchKind::Create));
         assert_eq!(kind_of(libc::IN_MOVED_TO), Some(WatchKind::Create));
-        assert_eq!(kind_of(libc::IN_CLOSE_WRITE), Some(WatchKind::Write));
+        assert_eq!(kind_of(libc::IN_MODIFY), Some(WatchKind::Write));
+        assert_eq!(kind_of(libc::IN_CLOSE_WRITE), None);
         assert_eq!(kind_of(libc::IN_DELETE), Some(WatchKind::Remove));
         assert_eq!(kind_of(libc::IN_MOVED_FROM), Some(WatchKind::Rename));
         assert_eq!(kind_of(libc::IN_ATTRIB), Some(WatchKind::Chmod));

@@ -623,6 +623,17 @@ impl<S: Transport> AgentClient<S> {
         }
     }
 
+    /// Follows every symbolic link of `path` as `user`: the stat of where it leads, named by
+    /// the absolute path reached.
+    pub fn resolve_as(&mut self, path: &str, user: Option<&str>) -> Result<FileStat, ClientError> {
+        match self
+            .call(Request::Resolve { path: path.to_string(), user: user.map(str::to_string) }, Vec::new())?
+        {
+            Response::Stat(s) => Ok(s),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// Removes a path.
     pub fn remove(&mut self, path: &str, recursive: bool) -> Result<(), ClientError> {
         self.remove_as(path, recursive, None)

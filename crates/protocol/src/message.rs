@@ -263,6 +263,15 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         user: Option<String>,
     },
+    /// Follow every symbolic link of a path: answers the `stat` of where it leads, its `name`
+    /// the absolute path reached (`not_found` when a link leads nowhere).
+    Resolve {
+        /// Absolute path.
+        path: String,
+        /// The image's account to act as (as for `stat`); the agent's own (root) when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
+    },
     /// Remove a file, or a directory (`recursive` for a non-empty one).
     Remove {
         /// Absolute path.

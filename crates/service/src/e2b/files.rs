@@ -18,7 +18,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use branchbox_model::SandboxId;
-use branchbox_protocol::{FileKind, FileStat};
+use branchbox_protocol::{ErrorCode, FileKind, FileStat};
 use futures_util::{StreamExt, TryStreamExt};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -67,6 +67,21 @@ pub fn entry(s: &FileStat, path: &str) -> pb::EntryInfo {
     }
 }
 
+/// envd's entry for a path the agent stats without following it: a symbolic link is shown as
+/// envd shows it, with the type and permission bits of what it leads to (`target`, from the
+/// agent's `resolve`) and `symlinkTarget` the absolute path reached; one that leads nowhere
+/// has no type and its own path as target.
+pub fn entry_following(s: &FileStat, path: &str, target: Option<&FileStat>) -> pb::EntryInfo {
+    let mut e = entry(s, path);
+    if s.kind == FileKind::Symlink {
+        let reached = target.map(|t| entry(t, &t.name));
+        e.r#type = reached.as_ref().map_or(pb::FILE_TYPE_UNSPECIFIED, |r| r.r#type);
+        e.mode = reached.as_ref().map_or(0, |r| r.mode);
+        e.symlink_target = Some(target.map_or_else(|| path.to_string(), |t| t.name.clone()));
+    }
+    e
+}
+
 /// Runs `op` on the sandbox's agent (it acts on `path`), then answers the entry `path` has,
 /// as `user` sees it.
 async fn entry_after<F>(
@@ -79,15 +94,19 @@ async fn entry_after<F>(
 where
     F: FnOnce(&mut branchbox_model::AgentConn, &str) -> ApiResult<()> + Send + 'static,
 {
-    let (s, path) = st
+    let s = st
         .blocking(move |engine, st| {
             let mut conn = st.agent(engine, &id, Duration::ZERO)?;
             op(&mut conn, &path)?;
-            Ok((conn.stat_as(&path, Some(&user))?, path))
+            let s = conn.stat_as(&path, Some(&user))?;
+            // A link that leads nowhere (or an older agent, which has no `resolve`) has no target.
+            let target =
+                (s.kind == FileKind::Symlink).then(|| conn.resolve_as(&path, Some(&user)).ok()).flatten();
+            Ok((s, target, path))
         })
         .await
         .map_err(api)?;
-    Ok(pb::EntryResponse { entry: Some(entry(&s, &path)) })
+    Ok(pb::EntryResponse { entry: Some(entry_following(&s.0, &s.2, s.1.as_ref())) })
 }
 
 pub(super) async fn stat(
@@ -123,26 +142,31 @@ pub(super) async fn list_dir(
                 if conn.stat_as(&root, Some(&user))?.kind != FileKind::Dir {
                     return Err(ApiError::invalid(format!("{root} is not a directory")));
                 }
+                // As envd walks: each directory's entries by name, each subdirectory's entries
+                // right after it (depth first), down to `depth` levels.
                 let mut out = Vec::new();
-                let mut level = vec![root];
-                for _ in 0..depth {
-                    let mut next = Vec::new();
-                    for dir in level {
-                        let base = dir.trim_end_matches('/').to_string();
-                        for e in conn.list_dir_as(&dir, Some(&user))? {
-                            let full = format!("{base}/{}", e.name);
-                            if e.kind == FileKind::Dir {
-                                next.push(full.clone());
-                            }
-                            out.push(entry(&e, &full));
-                            if out.len() > MAX_LIST {
-                                return Err(ApiError::too_large(format!(
-                                    "the listing passed {MAX_LIST} entries; list a smaller depth"
-                                )));
-                            }
-                        }
+                let mut stack: Vec<(String, usize, Option<Vec<FileStat>>)> = vec![(root, 1, None)];
+                while let Some((dir, level, listed)) = stack.pop() {
+                    let mut entries = match listed {
+                        Some(left) => left,
+                        None => conn.list_dir_as(&dir, Some(&user))?.into_iter().rev().collect(),
+                    };
+                    let Some(e) = entries.pop() else { continue };
+                    let full = format!("{}/{}", dir.trim_end_matches('/'), e.name);
+                    let target = (e.kind == FileKind::Symlink)
+                        .then(|| conn.resolve_as(&full, Some(&user)).ok())
+                        .flatten();
+                    out.push(entry_following(&e, &full, target.as_ref()));
+                    if out.len() > MAX_LIST {
+                        return Err(ApiError::too_large(format!(
+                            "the listing passed {MAX_LIST} entries; list a smaller depth"
+                        )));
                     }
-                    level = next;
+                    let descend = e.kind == FileKind::Dir && level < depth;
+                    stack.push((dir, level, Some(entries)));
+                    if descend {
+                        stack.push((full, level + 1, None));
+                    }
                 }
                 Ok(out)
             })
@@ -202,7 +226,11 @@ pub(super) async fn remove(
         let path = resolve(&req.path, &user)?;
         let id = t.sandbox;
         st.blocking(move |engine, st| {
-            Ok(st.agent(engine, &id, Duration::ZERO)?.remove_as(&path, true, Some(&user))?)
+            // envd removes as `rm -rf` does: a path that is not there is already removed.
+            match st.agent(engine, &id, Duration::ZERO)?.remove_as(&path, true, Some(&user)) {
+                Err(branchbox_protocol::ClientError::Agent { code: ErrorCode::NotFound, .. }) => Ok(()),
+                r => Ok(r?),
+            }
         })
         .await
         .map_err(api)?;
@@ -453,5 +481,19 @@ mod tests {
         assert_eq!((e.name.as_str(), e.r#type, e.mode), ("x", pb::FILE_TYPE_DIRECTORY, 0o755));
         assert_eq!(e.permissions, "drwxr-xr-x");
         assert_eq!(permissions(FileKind::File, 0o644), "-rw-r--r--");
+    }
+
+    #[test]
+    fn a_link_shows_what_it_leads_to_and_one_leading_nowhere_its_own_path() {
+        let link =
+            FileStat { name: "/h/l".into(), kind: FileKind::Symlink, size: 3, mode: 0o777, mtime_ns: 0 };
+        let file =
+            FileStat { name: "/h/d/f".into(), kind: FileKind::File, size: 9, mode: 0o640, mtime_ns: 0 };
+        let e = entry_following(&link, "/h/l", Some(&file));
+        assert_eq!((e.r#type, e.mode, e.size), (pb::FILE_TYPE_FILE, 0o640, 3));
+        assert_eq!((e.symlink_target.as_deref(), e.permissions.as_str()), (Some("/h/d/f"), "Lrwxrwxrwx"));
+        let e = entry_following(&link, "/h/l", None);
+        assert_eq!((e.r#type, e.symlink_target.as_deref()), (pb::FILE_TYPE_UNSPECIFIED, Some("/h/l")));
+        assert_eq!(entry_following(&file, "/h/d/f", None).symlink_target, None);
     }
 }
