@@ -1,0 +1,227 @@
+//! Push, pull and gc against a real S3 server (SeaweedFS on loopback): dedup against a pushed
+//! parent, a corrupted chunk refused, an interrupted push completed by the next, gc keeping
+//! what manifests name and respecting leases.
+
+mod common;
+
+use branchbox_chunks::manifest::{chunk_key, Fingerprint};
+use branchbox_chunks::s3::Remote;
+use branchbox_chunks::{fetch_manifest, gc, materialize, push, Error, LocalChunks, Progress};
+use branchbox_model::{BackendKind, Limits, Snapshot, SnapshotId, SnapshotKind};
+use rand::{Rng, SeedableRng};
+use std::ops::ControlFlow;
+use std::path::Path;
+
+fn record(parent: Option<SnapshotId>) -> Snapshot {
+    Snapshot {
+        id: SnapshotId::generate(),
+        parent,
+        source: None,
+        backend: BackendKind::Gvisor,
+        image: "img-0123456789abcdef".into(),
+        kind: SnapshotKind::Snapshot,
+        name: None,
+        created_ms: 1,
+        size_bytes: 0,
+        limits: Limits::default(),
+        expires_ms: None,
+        deleted_ms: None,
+    }
+}
+
+fn fingerprint() -> Fingerprint {
+    Fingerprint {
+        backend: BackendKind::Gvisor,
+        runsc: Some("runsc version test".into()),
+        platform: Some("ptrace".into()),
+        cpu_model: None,
+        cpu_flags: None,
+        kernel: None,
+    }
+}
+
+/// A snapshot-like directory: `checkpoint/pages.img` of `mib` MiB of seeded random bytes and a
+/// small `checkpoint/checkpoint.img`.
+fn make_snapshot(dir: &Path, seed: u64, mib: usize) -> Vec<u8> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut pages = vec![0u8; mib << 20];
+    rng.fill(&mut pages[..]);
+    write_snapshot(dir, &pages);
+    pages
+}
+
+fn write_snapshot(dir: &Path, pages: &[u8]) {
+    std::fs::create_dir_all(dir.join("checkpoint")).unwrap();
+    std::fs::write(dir.join("checkpoint/pages.img"), pages).unwrap();
+    std::fs::write(dir.join("checkpoint/checkpoint.img"), b"state").unwrap();
+}
+
+fn go(_: Progress) -> ControlFlow<()> {
+    ControlFlow::Continue(())
+}
+
+fn pull_to(remote: &Remote, id: &SnapshotId, dest: &Path) -> Result<branchbox_chunks::PullReport, Error> {
+    let m = fetch_manifest(remote, id)?;
+    materialize(remote, &m, dest, &LocalChunks::default(), &mut |_| {})
+}
+
+#[test]
+fn a_pushed_snapshot_pulls_back_byte_for_byte_and_a_child_sends_only_what_changed() {
+    let Some(weed) = common::Weed::start() else { return };
+    let remote = weed.remote("s3://snaps/fleet-a");
+    let tmp = tempfile::tempdir().unwrap();
+    let a = tmp.path().join("a");
+    let pages = make_snapshot(&a, 1, 24);
+    let parent = record(None);
+    let r1 = push(&remote, &a, &parent, fingerprint(), &mut go).unwrap();
+    assert_eq!(r1.sent_bytes, pages.len() as u64 + 5, "the first push sends everything");
+    assert_eq!(r1.sent_chunks, r1.chunks);
+
+    // The child: the parent's memory with 100 KiB inserted near the start and a page changed
+    // later on (content moves, as in a real checkpoint image).
+    let mut child_pages = pages[..3 << 20].to_vec();
+    child_pages.extend(std::iter::repeat_n(7u8, 100 << 10));
+    child_pages.extend_from_slice(&pages[3 << 20..]);
+    child_pages[20 << 20] ^= 0xff;
+    let b = tmp.path().join("b");
+    write_snapshot(&b, &child_pages);
+    let child = record(Some(parent.id.clone()));
+    let r2 = push(&remote, &b, &child, fingerprint(), &mut go).unwrap();
+    let total = child_pages.len() as u64 + 5;
+    assert_eq!(r2.sent_bytes + r2.skipped_bytes, total);
+    let ratio = total as f64 / r2.sent_bytes as f64;
+    eprintln!(
+        "dedup: child of {:.1} MiB sent {:.1} MiB ({} of {} chunks), ratio {ratio:.1}",
+        total as f64 / 1048576.0,
+        r2.sent_bytes as f64 / 1048576.0,
+        r2.sent_chunks,
+        r2.chunks
+    );
+    assert!(r2.sent_bytes * 3 < total, "a child sent {} of {total} bytes", r2.sent_bytes);
+
+    // Pulled elsewhere: the same bytes; the second pull reuses the first's chunks.
+    let here = tmp.path().join("here");
+    std::fs::create_dir(&here).unwrap();
+    let p1 = pull_to(&remote, &parent.id, &here.join("p")).unwrap();
+    assert_eq!(p1.fetched_bytes, r1.sent_bytes);
+    assert_eq!(std::fs::read(here.join("p/checkpoint/pages.img")).unwrap(), pages);
+    let m2 = fetch_manifest(&remote, &child.id).unwrap();
+    assert_eq!(m2.snapshot, child);
+    let p2 = materialize(&remote, &m2, &here.join("c"), &LocalChunks::scan(&here), &mut |_| {}).unwrap();
+    assert_eq!(std::fs::read(here.join("c/checkpoint/pages.img")).unwrap(), child_pages);
+    assert!(p2.reused_bytes > 0 && p2.fetched_bytes < total / 3, "{p2:?}");
+
+    // Pushing again sends nothing.
+    let r3 = push(&remote, &b, &child, fingerprint(), &mut go).unwrap();
+    assert_eq!(r3.sent_bytes, 0);
+}
+
+#[test]
+fn a_corrupted_chunk_is_refused_and_nothing_is_left() {
+    let Some(weed) = common::Weed::start() else { return };
+    let remote = weed.remote("s3://snaps");
+    let tmp = tempfile::tempdir().unwrap();
+    make_snapshot(&tmp.path().join("a"), 2, 6);
+    let snap = record(None);
+    push(&remote, &tmp.path().join("a"), &snap, fingerprint(), &mut go).unwrap();
+    let m = fetch_manifest(&remote, &snap.id).unwrap();
+    let victim = m.files.iter().find(|f| f.path == "checkpoint/pages.img").unwrap().chunks[1].clone();
+    let mut bytes = remote.get(&chunk_key(&victim.hash), 8 << 20).unwrap().unwrap();
+    bytes[1000] ^= 1;
+    remote.put(&chunk_key(&victim.hash), &bytes).unwrap();
+
+    let dest = tmp.path().join("pulled");
+    let err = pull_to(&remote, &snap.id, &dest).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::Corrupt { .. }), "{msg}");
+    assert!(msg.contains(&victim.hash) && msg.contains(snap.id.as_str()), "{msg}");
+    assert!(!dest.exists(), "a refused pull left {}", dest.display());
+
+    // A missing chunk is refused by name too.
+    remote.delete(&chunk_key(&victim.hash)).unwrap();
+    let err = pull_to(&remote, &snap.id, &dest).unwrap_err();
+    assert!(matches!(err, Error::Missing { ref hash, .. } if *hash == victim.hash), "{err}");
+}
+
+#[test]
+fn an_interrupted_push_leaves_no_manifest_and_the_next_sends_only_the_rest() {
+    let Some(weed) = common::Weed::start() else { return };
+    let remote = weed.remote("s3://snaps/p");
+    let tmp = tempfile::tempdir().unwrap();
+    let a = tmp.path().join("a");
+    make_snapshot(&a, 3, 20);
+    let snap = record(None);
+    let k = 3;
+    let err = push(&remote, &a, &snap, fingerprint(), &mut |p| {
+        if p.chunks >= k {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    })
+    .unwrap_err();
+    assert!(matches!(err, Error::Stopped(n) if n == k), "{err}");
+    assert!(matches!(fetch_manifest(&remote, &snap.id), Err(Error::NotFound(_))));
+    assert!(!a.join(branchbox_chunks::LOCAL_MANIFEST).exists());
+    let sent_before: u64 = remote.list("chunks/").unwrap().iter().map(|c| c.size).sum();
+    assert_eq!(remote.list("chunks/").unwrap().len(), k);
+
+    let r = push(&remote, &a, &snap, fingerprint(), &mut go).unwrap();
+    assert_eq!(r.sent_chunks, r.chunks - k, "{r:?}");
+    assert_eq!(r.skipped_bytes, sent_before);
+    fetch_manifest(&remote, &snap.id).unwrap();
+}
+
+#[test]
+fn gc_sweeps_unreferenced_chunks_keeps_referenced_ones_and_waits_for_leases() {
+    let Some(weed) = common::Weed::start() else { return };
+    let remote = weed.remote("s3://snaps");
+    let tmp = tempfile::tempdir().unwrap();
+    make_snapshot(&tmp.path().join("kept"), 4, 8);
+    let kept = record(None);
+    push(&remote, &tmp.path().join("kept"), &kept, fingerprint(), &mut go).unwrap();
+    // An interrupted push of another snapshot: its new chunks are named by no manifest (its
+    // first, checkpoint.img, is the kept snapshot's too; then two of its own).
+    make_snapshot(&tmp.path().join("gone"), 5, 8);
+    let _ = push(&remote, &tmp.path().join("gone"), &record(None), fingerprint(), &mut |p| {
+        if p.chunks >= 3 {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    });
+    let before = remote.list("chunks/").unwrap().len();
+    let referenced = fetch_manifest(&remote, &kept.id)
+        .unwrap()
+        .files
+        .iter()
+        .flat_map(|f| f.chunks.iter().map(|c| c.hash.clone()))
+        .collect::<std::collections::BTreeSet<_>>()
+        .len();
+    assert_eq!(before, referenced + 2);
+
+    // A live lease (a push or pull elsewhere): nothing is swept.
+    let lease = branchbox_chunks::lease::LeaseRecord {
+        kind: branchbox_chunks::lease::LeaseKind::Pull,
+        snapshot: None,
+        expires_ms: i64::MAX,
+    };
+    remote.put("leases/other.json", &serde_json::to_vec(&lease).unwrap()).unwrap();
+    let r = gc(&remote, false).unwrap();
+    assert!(!r.swept && r.live_leases == 1 && r.deleted_chunks.is_empty(), "{r:?}");
+    assert_eq!(remote.list("chunks/").unwrap().len(), before);
+
+    // An expired one does not hold it back, and gc removes it.
+    let expired = branchbox_chunks::lease::LeaseRecord { expires_ms: 1, ..lease };
+    remote.put("leases/other.json", &serde_json::to_vec(&expired).unwrap()).unwrap();
+    let dry = gc(&remote, true).unwrap();
+    assert!(dry.swept && dry.deleted_chunks.len() == 2, "{dry:?}");
+    assert_eq!(remote.list("chunks/").unwrap().len(), before, "a dry run deleted");
+    let r = gc(&remote, false).unwrap();
+    assert!(r.swept && r.deleted_chunks.len() == 2 && r.expired_leases == 1, "{r:?}");
+    assert_eq!(r.manifests, 1);
+    assert_eq!(remote.list("chunks/").unwrap().len(), referenced);
+    assert!(remote.list("leases/").unwrap().is_empty());
+    // What remains still pulls.
+    pull_to(&remote, &kept.id, &tmp.path().join("pulled")).unwrap();
+}
