@@ -116,3 +116,26 @@ def test_refresh_extends_and_never_shortens_as_on_e2bs_server(e2b_env):
         assert _end_ms(e2b_env, sbx.sandbox_id) >= end, "a refresh cut the sandbox's time short"
     finally:
         sbx.kill()
+
+
+KILLED = "sandbox was killed or reached its end of life"
+
+
+def test_a_command_whose_sandbox_is_killed_ends_saying_so(e2b_env):
+    sbx = e2b.Sandbox.create(timeout=300)
+    cmd = sbx.commands.run("sleep 60", background=True)
+    sbx.kill()
+    with pytest.raises(e2b.SandboxException) as e:
+        cmd.wait()
+    assert KILLED in str(e.value), e.value
+    assert sbx.is_running() is False
+
+    async def run_async():
+        s = await e2b.AsyncSandbox.create(timeout=300)
+        c = await s.commands.run("sleep 60", background=True)
+        await s.kill()
+        with pytest.raises(e2b.SandboxException) as e:
+            await c.wait()
+        assert KILLED in str(e.value), e.value
+
+    asyncio.run(run_async())

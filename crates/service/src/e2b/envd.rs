@@ -9,6 +9,7 @@
 use super::connect::{self, Codec, Kind, RpcError, MAX_MESSAGE};
 use super::pb::{self, process_event, process_selector};
 use crate::api::extract::{account_name, sandbox_id};
+use crate::api::types::StateName;
 use crate::api::AuditNote;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorCodeTag};
@@ -194,15 +195,19 @@ pub(super) fn api(e: ApiError) -> RpcError {
 }
 
 async fn health(State(st): State<AppState>, Extension(t): Extension<Target>) -> Response {
-    let id = t.sandbox;
+    let id = t.sandbox.clone();
     let info = st.blocking(move |engine, st| crate::api::sandboxes::info(engine, st, &id)).await;
+    // As E2B's proxy answers for a sandbox that is gone ("... was not found", the words the SDKs
+    // look for): `is_running` reads false, and a call that failed as its sandbox was killed
+    // probes this and says the sandbox "was killed or reached its end of life".
+    let gone = |id: &SandboxId| {
+        error_response(&RpcError::new("unavailable", format!("sandbox {id} was not found"))).with_status(502)
+    };
     match info {
-        Ok(i) if i.state == crate::api::types::StateName::Running => StatusCode::NO_CONTENT.into_response(),
+        Ok(i) if i.state == StateName::Running => StatusCode::NO_CONTENT.into_response(),
+        Ok(i) if i.state == StateName::Lost => gone(&t.sandbox),
         Ok(_) => error_response(&RpcError::new("unavailable", "the sandbox is not running")).with_status(502),
-        // As E2B's proxy answers for a sandbox that is gone: the SDKs' is_running reads false.
-        Err(e) if e.status == StatusCode::NOT_FOUND => {
-            error_response(&RpcError::new("unavailable", e.message)).with_status(502)
-        }
+        Err(e) if e.status == StatusCode::NOT_FOUND => gone(&t.sandbox),
         Err(e) => error_response(&api(e)),
     }
 }
