@@ -287,6 +287,13 @@ pub enum Cmd {
         #[arg(required = true)]
         ids: Vec<String>,
     },
+    /// Portable snapshots in an S3-compatible store: push, pull, gc (docs/remote.md).
+    Remote {
+        #[command(flatten)]
+        store: crate::remote_snapshots::RemoteArgs,
+        #[command(subcommand)]
+        command: crate::remote_snapshots::RemoteCmd,
+    },
     /// Warm pools of ready sandboxes, kept by branchboxd (see docs/pools.md).
     Pool {
         #[command(subcommand)]

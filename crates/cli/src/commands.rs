@@ -21,6 +21,13 @@ pub fn run(cli: Cli) -> Result<i32> {
     if let Cmd::Store { command } = cli.command {
         return crate::store::run(&cfg.data_dir, command, json);
     }
+    // Snapshots to and from an S3 store: on this data directory's files, never through a service.
+    if let Cmd::Remote { store, command } = cli.command {
+        let data_dir = cfg.data_dir.clone();
+        let code = crate::remote_snapshots::run(&Engine::open(cfg)?, &store, command, json);
+        crate::store::backup_changed(&data_dir);
+        return code;
+    }
     // Guest artifacts live in the image cache only: no data directory, no service.
     if let Cmd::Guest { command } = &cli.command {
         return crate::guest::run(&cfg, command, json);
@@ -51,7 +58,9 @@ pub fn run(cli: Cli) -> Result<i32> {
 /// Runs a command that needs the engine.
 fn run_local(engine: &Engine, command: Cmd, json: bool) -> Result<i32> {
     match command {
-        Cmd::Doctor | Cmd::Store { .. } | Cmd::Guest { .. } | Cmd::Vm { .. } | Cmd::Mcp => unreachable_early(),
+        Cmd::Doctor | Cmd::Store { .. } | Cmd::Remote { .. } | Cmd::Guest { .. } | Cmd::Vm { .. } | Cmd::Mcp => {
+            unreachable_early()
+        }
         Cmd::Image { command } => crate::image::run(engine, command, json),
         Cmd::Run { create, exec } => run_once(engine, &create, &exec, json),
         Cmd::Create { create } => {

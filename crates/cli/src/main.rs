@@ -10,6 +10,7 @@ mod output;
 mod pool;
 mod pool_bench;
 mod remote;
+mod remote_snapshots;
 mod store;
 mod template;
 mod vm;

@@ -5,6 +5,7 @@ and what is left under a node's data directory fails the run."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -22,6 +23,7 @@ from branchbox.fleet import LocalCluster
 from branchbox.fleet.cluster import processes_naming
 
 NODES = ("n2", "n3", "n4", "n5")
+KEY, SECRET = "bbfleet", "bbfleet-secret-key"
 
 
 def _free_port(ip: str) -> int:
@@ -49,14 +51,19 @@ class Weed:
         self.base.mkdir(parents=True, exist_ok=True)
         ports = {k: _free_port("127.0.0.2") for k in ("master", "volume", "filer", "s3", "admin")}
         self.port = ports["s3"]
-        cmd = [binary, "mini", f"-dir={self.base}", "-ip=127.0.0.2", "-ip.bind=127.0.0.2", "-bucket=bbfleet",
-               "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0"]
+        # One identity, so that S3 asks for SigV4 signatures as a real deployment does.
+        cfg = self.base.parent / "weed-s3.json"
+        cfg.write_text(json.dumps({"identities": [{"name": "fleet", "credentials": [
+            {"accessKey": KEY, "secretKey": SECRET}], "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+        (self.base / "data").mkdir(exist_ok=True)
+        cmd = [binary, "mini", f"-dir={self.base / 'data'}", "-ip=127.0.0.2", "-ip.bind=127.0.0.2",
+               "-bucket=bbfleet", f"-s3.config={cfg}", "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0",
+               "-s3.port.lance=0"]
         for k, port in ports.items():
             # The grpc ports too: their default (port + 10000) may be taken or out of range.
             cmd += [f"-{k}.port={port}", f"-{k}.port.grpc={_free_port('127.0.0.2')}"]
-        env = dict(os.environ, AWS_ACCESS_KEY_ID="bbfleet", AWS_SECRET_ACCESS_KEY="bbfleet-secret")
         with open(self.base.parent / "weed.log", "ab") as log:
-            self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -67,7 +74,7 @@ class Weed:
             except httpx.TransportError:
                 time.sleep(0.2)
         return {"BRANCHBOX_REMOTE": "s3://bbfleet/snapshots", "BRANCHBOX_S3_ENDPOINT": f"http://127.0.0.2:{self.port}",
-                "AWS_ACCESS_KEY_ID": "bbfleet", "AWS_SECRET_ACCESS_KEY": "bbfleet-secret",
+                "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET,
                 "AWS_REGION": "us-east-1"}
 
     def stop(self) -> None:

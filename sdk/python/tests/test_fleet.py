@@ -132,7 +132,7 @@ def test_node_actor_restarts_its_branchboxd(fleet):
     assert httpx.get(f"{now['url']}/healthz", timeout=5).status_code == 200
 
 
-def test_rl_episodes_start_from_identical_state_and_reset_beats_a_new_sandbox(fleet):
+def test_rl_episodes_start_from_identical_state_and_reset_timed_against_a_new_sandbox(fleet):
     # One start state per node, built the same way: a file and a counter held in memory.
     nodes = ["n2", "n3", "n5"]
     starts = {}
@@ -153,17 +153,29 @@ def test_rl_episodes_start_from_identical_state_and_reset_beats_a_new_sandbox(fl
     for e in report.episodes:
         assert e.exit_codes == [0, 0, 0]
         assert e.observations[1:] == ["2\n", "seed+step\n3\n"]
-    # The alternative to reset: a new sandbox from the same start, timed in the same run.
-    create_s = []
+    # The alternative to reset: a new sandbox from the same start. Both timed here one at a time,
+    # interleaved on the same nodes (the episodes above ran three nodes at once on two cores).
+    reset_s, create_s = [], []
     for n in nodes:
         node = fleet.node(n)
-        for _ in range(2):
-            t = time.monotonic()
-            s = Sandbox.create(snapshot_id=starts[n], api_url=node.url, token=node.token)
-            create_s.append(time.monotonic() - t)
-            s.kill()
-    print(f"\nRL, one kernel, loopback: reset p50 {report.reset_p50 * 1000:.0f} ms over {len(report.reset_s)} resets; "
-          f"new sandbox from the same snapshot p50 {statistics.median(create_s) * 1000:.0f} ms over {len(create_s)}")
+        env = Env.create(fleet, snapshot_id=starts[n], node=n)
+        try:
+            for _ in range(2):
+                env.step(policy.actions[1])
+                t = time.monotonic()
+                env.reset()
+                reset_s.append(time.monotonic() - t)
+                assert env.step(policy.actions[0]).observation == "seed1\n"
+                t = time.monotonic()
+                s = Sandbox.create(snapshot_id=starts[n], api_url=node.url, token=node.token)
+                create_s.append(time.monotonic() - t)
+                s.kill()
+        finally:
+            env.close()
+    ms = lambda xs: f"{statistics.median(xs) * 1000:.0f} ms"  # noqa: E731
+    print(f"\nRL, one kernel, loopback: 12 episodes on 3 nodes at once, reset p50 {ms(report.reset_s)} "
+          f"({len(report.reset_s)} resets); one at a time: reset p50 {ms(reset_s)}, new sandbox from the same "
+          f"snapshot p50 {ms(create_s)} ({len(create_s)} each)")
 
 
 def test_env_reset_fork_and_checkpoint(fleet):
@@ -230,6 +242,22 @@ def test_fork_of_4_from_node3_places_2_on_node3_and_2_on_node4(fc, fleet):
                 k.kill()
     finally:
         src.kill()
+
+
+def test_rl_from_one_snapshot_pushed_once_and_pulled_on_three_nodes(fc, fleet):
+    _need_cross_node(fc)
+    base = fleet.create(node="n3")
+    try:
+        _with_counter(base, "seed")
+        snap = base.create_snapshot().snapshot_id
+    finally:
+        base.kill()
+    starts = fleet.spread(snap, "n3", ["n2", "n5"])
+    assert sorted(starts) == ["n2", "n3", "n5"]
+    policy = Script(["cat /home/user/state; " + NEXT, "echo +step >> /home/user/state; " + NEXT])
+    report = run_episodes(fleet, 9, policy, snapshot=starts, nodes=["n2", "n3", "n5"], max_steps=2)
+    assert {e.node for e in report.episodes} == {"n2", "n3", "n5"}
+    assert {tuple(e.observations) for e in report.episodes} == {("seed1\n", "2\n")}
 
 
 def test_losing_node4_marks_its_sandboxes_lost_with_the_reason(fc, fleet):

@@ -20,6 +20,7 @@ mod flag;
 mod lock;
 mod network;
 mod recover;
+mod remote;
 mod shells;
 mod storage;
 mod template;

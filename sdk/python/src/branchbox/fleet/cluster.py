@@ -69,7 +69,11 @@ def processes_naming(path: Path) -> List[int]:
             if ppid in found and pid not in found:
                 found.add(pid)
                 grew = True
-    found.discard(os.getpid())
+    # Never this process or one it runs under (their command lines may name the path too).
+    pid = os.getpid()
+    while pid > 1:
+        found.discard(pid)
+        pid = parents.get(pid, 1)
     return sorted(found)
 
 

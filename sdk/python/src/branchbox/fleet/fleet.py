@@ -242,6 +242,16 @@ class Fleet:
         """The alive nodes that hold pushed snapshot `snapshot_id`."""
         return self._get(self.directory.snapshots.remote()).get(snapshot_id, [])
 
+    def spread(self, snapshot: str, source: str, nodes: Sequence[str]) -> Dict[str, str]:
+        """Makes `snapshot` of node `source` available on `nodes`: one push, one pull on each
+        (side by side). Returns each node's id for it, `source` included (for `run_episodes`)."""
+        pushed = str(self.push(source, snapshot)["snapshot"])
+        out = {source: snapshot}
+        with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
+            for node, got in zip(nodes, pool.map(lambda n: self.pull(n, pushed), nodes)):
+                out[node] = str(got["snapshot"])
+        return out
+
     @staticmethod
     def _get_long(ref: Any) -> Any:
         import ray
