@@ -11,6 +11,9 @@
 //! (`src/lib.rs`, `src/main.rs`, `src/bin/*.rs`) by following `mod x;` declarations, so each
 //! root's `crate::` means its own tree.
 //!
+//! A `pub use` (of any visibility) of an item from one's own submodules is a facade: like
+//! `mod x;`, it is containment, not an edge. Code that names a submodule's items is one.
+//!
 //! A crate root is the crate's table of contents: it declares and re-exports the modules,
 //! wires them together (`main`) and holds the few crate-wide items every module names
 //! (`Error`, `Result`). It is a node without edges: what it names and what names it are not
@@ -214,6 +217,17 @@ impl Inline {
     }
 }
 
+/// Whether the `use` at `toks[at]` is a public one: `pub use`, `pub(crate) use`, `pub(super) use`,
+/// `pub(in path) use`.
+fn is_pub(toks: &[Tok], at: usize) -> bool {
+    let mut k = at;
+    if k > 0 && toks[k - 1] == Tok::Punct(')') {
+        let Some(open) = (0..k - 1).rev().find(|&j| toks[j] == Tok::Punct('(')) else { return false };
+        k = open;
+    }
+    k > 0 && toks[k - 1] == Tok::Ident("pub".into())
+}
+
 /// The modules of the crate root `root` (a file under `src`): module path → file, relative to
 /// `src`, found by following `mod x;` declarations (`x.rs` or `x/mod.rs`).
 fn module_tree(src: &Path, root: &Path) -> BTreeMap<Vec<String>, PathBuf> {
@@ -303,16 +317,22 @@ pub fn module_graph(src: &Path) -> Graph {
     for root in roots(src) {
         let modules = module_tree(src, &root);
         let name = |f: &PathBuf| f.to_string_lossy().into_owned();
-        let file_of = |path: &[String]| -> Option<&PathBuf> {
-            (0..=path.len()).rev().find_map(|n| modules.get(&path[..n]))
+        // The module a path lands in (the longest prefix that is one) and its file.
+        let file_of = |path: &[String]| -> Option<(Vec<String>, &PathBuf)> {
+            (0..=path.len()).rev().find_map(|n| modules.get(&path[..n]).map(|f| (path[..n].to_vec(), f)))
         };
         for (module, file) in &modules {
             let Ok(text) = std::fs::read_to_string(src.join(file)) else { continue };
             let toks = tokenize(&text);
             let mut edges = BTreeSet::new();
             let mut inline = Inline::default();
+            // The end (its `;`) of the `pub use` item being read, if any.
+            let mut pub_use_end = 0;
             for i in 0..toks.len() {
                 inline.step(&toks, i);
+                if toks[i] == Tok::Ident("use".into()) && is_pub(&toks, i) {
+                    pub_use_end = (i..toks.len()).find(|&j| toks[j] == Tok::Punct(';')).unwrap_or(toks.len());
+                }
                 let Tok::Ident(first) = &toks[i] else { continue };
                 let after_sep = i > 0 && matches!(toks[i - 1], Tok::PathSep | Tok::Punct('$'));
                 if after_sep || toks.get(i + 1) != Some(&Tok::PathSep) {
@@ -338,7 +358,13 @@ pub fn module_graph(src: &Path) -> Graph {
                         rest = &rest[1..];
                     }
                     base.extend(rest.iter().cloned());
-                    if let Some(target) = file_of(&base).filter(|t| *t != file) {
+                    let Some((target_module, target)) = file_of(&base).filter(|(_, t)| *t != file) else {
+                        continue;
+                    };
+                    // A facade: re-exporting an item of one's own submodule, like declaring it,
+                    // is containment.
+                    let facade = i < pub_use_end && target_module.starts_with(module);
+                    if !facade {
                         edges.insert(name(target));
                     }
                 }
@@ -461,7 +487,12 @@ mod tests {
         std::fs::create_dir(src.join("x")).unwrap();
         std::fs::write(src.join("lib.rs"), "mod a; pub mod x;").unwrap();
         std::fs::write(src.join("a.rs"), "use crate::x::y::Thing;").unwrap();
-        std::fs::write(src.join("x/mod.rs"), "mod y; pub use y::Thing;").unwrap();
+        std::fs::write(
+            src.join("x/mod.rs"),
+            "mod y; mod z; pub use y::Thing; pub(crate) use self::z::Other;",
+        )
+        .unwrap();
+        std::fs::write(src.join("x/z.rs"), "pub struct Other; fn f() { super::Thing::new(); }").unwrap();
         std::fs::write(
             src.join("x/y.rs"),
             "pub struct Thing; fn f() { crate::a::g(); } mod tests { use super::*; }",
@@ -470,7 +501,14 @@ mod tests {
         // Not declared by any `mod`: not part of the crate.
         std::fs::write(src.join("stray.rs"), "use crate::a::g;").unwrap();
         let graph = module_graph(src);
-        assert_eq!(graph["x/mod.rs"], BTreeSet::from(["x/y.rs".to_string()]), "child module path");
+        assert_eq!(graph["x/mod.rs"], BTreeSet::new(), "re-exporting a submodule's items is containment");
+        assert_eq!(graph["x/z.rs"], BTreeSet::from(["x/mod.rs".to_string()]));
+        std::fs::write(src.join("x/mod.rs"), "mod y; mod z; pub use y::Thing; fn f() { z::g(); }").unwrap();
+        let graph = module_graph(src);
+        assert_eq!(graph["x/mod.rs"], BTreeSet::from(["x/z.rs".to_string()]), "code naming a child module");
+        std::fs::write(src.join("x/mod.rs"), "mod y; mod z; pub use y::Thing; pub use crate::a::g;").unwrap();
+        let graph = module_graph(src);
+        assert_eq!(graph["x/mod.rs"], BTreeSet::from(["a.rs".to_string()]), "re-exporting from elsewhere");
         assert!(!graph.contains_key("stray.rs"));
         let found = cycles(&graph);
         assert_eq!(found, vec![vec!["a.rs".to_string(), "x/y.rs".to_string()]]);

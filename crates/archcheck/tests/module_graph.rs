@@ -28,25 +28,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "template.rs",
         ],
     ),
-    (
-        "crates/core",
-        &[
-            "diff.rs",
-            "engine/flag.rs",
-            "engine/mod.rs",
-            "engine/recover.rs",
-            "engine/shells.rs",
-            "engine/storage.rs",
-            "engine/template/build.rs",
-            "engine/template/mod.rs",
-            "engine/timeline.rs",
-            "gc.rs",
-        ],
-    ),
+    ("crates/core", &["engine/flag.rs", "engine/mod.rs", "engine/recover.rs", "gc.rs"]),
+    ("crates/core", &["engine/template/build.rs", "engine/template/mod.rs"]),
     ("crates/gvisor", &["backend.rs", "shim.rs"]),
     ("crates/layers", &["backend.rs", "store.rs"]),
     ("crates/net", &["exec.rs", "sandbox.rs"]),
     ("crates/service", &["auth.rs", "ui/session.rs"]),
+    // The service's big circle: state.rs names types of api/, e2b/ and pool/; api/mod.rs mounts
+    // the E2B and console routers; the E2B adapter and the console call the native handlers.
+    // Issue 30 item 1 (an `ops` layer below the three surfaces) breaks it.
     (
         "crates/service",
         &[
@@ -86,7 +76,6 @@ const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     ("crates/template", &["chain.rs", "context_file.rs"]),
-    ("crates/virtio", &["net/mod.rs", "net/tap.rs"]),
     ("crates/virtio", &["vsock/conn.rs", "vsock/muxer.rs"]),
 ];
 
