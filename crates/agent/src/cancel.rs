@@ -26,7 +26,7 @@ impl Token {
         let mut g = self.group.lock().unwrap_or_else(|e| e.into_inner());
         *g = Some(pgid);
         if self.is_cancelled() {
-            crate::exec::kill_group(pgid);
+            crate::reaper::kill_group(pgid);
         }
     }
 
@@ -34,7 +34,7 @@ impl Token {
         let g = self.group.lock().unwrap_or_else(|e| e.into_inner());
         self.cancelled.store(true, Ordering::SeqCst);
         if let Some(pgid) = *g {
-            crate::exec::kill_group(pgid);
+            crate::reaper::kill_group(pgid);
         }
     }
 }

@@ -246,7 +246,7 @@ pub fn pump(
         let now = Instant::now();
         if let (Some(d), false) = (deadline, timed_out) {
             if now >= d {
-                kill_group(pid);
+                crate::reaper::kill_group(pid);
                 timed_out = true;
             }
         }
@@ -319,28 +319,13 @@ fn wait_exit(
             Ok(st) => return st,
             Err(RecvTimeoutError::Timeout) => {
                 if deadline.is_some() && !*timed_out {
-                    kill_group(pid);
+                    crate::reaper::kill_group(pid);
                     *timed_out = true;
                 }
             }
             // The reaper is gone: report an unknown end rather than hanging forever.
             Err(RecvTimeoutError::Disconnected) => return -1,
         }
-    }
-}
-
-/// Rounds of SIGKILL sent to a group: a fork bomb forks between rounds.
-const KILL_ROUNDS: usize = 200;
-
-/// Sends SIGKILL to the process group led by `pid` until no process is left in it (children
-/// forked while the first signal was delivered are caught by the next round).
-pub fn kill_group(pid: i32) {
-    for _ in 0..KILL_ROUNDS {
-        // SAFETY: signalling a process group; failure (already gone) is harmless.
-        if unsafe { libc::kill(-pid, libc::SIGKILL) } != 0 {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

@@ -240,7 +240,7 @@ pub fn start(dir: &'static str, limit: u32) {
 fn kill_newest(pids: &[i32], why: &str) {
     let newest = &pids[..pids.len().min(SAMPLE)];
     if let Some((pgid, n)) = biggest_group(newest) {
-        crate::exec::kill_group(pgid);
+        crate::reaper::kill_group(pgid);
         eprintln!(
             "branchbox-agent: {why}: killed process group {pgid} ({n} of the {} newest processes), a fork bomb",
             newest.len()

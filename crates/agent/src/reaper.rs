@@ -76,3 +76,18 @@ impl Reaper {
         }
     }
 }
+
+/// Rounds of SIGKILL sent to a group: a fork bomb forks between rounds.
+const KILL_ROUNDS: usize = 200;
+
+/// Sends SIGKILL to the process group led by `pid` until no process is left in it (children
+/// forked while the first signal was delivered are caught by the next round).
+pub fn kill_group(pid: i32) {
+    for _ in 0..KILL_ROUNDS {
+        // SAFETY: signalling a process group; failure (already gone) is harmless.
+        if unsafe { libc::kill(-pid, libc::SIGKILL) } != 0 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
