@@ -2,7 +2,7 @@
 
 use crate::control::{self, ShimRequest};
 use crate::runsc::Runsc;
-use crate::shim::{Shell, Start, SHELL_CLAIMED};
+use crate::shim::{is_zombie, Shell, Start, SHELL_CLAIMED};
 use branchbox_model::{AgentConn, Backend, BackendKind, ChildResult, Error, Result, SandboxId, SandboxPlan};
 use branchbox_net::Egress;
 use branchbox_protocol::{AgentClient, HookReport};
@@ -421,14 +421,6 @@ impl Backend for GvisorBackend {
 
     fn is_alive(&self, dir: &Path) -> bool {
         UnixStream::connect(socket(dir)).is_ok()
-    }
-}
-
-/// True when process `pid` is gone or a zombie (it holds nothing open any more).
-pub(crate) fn is_zombie(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(s) => s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
     }
 }
 

@@ -698,7 +698,7 @@ impl Shim {
         // SAFETY: the pid runsc reports for this shim's own container, read just now.
         unsafe { libc::kill(pid, libc::SIGKILL) };
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while !crate::backend::is_zombie(pid) && std::time::Instant::now() < deadline {
+        while !is_zombie(pid) && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
@@ -814,4 +814,12 @@ fn serve_sandbox(cfg: ShimConfig, start: Start) -> Result<(), String> {
     }
     shim.serve(listener);
     Ok(())
+}
+
+/// True when process `pid` is gone or a zombie (it holds nothing open any more).
+pub(crate) fn is_zombie(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(s) => s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
 }
