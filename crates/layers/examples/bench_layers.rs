@@ -30,7 +30,7 @@ fn main() {
 
     for depth in [1usize, 8] {
         let name = format!("d{depth}");
-        let mut disk = store.create_chain(&name, &base).expect("create");
+        let mut disk = LayeredBackend::create(&store, &name, &base).expect("create");
         // The oldest delta holds the hot set (clusters 0..HOT, read below); each newer one
         // holds other clusters. A lookup that walked the chain newest first would probe every
         // layer; the merged index is one array read at any depth. Same data, same page cache.
@@ -41,7 +41,7 @@ fn main() {
         }
         drop(disk);
         let started = Instant::now();
-        let mut disk = store.open_chain(&name).expect("open");
+        let mut disk = LayeredBackend::open(&store, &name).expect("open");
         let open = started.elapsed();
         let per_read = random_reads(&mut disk, &mut rng);
         println!(
@@ -52,7 +52,7 @@ fn main() {
     }
 
     for mib in [1u64, 10] {
-        let mut disk = store.create_chain(&format!("freeze{mib}"), &base).expect("create");
+        let mut disk = LayeredBackend::create(&store, &format!("freeze{mib}"), &base).expect("create");
         let mut rng = StdRng::seed_from_u64(mib);
         dirty(&mut disk, &mut rng, (mib << 20) / CLUSTER_SIZE);
         let started = Instant::now();
@@ -63,14 +63,14 @@ fn main() {
         println!("freeze of an empty top over it: {:.2} ms", ms(started.elapsed()));
     }
 
-    let mut parent = store.create_chain("parent", &base).expect("create");
+    let mut parent = LayeredBackend::create(&store, "parent", &base).expect("create");
     let mut rng = StdRng::seed_from_u64(100);
     dirty(&mut parent, &mut rng, 256);
     let frozen = parent.freeze().expect("freeze");
     let names: Vec<String> = (0..100).map(|i| format!("child{i}")).collect();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let started = Instant::now();
-    let children = store.fork(&frozen, &names).expect("fork");
+    let children = LayeredBackend::fork(&store, &frozen, &names).expect("fork");
     println!(
         "fork of {} tops over a frozen chain of depth {}: {:.2} ms ({:.3} ms per child)",
         children.len(),

@@ -11,17 +11,15 @@
 //! last flush reads back as its old content after a crash; everything flushed is there.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
 use branchbox_virtio::blk::{cluster_pieces, BlockBackend, CLUSTER_SIZE, SECTOR_SIZE};
 
 use crate::chain::FrozenChain;
 use crate::format::{encode_entry, slot_offset};
-use crate::layer::{io_err, LayerFile};
+use crate::layer::{io_err, lock, unlock, LayerFile};
 use crate::manifest::{id_text, DeltaRef, Manifest};
 use crate::store::Store;
 use crate::LayerError;
@@ -162,35 +160,60 @@ impl LayeredBackend {
     }
 }
 
-/// How long [`lock`] waits for a holder that is letting go.
-const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(250);
-
-/// Takes the exclusive lock that says a process has this top open for writing. A lock that
-/// is held is retried for [`LOCK_PATIENCE`]: a handle just closed releases it only once every
-/// copy of its open file is gone (a child forked by another thread holds one until it execs),
-/// while a real writer holds it for the life of its VM and is still refused.
-pub(crate) fn lock(file: &File, path: &Path) -> Result<(), LayerError> {
-    let deadline = std::time::Instant::now() + LOCK_PATIENCE;
-    loop {
-        // SAFETY: flock on a descriptor the caller owns; no memory is passed.
-        let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if r == 0 {
-            return Ok(());
-        }
-        let err = io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
-            return Err(io_err("cannot lock top layer", path)(err));
-        }
-        if std::time::Instant::now() >= deadline {
-            return Err(LayerError::TopInUse { path: path.display().to_string() });
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
+/// Opening a chain's disk: a new chain, an existing one, or children of a frozen chain.
+impl LayeredBackend {
+    /// Creates chain `name`: the read-only `base` disk under a new empty top.
+    pub fn create(store: &Store, name: &str, base: &Path) -> Result<LayeredBackend, LayerError> {
+        let base = std::fs::canonicalize(base).map_err(io_err("cannot find base disk", base))?;
+        let size = std::fs::metadata(&base).map_err(io_err("cannot stat base disk", &base))?.len();
+        let manifest = Manifest::new(base, size, Vec::new(), None);
+        let frozen =
+            FrozenChain::open(store.root(), &store.layers(), &manifest, &store.manifest_path(name)?)?;
+        // A chain over a base alone is a fork of one from the bare base.
+        Self::fork(store, &frozen, &[name])?
+            .pop()
+            .ok_or_else(|| LayerError::NoChain { name: name.to_string() })
     }
-}
 
-fn unlock(layer: &LayerFile) {
-    // SAFETY: as in `lock`. Failing to unlock only keeps a frozen layer locked until close.
-    unsafe { libc::flock(layer.file.as_raw_fd(), libc::LOCK_UN) };
+    /// Opens chain `name` for reading and writing: its frozen layers and its top, which this
+    /// process then holds locked.
+    pub fn open(store: &Store, name: &str) -> Result<LayeredBackend, LayerError> {
+        let (manifest, path) = store.load(name)?;
+        let top = manifest.top_id(&path)?.ok_or_else(|| LayerError::NoTop { name: name.to_string() })?;
+        let frozen = FrozenChain::open(store.root(), &store.layers(), &manifest, &path)?;
+        let (top, held) = LayerFile::open_top(&store.layers(), top, manifest.disk_size)?;
+        lock(&top.file, &top.path)?;
+        Ok(Self::new(store.clone(), name.to_string(), frozen, top, held))
+    }
+
+    /// Forks: one new chain per name, each a new empty top over `frozen`. The children share
+    /// the frozen layers and their merged index, never a writable layer. All or none: a name
+    /// already taken (or given twice) or a failure part way leaves no child behind.
+    pub fn fork(
+        store: &Store,
+        frozen: &FrozenChain,
+        names: &[&str],
+    ) -> Result<Vec<LayeredBackend>, LayerError> {
+        store.check_own(frozen)?;
+        for (i, name) in names.iter().enumerate() {
+            if store.has_chain(name)? || names[..i].contains(name) {
+                return Err(LayerError::ChainExists { name: name.to_string() });
+            }
+        }
+        let mut tops = Vec::with_capacity(names.len());
+        let mut written = Vec::with_capacity(names.len());
+        if let Err(e) = store.fork_files(frozen, names, &mut tops, &mut written) {
+            for path in written.iter().chain(tops.iter().map(|t: &LayerFile| &t.path)) {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(e);
+        }
+        Ok(tops
+            .into_iter()
+            .zip(names)
+            .map(|(top, name)| Self::new(store.clone(), name.to_string(), frozen.clone(), top, Vec::new()))
+            .collect())
+    }
 }
 
 impl BlockBackend for LayeredBackend {

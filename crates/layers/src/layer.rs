@@ -219,3 +219,34 @@ fn next_data(file: &File, pos: u64) -> io::Result<Option<u64>> {
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), LayerError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(io_err("cannot sync directory", dir))
 }
+
+/// How long [`lock`] waits for a holder that is letting go.
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Takes the exclusive lock that says a process has this top open for writing. A lock that
+/// is held is retried for [`LOCK_PATIENCE`]: a handle just closed releases it only once every
+/// copy of its open file is gone (a child forked by another thread holds one until it execs),
+/// while a real writer holds it for the life of its VM and is still refused.
+pub(crate) fn lock(file: &File, path: &Path) -> Result<(), LayerError> {
+    let deadline = std::time::Instant::now() + LOCK_PATIENCE;
+    loop {
+        // SAFETY: flock on a descriptor the caller owns; no memory is passed.
+        let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if r == 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(io_err("cannot lock top layer", path)(err));
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(LayerError::TopInUse { path: path.display().to_string() });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+pub(crate) fn unlock(layer: &LayerFile) {
+    // SAFETY: as in `lock`. Failing to unlock only keeps a frozen layer locked until close.
+    unsafe { libc::flock(layer.file.as_raw_fd(), libc::LOCK_UN) };
+}

@@ -8,10 +8,9 @@ use std::path::{Path, PathBuf};
 
 use branchbox_virtio::blk::CLUSTER_SIZE;
 
-use crate::backend::{lock, LayeredBackend};
 use crate::chain::FrozenChain;
 use crate::format::{encode_entry, slot_offset};
-use crate::layer::{io_err, layer_path, sync_dir, LayerFile};
+use crate::layer::{io_err, layer_path, lock, sync_dir, LayerFile};
 use crate::manifest::{check_name, id_text, DeltaRef, Manifest};
 use crate::LayerError;
 
@@ -38,7 +37,7 @@ impl Store {
         &self.root
     }
 
-    fn layers(&self) -> PathBuf {
+    pub(crate) fn layers(&self) -> PathBuf {
         self.root.join("layers")
     }
 
@@ -46,12 +45,12 @@ impl Store {
         self.root.join("chains")
     }
 
-    fn manifest_path(&self, name: &str) -> Result<PathBuf, LayerError> {
+    pub(crate) fn manifest_path(&self, name: &str) -> Result<PathBuf, LayerError> {
         check_name(name)?;
         Ok(self.chains().join(format!("{name}.json")))
     }
 
-    fn load(&self, name: &str) -> Result<(Manifest, PathBuf), LayerError> {
+    pub(crate) fn load(&self, name: &str) -> Result<(Manifest, PathBuf), LayerError> {
         let path = self.manifest_path(name)?;
         if !path.exists() {
             return Err(LayerError::NoChain { name: name.to_string() });
@@ -80,31 +79,10 @@ impl Store {
         self.new_top_entry(disk_size, true)
     }
 
-    fn new_top_entry(&self, disk_size: u64, entry_durable: bool) -> Result<LayerFile, LayerError> {
+    pub(crate) fn new_top_entry(&self, disk_size: u64, entry_durable: bool) -> Result<LayerFile, LayerError> {
         let top = LayerFile::create(&self.layers(), disk_size, entry_durable)?;
         lock(&top.file, &top.path)?;
         Ok(top)
-    }
-
-    /// Creates chain `name`: the read-only `base` disk under a new empty top.
-    pub fn create_chain(&self, name: &str, base: &Path) -> Result<LayeredBackend, LayerError> {
-        let base = std::fs::canonicalize(base).map_err(io_err("cannot find base disk", base))?;
-        let size = std::fs::metadata(&base).map_err(io_err("cannot stat base disk", &base))?.len();
-        let manifest = Manifest::new(base, size, Vec::new(), None);
-        let frozen = FrozenChain::open(&self.root, &self.layers(), &manifest, &self.manifest_path(name)?)?;
-        // A chain over a base alone is a fork of one from the bare base.
-        self.fork(&frozen, &[name])?.pop().ok_or_else(|| LayerError::NoChain { name: name.to_string() })
-    }
-
-    /// Opens chain `name` for reading and writing: its frozen layers and its top, which this
-    /// process then holds locked.
-    pub fn open_chain(&self, name: &str) -> Result<LayeredBackend, LayerError> {
-        let (manifest, path) = self.load(name)?;
-        let top = manifest.top_id(&path)?.ok_or_else(|| LayerError::NoTop { name: name.to_string() })?;
-        let frozen = FrozenChain::open(&self.root, &self.layers(), &manifest, &path)?;
-        let (top, held) = LayerFile::open_top(&self.layers(), top, manifest.disk_size)?;
-        lock(&top.file, &top.path)?;
-        Ok(LayeredBackend::new(self.clone(), name.to_string(), frozen, top, held))
     }
 
     /// Records `frozen` as chain `name` with no top: a snapshot's disk.
@@ -125,36 +103,9 @@ impl Store {
         FrozenChain::open(&self.root, &self.layers(), &manifest, &path)
     }
 
-    /// Forks: one new chain per name, each a new empty top over `frozen`. The children share
-    /// the frozen layers and their merged index, never a writable layer. All or none: a name
-    /// already taken (or given twice) or a failure part way leaves no child behind.
-    pub fn fork(&self, frozen: &FrozenChain, names: &[&str]) -> Result<Vec<LayeredBackend>, LayerError> {
-        self.check_own(frozen)?;
-        for (i, name) in names.iter().enumerate() {
-            if self.has_chain(name)? || names[..i].contains(name) {
-                return Err(LayerError::ChainExists { name: name.to_string() });
-            }
-        }
-        let mut tops = Vec::with_capacity(names.len());
-        let mut written = Vec::with_capacity(names.len());
-        if let Err(e) = self.fork_files(frozen, names, &mut tops, &mut written) {
-            for path in written.iter().chain(tops.iter().map(|t: &LayerFile| &t.path)) {
-                let _ = std::fs::remove_file(path);
-            }
-            return Err(e);
-        }
-        Ok(tops
-            .into_iter()
-            .zip(names)
-            .map(|(top, name)| {
-                LayeredBackend::new(self.clone(), name.to_string(), frozen.clone(), top, Vec::new())
-            })
-            .collect())
-    }
-
     /// The files of a fork: every top, then every manifest, each directory synced once (a
     /// fork of 100 pays 2 directory syncs, not 200).
-    fn fork_files(
+    pub(crate) fn fork_files(
         &self,
         frozen: &FrozenChain,
         names: &[&str],
@@ -179,7 +130,7 @@ impl Store {
         sync_dir(&self.chains())
     }
 
-    fn check_own(&self, frozen: &FrozenChain) -> Result<(), LayerError> {
+    pub(crate) fn check_own(&self, frozen: &FrozenChain) -> Result<(), LayerError> {
         if frozen.store() == self.root {
             return Ok(());
         }

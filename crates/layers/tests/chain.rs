@@ -3,7 +3,7 @@
 
 mod common;
 
-use branchbox_layers::{LayerError, Store, CLUSTER_SIZE};
+use branchbox_layers::{LayerError, LayeredBackend, Store, CLUSTER_SIZE};
 use branchbox_virtio::blk::BlockBackend;
 use common::{base_disk, fill_cluster, random_write, read_all, read_at};
 use rand::rngs::StdRng;
@@ -16,7 +16,7 @@ fn lookups_at_depth_four_match_a_flat_model_before_and_after_reopening() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (base, mut model) = base_disk(dir.path(), CLUSTERS, 1);
     let store = Store::open(&dir.path().join("store")).expect("store");
-    let mut disk = store.create_chain("vm", &base).expect("create chain");
+    let mut disk = LayeredBackend::create(&store, "vm", &base).expect("create chain");
     let mut rng = StdRng::seed_from_u64(2);
     for round in 0..4 {
         for _ in 0..40 {
@@ -41,7 +41,7 @@ fn lookups_at_depth_four_match_a_flat_model_before_and_after_reopening() {
     assert!(read_all(&mut disk) == model, "the disk at depth 4 differs from the model");
     // Dropped without a flush: the handle's close writes its pending slots.
     drop(disk);
-    let mut disk = store.open_chain("vm").expect("reopen");
+    let mut disk = LayeredBackend::open(&store, "vm").expect("reopen");
     assert_eq!(disk.frozen().depth(), 4);
     assert!(read_all(&mut disk) == model, "the reopened disk differs from the model");
 }
@@ -51,10 +51,10 @@ fn fork_children_never_see_each_other_or_the_parent() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (base, _) = base_disk(dir.path(), CLUSTERS, 3);
     let store = Store::open(&dir.path().join("store")).expect("store");
-    let mut parent = store.create_chain("parent", &base).expect("create");
+    let mut parent = LayeredBackend::create(&store, "parent", &base).expect("create");
     fill_cluster(&mut parent, 5, 0xaa);
     let frozen = parent.freeze().expect("freeze");
-    let mut children = store.fork(&frozen, &["a", "b"]).expect("fork");
+    let mut children = LayeredBackend::fork(&store, &frozen, &["a", "b"]).expect("fork");
     assert_ne!(children[0].top_id(), children[1].top_id(), "children share a writable layer");
     assert_ne!(children[0].top_id(), parent.top_id());
     let cluster5 = |d: &mut branchbox_layers::LayeredBackend| read_at(d, 5 * CLUSTER_SIZE, 4096);
@@ -69,7 +69,7 @@ fn fork_children_never_see_each_other_or_the_parent() {
     drop(children);
     drop(parent);
     for (name, byte) in [("a", 0x0a), ("b", 0x0b), ("parent", 0x0c)] {
-        let mut d = store.open_chain(name).expect("reopen");
+        let mut d = LayeredBackend::open(&store, name).expect("reopen");
         assert_eq!(cluster5(&mut d), vec![byte; 4096], "chain {name} after reopening");
     }
 }
@@ -79,7 +79,7 @@ fn rollback_discards_the_top_and_returns_to_the_frozen_disk() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (base, base_bytes) = base_disk(dir.path(), CLUSTERS, 4);
     let store = Store::open(&dir.path().join("store")).expect("store");
-    let mut disk = store.create_chain("vm", &base).expect("create");
+    let mut disk = LayeredBackend::create(&store, "vm", &base).expect("create");
     fill_cluster(&mut disk, 1, 1);
     let checkpoint = disk.freeze().expect("freeze");
     fill_cluster(&mut disk, 1, 2);
@@ -93,7 +93,7 @@ fn rollback_discards_the_top_and_returns_to_the_frozen_disk() {
         "the discarded top is still on disk"
     );
     drop(disk);
-    let mut disk = store.open_chain("vm").expect("reopen");
+    let mut disk = LayeredBackend::open(&store, "vm").expect("reopen");
     assert_eq!(read_at(&mut disk, CLUSTER_SIZE, 4096), vec![1; 4096]);
     assert_eq!(read_at(&mut disk, 2 * CLUSTER_SIZE, 4096), base_bytes[8192..12288]);
 }
@@ -103,7 +103,7 @@ fn layers_in_use_are_not_removed_and_flatten_leaves_garbage_to_collect() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (base, mut model) = base_disk(dir.path(), CLUSTERS, 5);
     let store = Store::open(&dir.path().join("store")).expect("store");
-    let mut disk = store.create_chain("vm", &base).expect("create");
+    let mut disk = LayeredBackend::create(&store, "vm", &base).expect("create");
     let mut rng = StdRng::seed_from_u64(6);
     for _ in 0..5 {
         for _ in 0..10 {
@@ -135,12 +135,12 @@ fn layers_in_use_are_not_removed_and_flatten_leaves_garbage_to_collect() {
         let id = u64::from_str_radix(&path.file_stem().expect("name").to_string_lossy(), 16).expect("id");
         store.remove_layer(id).expect("collect");
     }
-    let mut disk = store.open_chain("vm").expect("reopen");
+    let mut disk = LayeredBackend::open(&store, "vm").expect("reopen");
     assert_eq!(disk.frozen().depth(), 1);
     assert!(read_all(&mut disk) == model, "flattening changed the disk");
 
     // Fork from the flattened snapshot, then remove the chain: its top goes with it.
-    let mut child = store.fork(&flat, &["child"]).expect("fork").remove(0);
+    let mut child = LayeredBackend::fork(&store, &flat, &["child"]).expect("fork").remove(0);
     assert!(read_all(&mut child) == model);
     assert!(matches!(store.remove_chain("child"), Err(LayerError::TopInUse { .. })));
     drop(child);
@@ -153,12 +153,12 @@ fn one_top_is_open_once() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (base, _) = base_disk(dir.path(), CLUSTERS, 7);
     let store = Store::open(&dir.path().join("store")).expect("store");
-    let disk = store.create_chain("vm", &base).expect("create");
-    assert!(matches!(store.open_chain("vm"), Err(LayerError::TopInUse { .. })));
-    assert!(matches!(store.create_chain("vm", &base), Err(LayerError::ChainExists { .. })));
-    assert!(matches!(store.open_chain("../vm"), Err(LayerError::ChainName { .. })));
+    let disk = LayeredBackend::create(&store, "vm", &base).expect("create");
+    assert!(matches!(LayeredBackend::open(&store, "vm"), Err(LayerError::TopInUse { .. })));
+    assert!(matches!(LayeredBackend::create(&store, "vm", &base), Err(LayerError::ChainExists { .. })));
+    assert!(matches!(LayeredBackend::open(&store, "../vm"), Err(LayerError::ChainName { .. })));
     drop(disk);
-    store.open_chain("vm").expect("open after close");
+    LayeredBackend::open(&store, "vm").expect("open after close");
 }
 
 #[test]
@@ -166,7 +166,7 @@ fn requests_past_the_end_are_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (base, _) = base_disk(dir.path(), CLUSTERS, 8);
     let store = Store::open(&dir.path().join("store")).expect("store");
-    let mut disk = store.create_chain("vm", &base).expect("create");
+    let mut disk = LayeredBackend::create(&store, "vm", &base).expect("create");
     let last = disk.sectors() - 1;
     assert!(disk.write(last, &[0u8; 1024]).is_err());
     assert!(disk.read(u64::MAX / 2, &mut [0u8; 512]).is_err());
@@ -178,15 +178,15 @@ fn a_fork_makes_every_child_or_none() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (base, _) = base_disk(dir.path(), CLUSTERS, 9);
     let store = Store::open(&dir.path().join("store")).expect("store");
-    let mut disk = store.create_chain("vm", &base).expect("create");
+    let mut disk = LayeredBackend::create(&store, "vm", &base).expect("create");
     let frozen = disk.freeze().expect("freeze");
     for names in [&["x", "vm"][..], &["y", "y"][..], &["z", "bad/name"][..]] {
-        assert!(store.fork(&frozen, names).is_err(), "fork {names:?} succeeded");
+        assert!(LayeredBackend::fork(&store, &frozen, names).is_err(), "fork {names:?} succeeded");
         for name in ["x", "y", "z"] {
             assert!(!store.has_chain(name).expect("has_chain"), "fork {names:?} left chain {name}");
         }
         assert!(store.unreferenced_layers().expect("garbage").is_empty(), "fork {names:?} left a top");
     }
-    let children = store.fork(&frozen, &["x", "y", "z"]).expect("fork");
+    let children = LayeredBackend::fork(&store, &frozen, &["x", "y", "z"]).expect("fork");
     assert_eq!(children.len(), 3);
 }

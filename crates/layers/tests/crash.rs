@@ -48,7 +48,7 @@ fn crash_child_writes_until_killed() {
         panic!("run only by a_top_killed_mid_write_reopens_with_every_flushed_write, which sets {CHILD_ENV}");
     };
     let store = Store::open(Path::new(&root)).expect("child: store");
-    let mut disk = store.open_chain("vm").expect("child: open chain");
+    let mut disk = LayeredBackend::open(&store, "vm").expect("child: open chain");
     let mut out = std::io::stdout().lock();
     for i in 0.. {
         let (sector, data) = nth_write(i);
@@ -69,7 +69,7 @@ fn a_top_killed_mid_write_reopens_with_every_flushed_write() {
         let root = dir.path().join("store");
         let store = Store::open(&root).expect("store");
         // Two frozen deltas under the top, so copy-ups read from every depth.
-        let mut disk = store.create_chain("vm", &base).expect("create");
+        let mut disk = LayeredBackend::create(&store, "vm", &base).expect("create");
         let mut rng = StdRng::seed_from_u64(30 + round);
         for _ in 0..2 {
             for _ in 0..60 {
@@ -134,7 +134,7 @@ fn check_after_crash(store: &Store, mut model: Vec<u8>, flushed: u64, round: u64
         let cluster = apply(&mut model, i);
         allowed.entry(cluster).or_default().push(cluster_of(&model, cluster));
     }
-    let mut disk: LayeredBackend = store.open_chain("vm").expect("reopen the killed top");
+    let mut disk: LayeredBackend = LayeredBackend::open(&store, "vm").expect("reopen the killed top");
     let now = read_all(&mut disk);
     let mut newer = 0;
     for c in 0..CLUSTERS {

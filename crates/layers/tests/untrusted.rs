@@ -7,7 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use branchbox_layers::format::{slot_offset, HEADER_LEN};
-use branchbox_layers::{FormatError, LayerError, Store, CLUSTER_SIZE};
+use branchbox_layers::{FormatError, LayerError, LayeredBackend, Store, CLUSTER_SIZE};
 use branchbox_virtio::blk::BlockBackend;
 use common::{base_disk, fill_cluster, read_at};
 
@@ -21,7 +21,7 @@ fn layer_file(store: &Path, id: u64) -> PathBuf {
 fn one_delta(dir: &Path) -> (Store, u64) {
     let (base, _) = base_disk(dir, CLUSTERS, 11);
     let store = Store::open(&dir.join("store")).expect("store");
-    let mut disk = store.create_chain("vm", &base).expect("create");
+    let mut disk = LayeredBackend::create(&store, "vm", &base).expect("create");
     for c in 0..4 {
         fill_cluster(&mut disk, c, c as u8 + 1);
     }
@@ -30,7 +30,7 @@ fn one_delta(dir: &Path) -> (Store, u64) {
 }
 
 fn open_err(store: &Store) -> LayerError {
-    match store.open_chain("vm") {
+    match LayeredBackend::open(&store, "vm") {
         Ok(_) => panic!("a damaged chain opened"),
         Err(e) => e,
     }
@@ -95,7 +95,7 @@ fn a_chain_whose_layers_disagree_on_the_disk_size_is_refused() {
     std::fs::create_dir(&other_dir).expect("mkdir");
     let (other_base, _) = base_disk(&other_dir, CLUSTERS * 2, 12);
     let other = Store::open(&other_dir.join("store")).expect("store");
-    let mut big = other.create_chain("big", &other_base).expect("create");
+    let mut big = LayeredBackend::create(&other, "big", &other_base).expect("create");
     fill_cluster(&mut big, 40, 9);
     let foreign = big.freeze().expect("freeze").layer_ids()[0];
     std::fs::copy(layer_file(other.root(), foreign), layer_file(store.root(), foreign)).expect("copy");
@@ -119,7 +119,7 @@ fn a_torn_slot_in_a_top_ends_its_valid_prefix_and_stale_slots_after_it_are_clear
     let dir = tempfile::tempdir().expect("tempdir");
     let (base, base_bytes) = base_disk(dir.path(), CLUSTERS, 13);
     let store = Store::open(&dir.path().join("store")).expect("store");
-    let mut disk = store.create_chain("vm", &base).expect("create");
+    let mut disk = LayeredBackend::create(&store, "vm", &base).expect("create");
     let top = disk.top_id();
     for c in 0..3 {
         fill_cluster(&mut disk, c, 0x10 + c as u8);
@@ -137,7 +137,7 @@ fn a_torn_slot_in_a_top_ends_its_valid_prefix_and_stale_slots_after_it_are_clear
 
     let original =
         |c: u64| base_bytes[(c * CLUSTER_SIZE) as usize..((c + 1) * CLUSTER_SIZE) as usize].to_vec();
-    let mut disk = store.open_chain("vm").expect("reopen");
+    let mut disk = LayeredBackend::open(&store, "vm").expect("reopen");
     assert_eq!(disk.top_clusters(), 3);
     assert_eq!(read_at(&mut disk, 2 * CLUSTER_SIZE, 4096), vec![0x12; 4096]);
     assert_eq!(read_at(&mut disk, 10 * CLUSTER_SIZE, 4096), original(10));
@@ -150,7 +150,7 @@ fn a_torn_slot_in_a_top_ends_its_valid_prefix_and_stale_slots_after_it_are_clear
     fill_cluster(&mut disk, 20, 0x20);
     disk.flush().expect("flush");
     drop(disk);
-    let mut disk = store.open_chain("vm").expect("reopen again");
+    let mut disk = LayeredBackend::open(&store, "vm").expect("reopen again");
     assert_eq!(disk.top_clusters(), 4);
     assert_eq!(read_at(&mut disk, 20 * CLUSTER_SIZE, 4096), vec![0x20; 4096]);
     assert_eq!(read_at(&mut disk, 11 * CLUSTER_SIZE, 4096), original(11));

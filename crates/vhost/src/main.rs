@@ -114,8 +114,8 @@ fn open_layers(store: &Path, chain: &str, create_over: Option<&Path>) -> anyhow:
     let layers = Store::open(store).with_context(|| format!("opening layer store {}", store.display()))?;
     let exists = layers.has_chain(chain)?;
     let disk = match create_over {
-        Some(base) if !exists => layers.create_chain(chain, base),
-        _ => layers.open_chain(chain),
+        Some(base) if !exists => LayeredBackend::create(&layers, chain, base),
+        _ => LayeredBackend::open(&layers, chain),
     };
     disk.with_context(|| format!("opening chain {chain} of layer store {}", store.display()))
 }

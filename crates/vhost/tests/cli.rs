@@ -34,10 +34,13 @@ fn blk_layers_creates_the_chain_over_a_base_then_serves_it() {
     }
     // The server holds the chain open (its top locked) while it waits for a front end.
     let layers = branchbox_layers::Store::open(&store).expect("store");
-    assert!(matches!(layers.open_chain("vm"), Err(branchbox_layers::LayerError::TopInUse { .. })));
+    assert!(matches!(
+        branchbox_layers::LayeredBackend::open(&layers, "vm"),
+        Err(branchbox_layers::LayerError::TopInUse { .. })
+    ));
     server.kill().expect("stop the server");
     server.wait().expect("reap the server");
-    layers.open_chain("vm").expect("the chain opens once the server is gone");
+    branchbox_layers::LayeredBackend::open(&layers, "vm").expect("the chain opens once the server is gone");
 }
 
 #[test]

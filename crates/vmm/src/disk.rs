@@ -119,7 +119,8 @@ impl SnapshotDisk {
     pub(crate) fn fork(&self, n: usize) -> Result<Vec<LayeredBackend>, Error> {
         let names = (0..n).map(|_| chain_name("vm")).collect::<Result<Vec<_>, Error>>()?;
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
-        self.store.fork(&self.frozen, &names).map_err(|e| DiskError::layers(&self.store)(e).at_restore())
+        LayeredBackend::fork(&self.store, &self.frozen, &names)
+            .map_err(|e| DiskError::layers(&self.store)(e).at_restore())
     }
 }
 
@@ -267,7 +268,7 @@ pub(crate) fn chain_name(prefix: &str) -> Result<String, Error> {
 pub(crate) fn open_chain(store: &Path, chain: &str) -> Result<(Store, LayeredBackend), DiskError> {
     let opened =
         Store::open(store).map_err(|source| DiskError::Layers { store: store.to_owned(), source })?;
-    let backend = opened.open_chain(chain).map_err(DiskError::layers(&opened))?;
+    let backend = LayeredBackend::open(&opened, chain).map_err(DiskError::layers(&opened))?;
     Ok((opened, backend))
 }
 

@@ -145,7 +145,7 @@ impl Vm {
     }
 
     /// Gives this VM a disk: chain `chain` of the layer store at `store` (a directory;
-    /// `branchbox_layers::Store::create_chain` makes one, and its handle must be dropped
+    /// `branchbox_layers::LayeredBackend::create` makes one, and its handle must be dropped
     /// first: a chain's top is open in one place at a time). The disk is a virtio-blk device
     /// on virtio-mmio at [`DISK_BASE`]; from now on the VM's snapshots, forks and rollbacks
     /// carry it with the memory. A VM has at most one disk, added before its first snapshot.

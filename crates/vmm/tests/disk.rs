@@ -6,7 +6,7 @@ mod common;
 
 use common::{check, fill, ok};
 
-use branchbox_layers::{LayerError, Store};
+use branchbox_layers::{LayerError, LayeredBackend, Store};
 use branchbox_virtio::testing::{handshake, notify, DriverQueue};
 use branchbox_vmm::devices::{Action, Bus, BusDevice};
 use branchbox_vmm::disk::DISK_BASE;
@@ -117,7 +117,7 @@ fn store(dir: &Path) -> std::path::PathBuf {
     let base = dir.join("base.img");
     std::fs::write(&base, vec![0u8; DISK_BYTES as usize]).unwrap();
     let root = dir.join("store");
-    drop(Store::open(&root).unwrap().create_chain("disk", &base).unwrap());
+    drop(LayeredBackend::create(&Store::open(&root).unwrap(), "disk", &base).unwrap());
     root
 }
 

@@ -25,6 +25,7 @@ use crate::hypervisor::Hypervisor;
 use crate::vstate::{restore_vcpu, restore_vm, save_vcpu, save_vm};
 use branchbox_devices::i8042::I8042;
 use branchbox_devices::serial::Serial;
+use branchbox_layers::LayeredBackend;
 use branchbox_persist::{NoContext, RestoreError, Snapshottable};
 use kvm_ioctls::{VcpuFd, VmFd};
 use std::path::{Path, PathBuf};
@@ -131,7 +132,7 @@ impl LinuxVm {
                         )
                     };
                     let frozen = store.open_frozen(&disk.frozen).map_err(layers)?;
-                    let top = store.fork(&frozen, &[&opts.disk_chain]).map_err(layers)?;
+                    let top = LayeredBackend::fork(&store, &frozen, &[&opts.disk_chain]).map_err(layers)?;
                     let top = top
                         .into_iter()
                         .next()

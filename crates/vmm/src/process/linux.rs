@@ -8,7 +8,7 @@ use crate::linux::{
     LinuxError, LinuxRestore, LinuxResult, LinuxVm, LinuxVmConfig, RunEnd, Saved, Snapshotter, StopHandle,
     DEFAULT_SERIAL_LOG_CAP,
 };
-use branchbox_layers::Store;
+use branchbox_layers::{LayeredBackend, Store};
 use branchbox_virtio::net::GUEST_MAC;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -163,9 +163,9 @@ fn open_disk(boot: &BootLinux) -> LinuxResult<(Store, branchbox_layers::LayeredB
     };
     let store = Store::open(&boot.disk_store).map_err(layers)?;
     let chain = if store.has_chain(&boot.disk_chain).map_err(layers)? {
-        store.open_chain(&boot.disk_chain)
+        LayeredBackend::open(&store, &boot.disk_chain)
     } else {
-        store.create_chain(&boot.disk_chain, &boot.disk)
+        LayeredBackend::create(&store, &boot.disk_chain, &boot.disk)
     }
     .map_err(layers)?;
     Ok((store, chain))
