@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import pytest
 
@@ -139,3 +140,65 @@ def test_a_command_whose_sandbox_is_killed_ends_saying_so(e2b_env):
         assert KILLED in str(e.value), e.value
 
     asyncio.run(run_async())
+
+
+def test_listing_serves_template_started_after_order_and_pages(e2b_env):
+    import datetime
+    import uuid
+
+    tag = {"suite": uuid.uuid4().hex}
+    made = []
+    try:
+        for _ in range(3):
+            made.append(e2b.Sandbox.create(timeout=300, metadata=tag))
+            time.sleep(0.01)
+        ids = [s.sandbox_id for s in made]
+
+        def listed(limit=100, order=None, **query):
+            pages, p = [], e2b.Sandbox.list(query=e2b.SandboxQuery(metadata=tag, **query), limit=limit,
+                                            order=order)
+            while p.has_next:
+                pages.append([i.sandbox_id for i in p.next_items()])
+            return pages
+
+        assert listed() == [ids]
+        assert listed(order="desc") == [ids[::-1]]
+        assert listed(limit=2, order="desc") == [ids[:0:-1], ids[:1]]
+        assert listed(limit=2, order="asc") == [ids[:2], ids[2:]]
+        assert listed(template="base") == [ids]
+        assert listed(template="no-such-template") == [[]]
+        third = made[2].get_info().started_at
+        assert listed(started_after=third) == [ids[2:]]
+        assert listed(started_after=third + datetime.timedelta(seconds=5)) == [[]]
+        with e2b_env.client() as c:
+            h = {"X-API-Key": e2b_env.token}
+            for bad in ({"order": "sideways"}, {"startedAfter": "yesterday"}, {"limit": "0"},
+                        {"nextToken": "forged"}, {"teamID": "t"}):
+                r = c.get("/e2b/v2/sandboxes", params=bad, headers=h)
+                assert r.status_code == 400 and r.json()["code"] == 400, (bad, r.text)
+    finally:
+        for s in made:
+            s.kill()
+
+
+def test_a_pause_without_memory_is_refused_and_a_strict_pause_pauses(e2b_env):
+    sbx = e2b.Sandbox.create(timeout=300)
+    try:
+        for refused in (lambda: sbx.pause(keep_memory=False), lambda: sbx.pause(mode="filesystem")):
+            with pytest.raises(e2b.SandboxException) as e:
+                refused()
+            assert "memory" in str(e.value)
+        assert sbx.commands.run("echo still").stdout == "still\n"
+        with e2b_env.client() as c:
+            r = c.post("/e2b/v2/sandboxes", json={"autoPause": True, "autoPauseMemory": False},
+                       headers={"X-API-Key": e2b_env.token})
+            assert r.status_code == 400 and "autoPauseMemory" in r.json()["message"], r.text
+            r = c.post("/e2b/v2/sandboxes", json={"autoPause": True, "autoResume": {"enabled": True}},
+                       headers={"X-API-Key": e2b_env.token})
+            assert r.status_code == 400 and "autoResume" in r.json()["message"], r.text
+        sbx.pause(strict=True)
+        assert e2b.Sandbox.get_info(sbx.sandbox_id).state == e2b.SandboxState.PAUSED
+        again = e2b.Sandbox.connect(sbx.sandbox_id)
+        assert again.commands.run("echo back").stdout == "back\n"
+    finally:
+        e2b.Sandbox.kill(sbx.sandbox_id)

@@ -24,6 +24,7 @@ use branchbox_model::{now_ms, SandboxId};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 type E2bResult<T> = Result<T, E2bError>;
 
@@ -77,6 +78,8 @@ struct NewSandbox {
     env_vars: Option<BTreeMap<String, String>>,
     #[serde(rename = "allow_internet_access")]
     allow_internet_access: Option<bool>,
+    auto_pause_memory: Option<bool>,
+    auto_resume: Option<serde_json::Value>,
     mcp: Option<serde_json::Value>,
     network: Option<serde_json::Value>,
     volume_mounts: Option<serde_json::Value>,
@@ -188,6 +191,18 @@ async fn create(
             return Err(not_served(what));
         }
     }
+    if req.auto_pause_memory == Some(false) {
+        return Err(not_served(
+            "autoPauseMemory: false (a timeout pause keeping only the filesystem): branchbox's pause keeps the memory",
+        ));
+    }
+    if req
+        .auto_resume
+        .as_ref()
+        .is_some_and(|v| !v.is_null() && v.get("enabled") != Some(&serde_json::Value::Bool(false)))
+    {
+        return Err(not_served("autoResume (waking a paused sandbox on traffic); resume it with connect"));
+    }
     let asked = req.template_id.unwrap_or_else(|| "base".into());
     let template = Some(asked.clone()).filter(|t| t != "base" && t != "default");
     let ours = CreateSandbox {
@@ -206,61 +221,110 @@ async fn create(
     Ok((StatusCode::CREATED, note, Json(created(&st, &info, &key))).into_response())
 }
 
-/// The query of E2B's listings.
+/// The query of E2B's listings. Every parameter the SDKs send is served; `teamID` (E2B's
+/// teams, which branchbox has not) is refused rather than ignored.
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct ListQuery {
     metadata: Option<String>,
     state: Option<String>,
-    #[allow(dead_code)]
     limit: Option<u32>,
-    #[allow(dead_code)]
     next_token: Option<String>,
-    #[allow(dead_code)]
     order: Option<String>,
-    #[allow(dead_code)]
     template: Option<String>,
-    #[allow(dead_code)]
     started_after: Option<String>,
     #[serde(rename = "teamID")]
-    #[allow(dead_code)]
     team_id: Option<String>,
 }
 
-async fn listing(st: AppState, q: ListQuery, default_states: &[&str]) -> E2bResult<Json<Vec<E2bListed>>> {
+/// Most sandboxes one page lists; E2B's SDKs ask for 100 unless told otherwise.
+const MAX_PAGE: u32 = 1000;
+
+fn bad_query(why: String) -> E2bError {
+    E2bError(ApiError::bad_request("bad_query", why))
+}
+
+fn shown(v: &str) -> String {
+    v.chars().take(64).collect()
+}
+
+/// Where a listing goes on from: the start time and id of the last sandbox of the page before,
+/// as the `x-next-token` header handed them out (`<ms>.<id>`).
+fn page_token(t: &str) -> E2bResult<(i64, String)> {
+    let bad = || bad_query(format!("nextToken {:?} is not one this service handed out", shown(t)));
+    let (ms, id) = t.split_once('.').ok_or_else(bad)?;
+    let ms = ms.parse::<i64>().map_err(|_| bad())?;
+    SandboxId::parse(id).map_err(|_| bad())?;
+    Ok((ms, id.to_string()))
+}
+
+/// One page of a listing: E2B's filters (`state`, `metadata`, `template`, `startedAfter`), in
+/// start-time order (`order` `asc`, the default, or `desc`), `limit` at a time; the next
+/// page's token goes in the `x-next-token` header while more are left.
+async fn listing(st: AppState, q: ListQuery, default_states: &[&str]) -> E2bResult<Response> {
+    if q.team_id.as_deref().is_some_and(|t| !t.is_empty()) {
+        return Err(not_served("teamID (branchbox has no teams; leave it out)"));
+    }
     let states: Vec<String> = match &q.state {
         Some(s) => s.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect(),
         None => default_states.iter().map(|s| s.to_string()).collect(),
     };
     if let Some(bad) = states.iter().find(|s| *s != "running" && *s != "paused") {
-        return Err(E2bError(ApiError::bad_request(
-            "bad_query",
-            format!("state {:?} is not running or paused", bad.chars().take(32).collect::<String>()),
-        )));
+        return Err(bad_query(format!("state {:?} is not running or paused", shown(bad))));
     }
+    let desc = match q.order.as_deref() {
+        None | Some("asc") => false,
+        Some("desc") => true,
+        Some(o) => return Err(bad_query(format!("order {:?} is not asc or desc", shown(o)))),
+    };
+    let after_ms = match q.started_after.as_deref() {
+        None => None,
+        Some(t) => Some(
+            chrono::DateTime::parse_from_rfc3339(t)
+                .map_err(|e| bad_query(format!("startedAfter {:?} is not an RFC 3339 time: {e}", shown(t))))?
+                .timestamp_millis(),
+        ),
+    };
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(bad_query(format!("limit {limit} is not between 1 and {MAX_PAGE}")));
+    }
+    let from = q.next_token.as_deref().filter(|t| !t.is_empty()).map(page_token).transpose()?;
     let Json(all) =
         sandboxes::list(State(st.clone()), ApiQuery(ListSandboxes { metadata: q.metadata, state: None }))
             .await?;
-    let out = all
+    let mut found: Vec<(i64, String, E2bListed)> = all
         .iter()
         .filter(|i| i.state != StateName::Lost)
-        .map(|i| listed(&st, i, None))
-        .filter(|l| states.iter().any(|s| s == l.state))
+        .filter(|i| after_ms.is_none_or(|a| i.created_ms >= a))
+        .map(|i| (i.created_ms, i.id.clone(), listed(&st, i, None)))
+        .filter(|(_, _, l)| states.iter().any(|s| s == l.state))
+        .filter(|(_, _, l)| q.template.as_deref().is_none_or(|t| l.template_id == t))
         .collect();
-    Ok(Json(out))
+    found.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+    if desc {
+        found.reverse();
+    }
+    if let Some((ms, id)) = &from {
+        let key = (*ms, id);
+        found.retain(|(m, i, _)| if desc { (*m, i) < key } else { (*m, i) > key });
+    }
+    let more = found.len() > limit as usize;
+    found.truncate(limit as usize);
+    let next = more.then(|| found.last().map(|(ms, id, _)| format!("{ms}.{id}"))).flatten();
+    let page: Vec<E2bListed> = found.into_iter().map(|(_, _, l)| l).collect();
+    let mut r = Json(page).into_response();
+    if let Some(v) = next.and_then(|n| axum::http::HeaderValue::from_str(&n).ok()) {
+        r.headers_mut().insert("x-next-token", v);
+    }
+    Ok(r)
 }
 
-async fn list_v1(
-    State(st): State<AppState>,
-    ApiQuery(q): ApiQuery<ListQuery>,
-) -> E2bResult<Json<Vec<E2bListed>>> {
+async fn list_v1(State(st): State<AppState>, ApiQuery(q): ApiQuery<ListQuery>) -> E2bResult<Response> {
     listing(st, q, &["running"]).await
 }
 
-async fn list_v2(
-    State(st): State<AppState>,
-    ApiQuery(q): ApiQuery<ListQuery>,
-) -> E2bResult<Json<Vec<E2bListed>>> {
+async fn list_v2(State(st): State<AppState>, ApiQuery(q): ApiQuery<ListQuery>) -> E2bResult<Response> {
     listing(st, q, &["running", "paused"]).await
 }
 
@@ -367,8 +431,41 @@ async fn never_earlier(
     Ok(())
 }
 
-async fn pause(State(st): State<AppState>, Path(id): Path<String>) -> E2bResult<Response> {
-    e2b_id(&id)?;
+/// E2B's `SandboxPauseRequest`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct PauseBody {
+    memory: Option<bool>,
+    require_healthy_guest: Option<bool>,
+}
+
+/// Pauses a sandbox, memory and all (gVisor's checkpoint keeps the processes). A pause that
+/// keeps only the filesystem (`memory: false`, e2b's `mode="filesystem"`) is refused, not
+/// taken as a full one; with `requireHealthyGuest` the sandbox's agent must answer first, or
+/// the pause is refused with 503 and the sandbox runs on, as on E2B's server.
+async fn pause(State(st): State<AppState>, Path(id): Path<String>, raw: Bytes) -> E2bResult<Response> {
+    let req: PauseBody = body(&raw)?;
+    let sid = e2b_id(&id)?;
+    if req.memory == Some(false) {
+        return Err(not_served(
+            "a pause without memory (memory: false, mode \"filesystem\"): branchbox's pause keeps the memory",
+        ));
+    }
+    if req.require_healthy_guest == Some(true) {
+        let _found = sandboxes::get(State(st.clone()), Path(id.clone())).await?;
+        st.blocking(move |engine, st| Ok(st.agent(engine, &sid, Duration::ZERO)?.ping()?)).await.map_err(
+            |e| {
+                E2bError(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "agent_unavailable",
+                    format!(
+                        "the sandbox's agent does not answer, so it was not paused and runs on: {}",
+                        e.message
+                    ),
+                ))
+            },
+        )?;
+    }
     let (_, note, _) = sandboxes::pause(State(st), Path(id)).await?;
     Ok((StatusCode::NO_CONTENT, note).into_response())
 }
