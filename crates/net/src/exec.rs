@@ -6,6 +6,9 @@ use std::os::unix::io::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
+/// Where iproute2 keeps named network namespaces.
+pub const NETNS_DIR: &str = "/run/netns";
+
 /// Where `ip` and `nft` are (Debian installs both under /usr/sbin, which is not always on a
 /// root service's PATH).
 fn program(name: &str) -> String {
@@ -33,7 +36,7 @@ pub fn run(name: &str, args: &[&str], input: &str, netns: Option<&str>, what: &s
     cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let ns_file = match netns {
         Some(ns) => {
-            let path = std::path::Path::new(crate::sandbox::NETNS_DIR).join(ns);
+            let path = std::path::Path::new(NETNS_DIR).join(ns);
             Some(std::fs::File::open(&path).map_err(|e| Error::Io { path, source: e })?)
         }
         None => None,
@@ -83,7 +86,7 @@ pub fn sysctl_in(netns: &str, path: &'static str, value: &'static str) -> Result
 /// `netns` (under /run/netns): what it opens (a socket, a /proc/sys/net file) belongs to
 /// that namespace, and the caller's threads stay where they are.
 pub fn in_netns<T: Send + 'static>(netns: &str, f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
-    let ns = std::path::Path::new(crate::sandbox::NETNS_DIR).join(netns);
+    let ns = std::path::Path::new(NETNS_DIR).join(netns);
     let file = std::fs::File::open(&ns).map_err(|e| Error::Io { path: ns.clone(), source: e })?;
     std::thread::spawn(move || {
         // SAFETY: setns(2) on this short-lived thread only; it exits right after `f`.

@@ -78,7 +78,7 @@ impl Names {
 
     /// The guest namespace's path, for the OCI bundle.
     pub fn guest_ns_path(&self) -> std::path::PathBuf {
-        std::path::Path::new(sandbox::NETNS_DIR).join(&self.guest_ns)
+        std::path::Path::new(exec::NETNS_DIR).join(&self.guest_ns)
     }
 }
 

@@ -1,6 +1,6 @@
 //! Creating, changing and removing one sandbox's namespaces, links, addresses and rules.
 
-use crate::exec::{in_netns, run, sysctl_in};
+use crate::exec::{in_netns, run, sysctl_in, NETNS_DIR};
 use crate::policy::{self, DEFAULT_POOL, GUEST_SIDE, TABLE, UPLINK_SIDE};
 use crate::slots::{self, Slot};
 use crate::{Cidr, Egress, Error, Names, Result};
@@ -10,8 +10,6 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// Where iproute2 keeps named network namespaces.
-pub const NETNS_DIR: &str = "/run/netns";
 /// The guest's address, the same in every sandbox (forked children keep it).
 pub const GUEST_ADDR: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 2);
 /// The guest's gateway: the router namespace's end of the guest link.

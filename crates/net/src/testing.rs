@@ -37,7 +37,7 @@ impl Internet {
     /// Creates namespace `netns` (removed first if a failed run left it) with the test
     /// addresses on its loopback and an HTTP server on all of them; returns once it answers.
     pub fn start(netns: &str) -> Result<Internet> {
-        if std::path::Path::new(crate::sandbox::NETNS_DIR).join(netns).exists() {
+        if std::path::Path::new(crate::exec::NETNS_DIR).join(netns).exists() {
             run("ip", &["netns", "del", netns], "", None, "remove a stale test namespace")?;
         }
         run("ip", &["netns", "add", netns], "", None, "create the test internet")?;
