@@ -72,7 +72,6 @@ const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     ("crates/template", &["chain.rs", "context_file.rs"]),
-    ("crates/virtio", &["vsock/conn.rs", "vsock/muxer.rs"]),
 ];
 
 #[test]

@@ -4,7 +4,9 @@ use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::os::unix::net::UnixStream;
 
-use super::muxer::CONN_BUF;
+/// Bytes each connection buffers from the guest (advertised as `buf_alloc`): data the
+/// guest sends that the host client has not read yet.
+pub const CONN_BUF: u32 = 256 << 10;
 
 /// Where a connection is in the stream protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,9 +11,8 @@
 mod conn;
 mod muxer;
 
-pub use muxer::{
-    Header, Muxer, VsockCounters, CONN_BUF, HOST_CID, MAX_CONNECTIONS, MAX_LINE, MAX_PENDING_CONTROL,
-};
+pub use conn::CONN_BUF;
+pub use muxer::{Header, Muxer, VsockCounters, HOST_CID, MAX_CONNECTIONS, MAX_LINE, MAX_PENDING_CONTROL};
 
 use std::os::unix::io::RawFd;
 use std::path::Path;

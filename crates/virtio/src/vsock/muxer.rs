@@ -16,13 +16,10 @@ use std::path::{Path, PathBuf};
 
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
-use super::conn::{Conn, State};
+use super::conn::{Conn, State, CONN_BUF};
 
 /// The host's CID.
 pub const HOST_CID: u64 = 2;
-/// Bytes each connection buffers from the guest (advertised as `buf_alloc`): data the
-/// guest sends that the host client has not read yet.
-pub const CONN_BUF: u32 = 256 << 10;
 /// Most connections (including clients still sending their `CONNECT` line) per device.
 pub const MAX_CONNECTIONS: usize = 64;
 /// Longest `CONNECT <port>\n` line accepted.
