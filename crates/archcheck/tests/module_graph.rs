@@ -71,7 +71,6 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "ui/terminal.rs",
         ],
     ),
-    ("crates/template", &["chain.rs", "context_file.rs"]),
 ];
 
 #[test]

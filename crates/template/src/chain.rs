@@ -6,7 +6,6 @@ use crate::context_file::{hash_open, open_at, open_context};
 use crate::spec::check_rel;
 use crate::{Error, Result, Scanned, Step, MAX_UPLOAD_BYTES, MAX_UPLOAD_ENTRIES};
 use sha2::{Digest, Sha256};
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 /// Bumped when what a key covers changes, so old cache entries are never mistaken for new.
@@ -200,43 +199,11 @@ impl Upload {
     }
 }
 
-/// A reader that hashes what it reads, so a file that changed between the scan and the upload
-/// is caught (its cache key would not describe what was uploaded).
-pub struct Verified<R> {
-    inner: R,
-    hash: Sha256,
-}
-
-impl<R: Read> Verified<R> {
-    /// Wraps `inner`.
-    pub fn new(inner: R) -> Self {
-        Verified { inner, hash: Sha256::new() }
-    }
-
-    /// Checks what was read against `sha256`.
-    pub fn check(self, sha256: &str, path: &Path) -> Result<()> {
-        if hex::encode(self.hash.finalize()) != sha256 {
-            return Err(Error::Invalid(format!(
-                "{} changed during the build; build again once it stops changing",
-                path.display()
-            )));
-        }
-        Ok(())
-    }
-}
-
-impl<R: Read> Read for Verified<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.hash.update(&buf[..n]);
-        Ok(n)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::RunCmd;
+    use std::io::Read;
 
     fn run(s: &str) -> Step {
         Step::Run(RunCmd::Shell(s.into()))

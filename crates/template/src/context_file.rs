@@ -10,7 +10,6 @@
 //! is sent, so a file edited in place fails the build instead of caching a key that does not
 //! describe it.
 
-use crate::chain::Verified;
 use crate::{Error, Result};
 use sha2::{Digest, Sha256};
 use std::ffi::{CString, OsStr};
@@ -100,5 +99,38 @@ pub(crate) fn hash_open(file: File, md: &std::fs::Metadata, path: &Path) -> Resu
             return Ok((hex::encode(h.finalize()), scanned));
         }
         h.update(&buf[..n]);
+    }
+}
+
+/// A reader that hashes what it reads, so a file that changed between the scan and the upload
+/// is caught (its cache key would not describe what was uploaded).
+pub struct Verified<R> {
+    inner: R,
+    hash: Sha256,
+}
+
+impl<R: Read> Verified<R> {
+    /// Wraps `inner`.
+    pub fn new(inner: R) -> Self {
+        Verified { inner, hash: Sha256::new() }
+    }
+
+    /// Checks what was read against `sha256`.
+    pub fn check(self, sha256: &str, path: &Path) -> Result<()> {
+        if hex::encode(self.hash.finalize()) != sha256 {
+            return Err(Error::Invalid(format!(
+                "{} changed during the build; build again once it stops changing",
+                path.display()
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl<R: Read> Read for Verified<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hash.update(&buf[..n]);
+        Ok(n)
     }
 }
