@@ -27,8 +27,6 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "template.rs",
         ],
     ),
-    ("crates/core", &["engine/flag.rs", "engine/mod.rs", "engine/recover.rs", "gc.rs"]),
-    ("crates/core", &["engine/template/build.rs", "engine/template/mod.rs"]),
     ("crates/service", &["auth.rs", "ui/session.rs"]),
     // The service's big circle: state.rs names types of api/, e2b/ and pool/; api/mod.rs mounts
     // the E2B and console routers; the E2B adapter and the console call the native handlers.

@@ -3,7 +3,7 @@
 //! agent's frames (docs/security.md): the call already failed, and the flag keeps the fact with
 //! the sandbox (`ls`, the service's `flagged`, the SDK) and in the audit log.
 
-use super::recover::{append_audit, read_small};
+use super::records::{append_audit, read_small};
 use branchbox_model::{now_ms, SandboxId};
 use branchbox_protocol::ViolationHook;
 use serde::{Deserialize, Serialize};

@@ -19,6 +19,7 @@ mod create;
 mod flag;
 mod lock;
 mod network;
+mod records;
 mod recover;
 mod remote;
 mod shells;
@@ -259,7 +260,7 @@ impl Engine {
                         recorded
                             .get(sandbox.id.as_str())
                             .cloned()
-                            .unwrap_or_else(|| recover::end_reason(&self.sandbox_dir(&sandbox.id))),
+                            .unwrap_or_else(|| records::end_reason(&self.sandbox_dir(&sandbox.id))),
                     );
                 }
                 let flagged = flag::read(&self.sandbox_dir(&sandbox.id));
@@ -474,7 +475,7 @@ impl Engine {
         let backend = self.backend(snap.backend)?;
         let rootfs = self.image_rootfs(&snap.image)?;
         let plan = self.plan(SandboxId::generate(), rootfs, snap.limits);
-        recover::write_intent(&plan.dir, &snap)?;
+        records::write_intent(&plan.dir, &snap)?;
         let hook = match backend.restore(&self.snapshot_dir(&snap.id), &plan) {
             Ok(h) => h,
             Err(e) => {
@@ -539,7 +540,7 @@ impl Engine {
         let pending = self.snapshot_record(snap_id, &s, &opts, 0);
         let forked = plans
             .iter()
-            .try_for_each(|p| recover::write_intent(&p.dir, &pending))
+            .try_for_each(|p| records::write_intent(&p.dir, &pending))
             .and_then(|()| backend.fork(&self.sandbox_dir(id), &dir, &plans));
         let (size, results) = match forked {
             Ok(r) => r,

@@ -20,41 +20,16 @@
 //! mistaken for a crash's leftovers, and a reconciliation never waits behind a long fork.
 //! Every reconciliation that changed something appends one JSON line to `<data>/audit.log`.
 
+use super::records::{append_audit, end_reason, read_intent, read_small};
 use super::{DataLock, Engine};
 use branchbox_model::{now_ms, Backend, Error, Result, SandboxId, SandboxState, Snapshot, SnapshotId};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Duration;
 
-/// The intent file in a child's directory.
-const INTENT: &str = "intent.json";
-/// Written by the shim when its container ends: `{"reason", "detail"}`.
-const ENDED: &str = "ended.json";
 /// Longest wait for an orphan's agent to say who it is.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-/// Most bytes read of an intent or `ended.json` (both are written small; anything larger is
-/// not ours to trust).
-const MAX_FILE_BYTES: u64 = 64 * 1024;
-/// `audit.log` is moved to `audit.log.1` past this size, so it never grows without bound.
-const AUDIT_MAX_BYTES: u64 = 1024 * 1024;
-/// Most characters of a shim's `detail` kept in a lost reason.
-const MAX_DETAIL_CHARS: usize = 200;
-
-#[derive(Serialize, Deserialize)]
-struct Intent {
-    /// The snapshot the child starts from (for a fork, its record-to-be).
-    snapshot: Snapshot,
-}
-
-#[derive(Deserialize)]
-struct Ended {
-    reason: String,
-    #[serde(default)]
-    detail: String,
-}
-
 /// A sandbox found without its runtime.
 #[derive(Debug, Clone, Serialize)]
 pub struct LostSandbox {
@@ -94,38 +69,6 @@ impl ReconcileReport {
             self.reaped.len(),
             self.lost.len()
         )
-    }
-}
-
-/// Records what a child starts from, before it is started.
-pub(super) fn write_intent(dir: &Path, snapshot: &Snapshot) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let path = dir.join(INTENT);
-    let text = serde_json::to_vec(&Intent { snapshot: snapshot.clone() })
-        .map_err(|e| Error::Backend(format!("cannot encode the intent of {}: {e}", dir.display())))?;
-    std::fs::write(&path, text).map_err(|e| Error::io(&path, e))
-}
-
-pub(crate) fn read_small(path: &Path) -> Option<Vec<u8>> {
-    let mut buf = Vec::new();
-    std::fs::File::open(path).ok()?.take(MAX_FILE_BYTES).read_to_end(&mut buf).ok()?;
-    Some(buf)
-}
-
-/// Why the sandbox in `dir` ended: the shim's `ended.json` when it left one, else "runtime gone".
-pub(crate) fn end_reason(dir: &Path) -> String {
-    let Some(ended) = read_small(&dir.join(ENDED)).and_then(|b| serde_json::from_slice::<Ended>(&b).ok())
-    else {
-        return "runtime gone".into();
-    };
-    // Written by a process that watched a hostile workload: keep it short and printable.
-    let reason: String =
-        ended.reason.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '_').take(32).collect();
-    let detail: String = ended.detail.chars().filter(|c| !c.is_control()).take(MAX_DETAIL_CHARS).collect();
-    match (reason.is_empty(), detail.is_empty()) {
-        (true, _) => "runtime gone".into(),
-        (false, true) => reason,
-        (false, false) => format!("{reason}: {detail}"),
     }
 }
 
@@ -222,12 +165,9 @@ impl Engine {
     /// Records the unrecorded sandbox `id` when it is a complete child (see the module docs).
     fn adopt(&self, id: &SandboxId, r: &mut ReconcileReport) -> Result<bool> {
         let dir = self.sandbox_dir(id);
-        let Some(intent) =
-            read_small(&dir.join(INTENT)).and_then(|b| serde_json::from_slice::<Intent>(&b).ok())
-        else {
+        let Some(snap) = read_intent(&dir) else {
             return Ok(false);
         };
-        let snap = intent.snapshot;
         let recorded = match self.store.snapshot(snap.id.as_str()) {
             Ok(s) if s.deleted_ms.is_some() => return Ok(false),
             Ok(s) => Some(s),
@@ -286,42 +226,5 @@ impl Engine {
     /// a failure to write it is reported on stderr and the work stands.
     pub(crate) fn audit(&self, action: &str, what: &impl Serialize) {
         append_audit(&self.cfg.data_dir.join("audit.log"), action, what);
-    }
-}
-
-/// Appends one JSON line to the audit log at `path` (moved to `.1` past its size limit).
-pub(crate) fn append_audit(path: &Path, action: &str, what: &impl Serialize) {
-    if std::fs::metadata(path).is_ok_and(|m| m.len() > AUDIT_MAX_BYTES) {
-        let _ = std::fs::rename(path, path.with_extension("log.1"));
-    }
-    let line =
-        serde_json::json!({ "at_ms": now_ms(), "pid": std::process::id(), "action": action, "report": what });
-    let written = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .and_then(|mut f| f.write_all(format!("{line}\n").as_bytes()));
-    if let Err(e) = written {
-        eprintln!("branchbox: could not append to {}: {e}", path.display());
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_shims_end_reason_is_read_bounded_and_cleaned() {
-        let dir = tempfile::tempdir().unwrap();
-        assert_eq!(end_reason(dir.path()), "runtime gone");
-        std::fs::write(dir.path().join(ENDED), r#"{"reason":"memory_limit","detail":"oom at 512 MiB"}"#)
-            .unwrap();
-        assert_eq!(end_reason(dir.path()), "memory_limit: oom at 512 MiB");
-        let hostile = format!(r#"{{"reason":"x\u001b[2J","detail":"{}\n"}}"#, "d".repeat(5000));
-        std::fs::write(dir.path().join(ENDED), hostile).unwrap();
-        let r = end_reason(dir.path());
-        assert!(r.starts_with("x2J: ") && r.len() <= 5 + MAX_DETAIL_CHARS, "{r}");
-        std::fs::write(dir.path().join(ENDED), "not json").unwrap();
-        assert_eq!(end_reason(dir.path()), "runtime gone");
     }
 }

@@ -17,6 +17,7 @@ use std::path::PathBuf;
 
 mod build;
 mod defaults;
+mod locks;
 
 pub use build::BuildEvent;
 
@@ -140,7 +141,7 @@ impl Engine {
     /// use stay). Returns the snapshots deleted.
     pub fn delete_template(&self, name: &str) -> Result<Vec<SnapshotId>> {
         let _busy = self.in_progress()?;
-        let _only = build::BuildLock::take(&self.template_dir(), name)?;
+        let _only = locks::BuildLock::take(&self.template_dir(), name)?;
         self.template(name)?;
         self.store.delete_template(name)?;
         let log = self.template_log_path(name)?;
@@ -156,7 +157,7 @@ impl Engine {
     /// names them, and a concurrent `template rm` deleted them so (CI, two image tests at once).
     /// What is left is released by the next build's end or `template rm` with none running.
     fn release_steps(&self) -> Result<Vec<SnapshotId>> {
-        let Some(_alone) = build::steps_lock(&self.template_dir(), libc::LOCK_EX | libc::LOCK_NB)? else {
+        let Some(_alone) = locks::steps_lock(&self.template_dir(), libc::LOCK_EX | libc::LOCK_NB)? else {
             return Ok(Vec::new());
         };
         let records = self.templates()?;
