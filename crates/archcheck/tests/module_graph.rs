@@ -27,7 +27,6 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "template.rs",
         ],
     ),
-    ("crates/service", &["auth.rs", "ui/session.rs"]),
     // The service's big circle: state.rs names types of api/, e2b/ and pool/; api/mod.rs mounts
     // the E2B and console routers; the E2B adapter and the console call the native handlers.
     // Issue 30 item 1 (an `ops` layer below the three surfaces) breaks it.

@@ -4,6 +4,7 @@
 //! [`proof`]. The console (`/ui`) signs in with a token once and then sends a session cookie
 //! instead, with the session's CSRF token on every request: see [`Tokens::authenticate_request`].
 
+pub use crate::caller::Caller;
 use crate::error::ApiError;
 use crate::ui::session::{self, Sessions};
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
@@ -11,10 +12,6 @@ use sha2::{Digest, Sha256};
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
-
-/// Who made a request: the id of the token it carried.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Caller(pub String);
 
 /// The accepted tokens, and the console's sessions signed in with them.
 #[derive(Clone)]

@@ -9,6 +9,7 @@
 pub mod api;
 pub mod auth;
 pub mod backups;
+pub mod caller;
 pub mod config;
 pub mod db;
 pub mod e2b;

@@ -10,7 +10,7 @@
 //! carries the port the console is reached on (`bbx_session_7420`), so services on two ports
 //! keep their sessions apart and a cookie named for another port is never read.
 
-use crate::auth::Caller;
+use crate::caller::Caller;
 use axum::http::uri::Authority;
 use axum::http::{header, HeaderMap};
 use sha2::{Digest, Sha256};
