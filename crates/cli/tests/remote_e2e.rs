@@ -1,0 +1,119 @@
+//! End-to-end: a real gVisor sandbox's snapshot pushed from one data directory to an S3
+//! server (SeaweedFS on loopback), pulled into another data directory and restored there:
+//! files and an in-memory counter continue. A snapshot whose fingerprint differs from the
+//! host's is refused and nothing is recorded. Skips (one line) when the weed binary is missing.
+
+mod common;
+#[path = "../../chunks/tests/common/mod.rs"]
+mod weed;
+
+use branchbox_conformance::{ask_mark, set_mark};
+use common::*;
+use std::path::Path;
+
+const URL: &str = "s3://snaps/e2e";
+
+fn remote_cmd(w: &weed::Weed, dir: &Path, args: &[&str]) -> std::process::Output {
+    bb_in(dir)
+        .arg("--json")
+        .arg("remote")
+        .args(args)
+        .env("BRANCHBOX_REMOTE", URL)
+        .env("BRANCHBOX_S3_ENDPOINT", &w.endpoint)
+        .env("AWS_ACCESS_KEY_ID", weed::KEY)
+        .env("AWS_SECRET_ACCESS_KEY", weed::SECRET)
+        .env("BRANCHBOX_NO_SERVICE", "1")
+        .output()
+        .expect("run branchbox")
+}
+
+fn remote_ok(w: &weed::Weed, dir: &Path, args: &[&str]) -> serde_json::Value {
+    let out = remote_cmd(w, dir, args);
+    assert!(out.status.success(), "remote {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("json output")
+}
+
+#[test]
+fn a_snapshot_pushed_from_one_data_directory_restores_in_another_with_files_and_memory() {
+    let Some(w) = weed::Weed::start() else { return };
+    let a = private_dir("remote-a");
+    let b = private_dir("remote-b");
+    let s = Sandbox::new_in(&a);
+    put_text(&s, "/root/counter.py", COUNTER);
+    ok_in(&a, &["spawn", &s.0, "--", "python3", "/root/counter.py"]);
+    s.sh("head -c 3000000 /dev/urandom > /root/blob && sha256sum /root/blob > /root/blob.sum");
+    set_mark(&s, "pushed");
+    let before = ask_count(&s);
+    let snap = ok_in(&a, &["snapshot", &s.0]).trim().to_string();
+
+    let push = remote_ok(&w, &a, &["push", &snap]);
+    assert_eq!(push["snapshot"], snap.as_str());
+    let chunks = push["chunks"].as_u64().unwrap();
+    assert!(chunks >= 1 && push["sent_chunks"].as_u64().unwrap() == chunks, "{push}");
+    let sent = push["sent_bytes"].as_u64().unwrap();
+    // A second push sends nothing.
+    let again = remote_ok(&w, &a, &["push", &snap]);
+    assert_eq!(again["sent_bytes"], 0, "{again}");
+    assert_eq!(again["skipped_bytes"], sent, "{again}");
+
+    let pull = remote_ok(&w, &b, &["pull", &snap]);
+    assert_eq!(pull["snapshot"], snap.as_str());
+    assert_eq!(pull["chunks"].as_u64().unwrap(), chunks);
+    assert_eq!(pull["fetched_bytes"].as_u64().unwrap() + pull["reused_bytes"].as_u64().unwrap(), sent);
+    // Recorded under the same id, without the source sandbox (which lives elsewhere).
+    let listed: serde_json::Value = serde_json::from_str(&ok_in(&b, &["--json", "snapshots"])).unwrap();
+    let rec =
+        listed.as_array().unwrap().iter().find(|r| r["id"] == snap.as_str()).expect("pulled snapshot listed");
+    assert_eq!(rec["source"], serde_json::Value::Null);
+
+    // Restored in B: the files, the same process, its memory (the mark), the count going on.
+    let restored = Sandbox(ok_in(&b, &["restore", &snap]).trim().to_string(), b.clone());
+    assert_eq!(restored.sh("sha256sum -c /root/blob.sum").trim(), "/root/blob: OK");
+    assert_eq!(ask_mark(&restored), "pushed");
+    assert!(ask_count(&restored) >= before);
+    // And it forks there.
+    let forked = ok_in(&b, &["fork", &restored.0]);
+    let child = Sandbox(forked.lines().next().unwrap().trim().to_string(), b.clone());
+    assert_eq!(ask_mark(&child), "pushed");
+
+    // Pulling again reuses what is here.
+    let twice = remote_ok(&w, &b, &["pull", &snap]);
+    assert_eq!(twice["fetched_bytes"], 0, "{twice}");
+}
+
+#[test]
+fn a_snapshot_from_another_runsc_is_refused_and_nothing_is_recorded() {
+    let Some(w) = weed::Weed::start() else { return };
+    let a = private_dir("remote-fp-a");
+    let b = private_dir("remote-fp-b");
+    let s = Sandbox::new_in(&a);
+    let snap = ok_in(&a, &["snapshot", &s.0]).trim().to_string();
+    remote_ok(&w, &a, &["push", &snap]);
+    // The same snapshot as if pushed from a host with another runsc, under a new id.
+    let remote = w.remote(URL);
+    let key = format!("manifests/{snap}.json");
+    let mut m: serde_json::Value =
+        serde_json::from_slice(&remote.get(&key, 1 << 20).unwrap().unwrap()).unwrap();
+    let other = "snap-00000000000000ff";
+    m["snapshot"]["id"] = other.into();
+    m["fingerprint"]["runsc"] = "runsc version release-19990101.0".into();
+    remote.put(&format!("manifests/{other}.json"), &serde_json::to_vec(&m).unwrap()).unwrap();
+
+    let out = remote_cmd(&w, &b, &["pull", other]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot be restored on this host") && err.contains("release-19990101.0"), "{err}");
+    assert!(!b.join("snapshots").join(other).exists());
+    let listed = ok_in(&b, &["snapshots"]);
+    assert!(!listed.contains(other), "{listed}");
+    let tmp_left: Vec<_> = std::fs::read_dir(b.join("snapshots")).unwrap().flatten().collect();
+    assert!(tmp_left.is_empty(), "left behind: {tmp_left:?}");
+
+    // A snapshot that was never pushed is named as such.
+    let out = remote_cmd(&w, &b, &["pull", "snap-00000000000000fe"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("never pushed"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
