@@ -264,6 +264,12 @@ def test_losing_node4_marks_its_sandboxes_lost_with_the_reason(fc, fleet):
     on4 = [fleet.create(node="n4") for _ in range(2)]
     on3 = fleet.create(node="n3")
     try:
+        if cross_node_missing() is None and fc["s3"]:
+            # For the next test: a snapshot n4 pushed before it died.
+            on4[0].files.write("/home/user/state", "pushed from n4")
+            snap = on4[0].create_snapshot().snapshot_id
+            fc["pushed_from_n4"] = str(fleet.push("n4", snap)["snapshot"])
+            assert fleet.holders(fc["pushed_from_n4"]) == ["n4"]
         pid = fc["cluster"].kill_raylet("n4")
         t0 = time.monotonic()
         while True:
@@ -288,6 +294,18 @@ def test_losing_node4_marks_its_sandboxes_lost_with_the_reason(fc, fleet):
         assert fleet.least_loaded().name != "n4"
     finally:
         on3.kill()
+
+
+def test_snapshot_pushed_by_lost_node4_restores_on_node5(fc, fleet):
+    _need_cross_node(fc)
+    remote_id = fc.get("pushed_from_n4")
+    assert remote_id, "the node-loss test did not push a snapshot from n4"
+    assert fleet.node("n4").state == "lost" and fleet.holders(remote_id) == []
+    pulled = fleet.pull("n5", remote_id)
+    assert pulled["fetched_bytes"] > 0
+    with fleet.create(node="n5", snapshot_id=str(pulled["snapshot"])) as sbx:
+        assert sbx.files.read("/home/user/state") == "pushed from n4"
+    assert fleet.holders(remote_id) == ["n5"]
 
 
 def test_directory_restart_rebuilds_from_heartbeats(fleet):
