@@ -2,10 +2,11 @@
 //! immutable memory layers, complete vCPU/VM state snapshots, and fork of one snapshot into
 //! many independent VMs.
 //!
-//! What it is for: the microVM backend's engine (build, run, pause, snapshot, restore, fork)
-//! and the synthetic guest that tests and benchmarks it on hosts without hardware
-//! virtualization. What it is not for: booting Linux (no boot loader, virtio devices or ACPI
-//! yet), or scheduling sandboxes (that is `branchbox-core`).
+//! What it is for: the microVM backend's engine (build, run, pause, snapshot, restore, fork):
+//! Linux guests ([`linux`]: a `vmlinux` booted with the structures of `branchbox-arch`,
+//! virtio-mmio devices, their snapshots and forks), and the synthetic guest that tests and
+//! benchmarks the same machinery on hosts without hardware virtualization. What it is not
+//! for: scheduling sandboxes (that is `branchbox-core`, through `branchbox-microvm`).
 //!
 //! The design and the snapshot format are specified in `docs/microvm.md`.
 

@@ -2,8 +2,8 @@
 //!
 //! [`BlockBackend`] is the seam for storage: the device only reads, writes and flushes whole
 //! sectors through it. [`OverlayBackend`] is the first one: a read-only base file and a
-//! writable overlay file of the same size. Copy-on-write layers and fork semantics (part 2)
-//! are further backends behind the same trait.
+//! writable overlay file of the same size. Copy-on-write layers with fork and rollback are
+//! another backend behind the same trait: `LayeredBackend` in `crates/layers`.
 
 use std::fs::{File, OpenOptions};
 use std::io;
