@@ -1,5 +1,5 @@
 //! Portable snapshots (docs/remote.md): a snapshot's files sealed into immutable,
-//! content-addressed chunks (FastCDC, 1-4 MiB, named by SHA-256) and a manifest written last,
+//! content-addressed chunks (FastCDC, 256 KiB-4 MiB, named by SHA-256) and a manifest written last,
 //! in any S3-compatible store. A push sends only the chunks the store lacks; a pull checks
 //! every chunk's hash and writes into a directory the caller renames into place; a gc of the
 //! store marks the chunks live manifests name and sweeps the rest, under leases.
@@ -20,10 +20,11 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// Smallest chunk (FastCDC's largest allowed minimum), except a file's last.
-pub const MIN_CHUNK: usize = 1 << 20;
+/// Smallest chunk, except a file's last. Larger chunks dedup far worse: a child's memory
+/// differs from its parent's in many small places (docs/remote.md has the measurement).
+pub const MIN_CHUNK: usize = 256 << 10;
 /// Chunk size FastCDC aims at.
-pub const AVG_CHUNK: usize = 3 << 20;
+pub const AVG_CHUNK: usize = 1 << 20;
 /// Largest chunk: also the most bytes of one chunk read from the store.
 pub const MAX_CHUNK: usize = 4 << 20;
 /// The manifest a pushed or pulled snapshot keeps beside its files, for reuse of its chunks
