@@ -225,12 +225,17 @@ fn write_stream(
             return Err(cancelled());
         }
         f.flush().map_err(ctx(&p))?;
+        Ok(total)
+    })();
+    // Closed before the rename, so a watcher sees the close under the hidden name.
+    drop(f);
+    let outcome = outcome.and_then(|total| {
         if !append {
             fs::set_permissions(&target, fs::Permissions::from_mode(mode)).map_err(ctx(&p))?;
             fs::rename(&target, &p).map_err(ctx(&p))?;
         }
         Ok(total)
-    })();
+    });
     if outcome.is_err() && !append {
         let _ = fs::remove_file(&target);
     }

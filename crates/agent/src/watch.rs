@@ -5,7 +5,7 @@ use crate::cancel::{cancelled, Token};
 use crate::files::check_path;
 use crate::Failure;
 use branchbox_protocol::{ErrorCode, WatchEvent, WatchKind};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -13,14 +13,18 @@ use std::path::{Path, PathBuf};
 
 /// Most directories one recursive watch follows.
 pub const MAX_WATCHED_DIRS: usize = 8192;
-/// Renames of hidden write files awaiting their other half, at most.
+/// Renames of hidden write files awaiting their other half, and files written but not yet
+/// closed, remembered at most.
 const MAX_MOVES: usize = 1024;
 /// Events sent per batch at most (one `data` frame).
 const BATCH: usize = 256;
 
-/// What envd's watcher (fsnotify) reports: a write is each `IN_MODIFY`, not the close after it.
+/// A write is reported for each `IN_MODIFY`, as envd's watcher (fsnotify) does; the close after
+/// writing only when no modification of that file was seen (it was written before its
+/// directory's watch began, as in a directory made and filled at once).
 const MASK: u32 = libc::IN_CREATE
     | libc::IN_MODIFY
+    | libc::IN_CLOSE_WRITE
     | libc::IN_DELETE
     | libc::IN_MOVED_FROM
     | libc::IN_MOVED_TO
@@ -123,6 +127,8 @@ pub fn watch(
     let mut sent = 0u64;
     // Renames away from an atomic write's hidden file, by inotify cookie, until their other half.
     let mut moves: HashMap<u32, bool> = HashMap::new();
+    // Files modified since their last close (whose close is then not reported again).
+    let mut written: HashSet<PathBuf> = HashSet::new();
     loop {
         if token.is_cancelled() {
             return Err(cancelled());
@@ -178,7 +184,23 @@ pub fn watch(
             let kinds = match moved_in {
                 Some(true) => vec![WatchKind::Write],
                 Some(false) => vec![WatchKind::Create, WatchKind::Write],
-                None => kind_of(ev.mask).into_iter().collect(),
+                None if ev.mask & libc::IN_CLOSE_WRITE != 0 => {
+                    if written.remove(&path) {
+                        Vec::new()
+                    } else {
+                        vec![WatchKind::Write]
+                    }
+                }
+                None => {
+                    let kind = kind_of(ev.mask);
+                    if kind == Some(WatchKind::Write) {
+                        if written.len() >= MAX_MOVES {
+                            written.clear();
+                        }
+                        written.insert(path.clone());
+                    }
+                    kind.into_iter().collect()
+                }
             };
             let Some(&kind) = kinds.first() else { continue };
             let shown = path.to_string_lossy().into_owned();
@@ -273,6 +295,15 @@ mod tests {
         assert_eq!(seen, vec![(WatchKind::Create, name.clone()), (WatchKind::Write, name.clone())]);
         let seen = events_of(d.path(), || write(&f, b"two"));
         assert_eq!(seen, vec![(WatchKind::Write, name.clone())]);
+        // A plain write is a write per modification, its close not reported again; a file
+        // closed without a modification seen is reported written at its close.
+        let g = d.path().join("g.txt");
+        let gname = g.to_str().unwrap().to_string();
+        let seen = events_of(d.path(), || std::fs::write(&g, b"plain").unwrap());
+        assert_eq!(seen, vec![(WatchKind::Create, gname.clone()), (WatchKind::Write, gname.clone())]);
+        let seen = events_of(d.path(), || drop(std::fs::OpenOptions::new().append(true).open(&g).unwrap()));
+        assert_eq!(seen, vec![(WatchKind::Write, gname.clone())]);
+        std::fs::remove_file(&g).unwrap();
         // Any other rename is reported as it happened.
         let seen = events_of(d.path(), || std::fs::rename(&f, d.path().join("g")).unwrap());
         assert_eq!(seen[0], (WatchKind::Rename, name));
