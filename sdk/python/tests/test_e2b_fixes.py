@@ -202,3 +202,41 @@ def test_a_pause_without_memory_is_refused_and_a_strict_pause_pauses(e2b_env):
         assert again.commands.run("echo back").stdout == "back\n"
     finally:
         e2b.Sandbox.kill(sbx.sandbox_id)
+
+
+def test_audit_lines_of_e2b_calls_name_the_caller_as_v1_ones_do(e2b_env):
+    sbx = e2b.Sandbox.create(timeout=300)
+    sbx.files.write("audited.txt", "x")
+    sbx.set_timeout(600)
+    sbx.kill()
+    with e2b_env.client() as c:
+        log = c.get("/v1/audit", params={"sandbox": sbx.sandbox_id, "limit": 1000}).json()
+        mine = c.get("/v1/audit", params={"limit": 1000}).json()
+    who = {e["action"]: e["who"] for e in log}
+    for action in ("POST /e2b/v2/sandboxes", "POST /e2b/envd/files", "POST /e2b/sandboxes/{id}/timeout",
+                   "DELETE /e2b/sandboxes/{id}"):
+        assert who.get(action, "").startswith("tok-"), (action, log)
+    v1 = [e["who"] for e in mine if e["action"].startswith("POST /v1/")]
+    assert v1 and who["DELETE /e2b/sandboxes/{id}"] == v1[-1]
+
+
+def test_v1_timeout_zero_ends_the_sandbox_now_as_e2bs_does(service):
+    killed = Sandbox.create(timeout=600, **service.sdk())
+    paused = Sandbox.create(timeout=600, on_timeout="pause", **service.sdk())
+    try:
+        with service.client() as c:
+            r = c.post(f"/v1/sandboxes/{killed.sandbox_id}/timeout", json={"timeout": -1})
+            assert r.status_code == 422, r.text
+        killed.set_timeout(0)
+        paused.set_timeout(0)
+
+        def state(s):
+            with service.client() as c:
+                r = c.get(f"/v1/sandboxes/{s.sandbox_id}")
+                return r.json()["state"] if r.status_code == 200 else "gone"
+
+        wait_until(lambda: state(killed) == "gone", "the sandbox to end at its zero timeout", 60)
+        wait_until(lambda: state(paused) == "paused", "the pausing sandbox to pause at its zero timeout", 60)
+    finally:
+        killed.kill()
+        paused.kill()

@@ -242,9 +242,11 @@ export class Sandbox {
     }
   }
 
-  /** Sets its timeout to `timeoutMs` from now. */
+  /** Sets the timeout to `timeoutMs` from now; 0 ends the sandbox now (its timeout action,
+   *  kill or pause, runs within a second), as E2B's `setTimeout(0)` does. */
   async setTimeout(timeoutMs: number): Promise<void> {
-    const body: Body<typeof SET_TIMEOUT> = { timeout: seconds("timeoutMs", timeoutMs) };
+    const timeout = timeoutMs === 0 ? 0 : seconds("timeoutMs", timeoutMs);
+    const body: Body<typeof SET_TIMEOUT> = { timeout };
     await this._http.empty({ method: "POST", path: sandboxPath(this.sandboxId, "/timeout"), json: body });
   }
 

@@ -77,6 +77,9 @@ describe("request bodies (stand-in server)", () => {
     assert.deepEqual(got.at(-1), { method: "POST", url: `/v1/sandboxes/${INFO.id}/connect`, body: { timeout: 90 } });
     await s.setTimeout(2500);
     assert.deepEqual(got.at(-1), { method: "POST", url: `/v1/sandboxes/${INFO.id}/timeout`, body: { timeout: 2.5 } });
+    await s.setTimeout(0);
+    assert.deepEqual(got.at(-1), { method: "POST", url: `/v1/sandboxes/${INFO.id}/timeout`, body: { timeout: 0 } });
+    await assert.rejects(s.setTimeout(-1), InvalidArgumentError);
     assert.equal(s.defaultUser, "user");
     assert.equal((await Sandbox.create({ ...conn(), template: "web" })).defaultUser, undefined);
     assert.equal((await Sandbox.create({ ...conn(), image: "minimal" })).defaultUser, undefined);

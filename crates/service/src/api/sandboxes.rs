@@ -271,7 +271,22 @@ fn renew(st: &AppState, s: &Sandbox, ms: Option<i64>, default_ms: i64) -> ApiRes
     }
 }
 
-/// Sets a sandbox's timeout, counted from now.
+/// Makes a sandbox's timeout fire now, keeping the length later renewals reuse; a sandbox made
+/// outside the service gets its record here, as a renewal would give it.
+fn end_now(st: &AppState, s: &Sandbox, default_ms: i64) -> ApiResult<()> {
+    let db = st.db();
+    match db.get(&s.id)? {
+        Some(_) => db.set_expiry(&s.id, Some(now_ms()), None)?,
+        None => db.put(
+            &s.id,
+            &SandboxMeta { expires_ms: Some(now_ms()), timeout_ms: default_ms, ..Default::default() },
+        )?,
+    }
+    Ok(())
+}
+
+/// Sets a sandbox's timeout, counted from now; 0 ends it now (its timeout action runs within a
+/// second).
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/timeout", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id")),
     request_body = SetTimeout,
     responses((status = 200, body = SandboxInfo), (status = "4XX", body = ErrorBody, description = "bad timeout or not found")))]
@@ -281,12 +296,22 @@ pub async fn set_timeout(
     ApiJson(req): ApiJson<SetTimeout>,
 ) -> Noted<SandboxInfo> {
     let id = sandbox_id(&id)?;
-    let t = seconds("timeout", req.timeout, st.cfg.max_timeout_s)?;
-    let n = AuditNote { detail: Some(format!("timeout {} s", t.as_secs_f64())), ..note(id.as_str()) };
+    // 0 ends the sandbox now, as E2B's set_timeout(0) does: its timeout action (kill, or pause)
+    // runs at the service's next timeout check, and the length later renewals reuse is kept.
+    let t = match req.timeout {
+        0.0 => None,
+        t => Some(seconds("timeout", t, st.cfg.max_timeout_s)?),
+    };
+    let said = t.map_or("timeout 0 s: ends now".into(), |t| format!("timeout {} s", t.as_secs_f64()));
+    let n = AuditNote { detail: Some(said), ..note(id.as_str()) };
+    let default_ms = (st.cfg.default_timeout_s * 1000) as i64;
     let out = st
         .blocking(move |engine, st| {
             let s = engine.sandbox(&id)?;
-            renew(st, &s, Some(t.as_millis() as i64), 0)?;
+            match t {
+                Some(t) => renew(st, &s, Some(t.as_millis() as i64), 0)?,
+                None => end_now(st, &s, default_ms)?,
+            }
             info(engine, st, &id)
         })
         .await?;

@@ -227,7 +227,8 @@ pub struct ConnectSandbox {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SetTimeout {
-    /// Seconds from now.
+    /// Seconds from now; 0 ends the sandbox now (its timeout action, kill or pause, runs within
+    /// a second), as E2B's `set_timeout(0)` does.
     pub timeout: f64,
 }
 

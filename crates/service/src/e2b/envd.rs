@@ -10,7 +10,6 @@ use super::connect::{self, Codec, Kind, RpcError, MAX_MESSAGE};
 use super::pb::{self, process_event, process_selector};
 use crate::api::extract::{account_name, sandbox_id};
 use crate::api::types::StateName;
-use crate::api::AuditNote;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorCodeTag};
 use crate::state::AppState;
@@ -77,10 +76,8 @@ pub async fn authenticate(State(st): State<AppState>, mut req: Request, next: Ne
         ));
     };
     req.extensions_mut().insert(caller);
-    req.extensions_mut().insert(Target { sandbox: sandbox.clone() });
-    let mut r = next.run(req).await;
-    r.extensions_mut().insert(AuditNote { sandbox: Some(sandbox.to_string()), ..Default::default() });
-    r
+    req.extensions_mut().insert(Target { sandbox });
+    next.run(req).await
 }
 
 /// The data plane's routes (relative to `/e2b/envd`).

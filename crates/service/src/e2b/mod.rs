@@ -23,6 +23,7 @@ pub mod watch;
 
 pub use branchbox_e2b_wire::{connect, pb};
 
+use crate::api::AuditNote;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorCodeTag};
 use crate::state::AppState;
@@ -104,13 +105,42 @@ async fn api_key(State(st): State<AppState>, mut req: Request, next: Next) -> Re
     next.run(req).await
 }
 
-/// The routes under [`PREFIX`], with their authentication and the audit log.
+/// The routes under [`PREFIX`], with their authentication and the audit log. As on `/v1`, the
+/// audit layer runs inside authentication, so each record names the caller's token.
 pub fn router(st: AppState) -> Router<AppState> {
-    let control = rest::router().layer(from_fn_with_state(st.clone(), api_key));
-    let data = envd::router().layer(from_fn_with_state(st.clone(), envd::authenticate));
-    Router::new()
-        .nest(PREFIX, control.merge(Router::new().nest("/envd", data)))
-        .layer(from_fn_with_state(st, crate::api::audit))
+    let audit = from_fn_with_state(st.clone(), crate::api::audit);
+    let control = rest::router()
+        .layer(axum::middleware::from_fn(note_sandbox))
+        .layer(audit.clone())
+        .layer(from_fn_with_state(st.clone(), api_key));
+    let data = envd::router()
+        .layer(axum::middleware::from_fn(note_sandbox))
+        .layer(audit)
+        .layer(from_fn_with_state(st, envd::authenticate));
+    Router::new().nest(PREFIX, control.merge(Router::new().nest("/envd", data)))
+}
+
+/// Names the sandbox a request acted on for its audit record, where its handler did not: the
+/// data plane's `E2b-Sandbox-Id`, or the control plane's `/sandboxes/{id}` (the path as seen
+/// here, under the prefix).
+async fn note_sandbox(req: Request, next: Next) -> Response {
+    let named = match req.extensions().get::<envd::Target>() {
+        Some(t) => Some(t.sandbox.to_string()),
+        None => {
+            let p = req.uri().path();
+            let rest = p.strip_prefix("/v2/sandboxes/").or_else(|| p.strip_prefix("/sandboxes/"));
+            rest.and_then(|r| r.split('/').next())
+                .filter(|id| branchbox_model::SandboxId::parse(id).is_ok())
+                .map(str::to_string)
+        }
+    };
+    let mut r = next.run(req).await;
+    if let Some(id) = named {
+        let mut note = r.extensions().get::<AuditNote>().cloned().unwrap_or_default();
+        note.sandbox.get_or_insert(id);
+        r.extensions_mut().insert(note);
+    }
+    r
 }
 
 /// A service error as a Connect error: the code the protocol has for its status.

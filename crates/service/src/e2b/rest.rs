@@ -9,9 +9,8 @@ use super::{E2bError, PresentedKey, ENVD_VERSION};
 use crate::api::extract::ApiQuery;
 use crate::api::sandboxes;
 use crate::api::types::{ConnectSandbox, CreateSandbox, ListSandboxes, SandboxInfo, SetTimeout, StateName};
-use crate::api::AuditNote;
 use crate::auth::{Caller, Tokens};
-use crate::db::{OnTimeout, SandboxMeta};
+use crate::db::OnTimeout;
 use crate::error::ApiError;
 use crate::state::AppState;
 use axum::body::Bytes;
@@ -20,7 +19,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
-use branchbox_model::{now_ms, SandboxId};
+use branchbox_model::SandboxId;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -365,36 +364,13 @@ async fn set_timeout(State(st): State<AppState>, Path(id): Path<String>, raw: By
     let Some(timeout) = req.timeout else {
         return Err(E2bError(ApiError::bad_request("bad_body", "give timeout: the seconds from now")));
     };
-    let sid = e2b_id(&id)?;
-    if timeout <= 0.0 {
-        let _found = sandboxes::get(State(st.clone()), Path(id)).await?;
-        let default_ms = (st.cfg.default_timeout_s * 1000) as i64;
-        let n = AuditNote {
-            sandbox: Some(sid.as_str().to_string()),
-            detail: Some("timeout 0 s: ends now".into()),
-            ..Default::default()
-        };
-        st.blocking(move |_, st| end_now(st, &sid, default_ms)).await?;
-        return Ok((StatusCode::NO_CONTENT, Extension(n)).into_response());
-    }
+    e2b_id(&id)?;
+    // As on E2B's server, 0 or less ends the sandbox now; /v1 takes 0 to mean that.
+    let timeout = timeout.max(0.0);
     let (_, note, _) =
         sandboxes::set_timeout(State(st), Path(id), crate::api::extract::ApiJson(SetTimeout { timeout }))
             .await?;
     Ok((StatusCode::NO_CONTENT, note).into_response())
-}
-
-/// Makes a sandbox's timeout fire now, keeping the length later renewals reuse; a sandbox made
-/// outside the service gets its record here, as a renewal would give it.
-fn end_now(st: &AppState, id: &SandboxId, default_ms: i64) -> Result<(), ApiError> {
-    let db = st.db();
-    match db.get(id)? {
-        Some(_) => db.set_expiry(id, Some(now_ms()), None)?,
-        None => db.put(
-            id,
-            &SandboxMeta { expires_ms: Some(now_ms()), timeout_ms: default_ms, ..Default::default() },
-        )?,
-    }
-    Ok(())
 }
 
 /// `refreshes`: keeps a sandbox alive for `duration` seconds (default 60) from now. As on E2B's
