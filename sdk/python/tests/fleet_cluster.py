@@ -86,12 +86,12 @@ class Weed:
 
 
 def _clean_node_dir(data_dir: Path) -> None:
-    """Ends what a node left behind: a short-lived branchboxd over its data directory destroys
-    the sandboxes still recorded there (a lost node's), then anything still naming it is
-    killed by PID and reported."""
+    """Ends what a node left behind: when sandboxes still run there (a lost node's), a
+    short-lived branchboxd over its data directory destroys them; then anything still naming
+    it is killed by PID and reported."""
     from conftest import Service, procs_under
 
-    if (data_dir / "service/token").exists():
+    if procs_under(data_dir) and (data_dir / "service/token").exists():
         svc = Service(data_dir)
         try:
             svc.start()

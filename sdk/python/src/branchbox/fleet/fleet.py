@@ -152,15 +152,21 @@ class Fleet:
         node actors and the directory."""
         import ray
 
+        actors, refs = [], []
         for n in self.nodes():
             if n.state != "alive":
                 continue  # its actor went with its node
             try:
                 a = self.node_actor(n.name)
-                ray.get(a.shutdown.remote(), timeout=120)
-                ray.kill(a)
-            except Exception:  # a lost node's actor is gone already
-                pass
+            except ValueError:
+                continue
+            actors.append(a)
+            refs.append(a.shutdown.remote())
+        # All nodes at once; a node that fails to answer is ended all the same.
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=120)
+        for a in actors:
+            ray.kill(a)
         ray.kill(self.directory, no_restart=True)
 
     # --- what runs where ---------------------------------------------------------------------
