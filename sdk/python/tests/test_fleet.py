@@ -207,6 +207,23 @@ def test_env_reset_fork_and_checkpoint(fleet):
         env.close()
 
 
+def test_fork_shares_go_first_to_nodes_holding_the_parent_then_to_the_roomiest(monkeypatch):
+    from branchbox.fleet import NodeInfo
+
+    def node(name: str, running: int, state: str = "alive") -> NodeInfo:
+        return NodeInfo(name, "", "", "", state, None, running, running, 6, 0)
+
+    f = Fleet.__new__(Fleet)
+    monkeypatch.setattr(f, "nodes", lambda: [node("n2", 1), node("n3", 5), node("n4", 4), node("n5", 0),
+                                             node("n6", 0, "lost")])
+    # n3 is the source; n4 holds the parent, n5 has the most room, n6 is lost.
+    assert f._shares(3, "n3", None, {"n4"}) == [("n4", 1), ("n5", 1), ("n2", 1)]
+    assert f._shares(4, "n3", None, set()) == [("n5", 2), ("n2", 2)]
+    assert f._shares(2, "n3", ["n4"], set()) == [("n4", 2)]
+    with pytest.raises(Exception, match="no room"):
+        f._shares(3, "n3", ["n4"], set())
+
+
 def _need_cross_node(fc: dict) -> None:
     missing = cross_node_missing()
     if missing:

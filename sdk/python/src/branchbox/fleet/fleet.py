@@ -270,7 +270,8 @@ class Fleet:
              nodes: Optional[Sequence[str]] = None) -> ForkResult:
         """Forks `count` children of `sandbox`. Its own node takes as many as it has room for
         (or `local`), by today's local fork; the rest are shared out over the other alive nodes
-        (or `nodes`), those that already hold the snapshot first, one share per node: one push
+        (or `nodes`), those that hold the source's parent snapshot (so most of its chunks)
+        first, then those with the most room, one share per node: one push
         of a snapshot of the source to S3, one pull on each of those nodes, then local forks
         there. Raises when a child cannot be placed."""
         t0 = time.monotonic()
@@ -286,7 +287,9 @@ class Fleet:
         if rest <= 0:
             result.seconds = time.monotonic() - t0
             return result
-        shares = self._shares(rest, src_name, nodes)
+        # Nodes that hold the source's parent snapshot already hold most of the chunks.
+        parent = source.get_info().parent_snapshot
+        shares = self._shares(rest, src_name, nodes, set(self.holders(parent)) if parent else set())
         missing = cross_node_missing()
         if missing:
             raise BranchboxError(f"cannot fork across nodes: {missing}")
@@ -314,11 +317,9 @@ class Fleet:
         self._get(self.directory.add_route.remote(child.sandbox_id, node))
         return child
 
-    def _shares(self, rest: int, source: str, nodes: Optional[Sequence[str]]) -> List[Tuple[str, int]]:
+    def _shares(self, rest: int, source: str, nodes: Optional[Sequence[str]], held: set) -> List[Tuple[str, int]]:
         alive = {n.name: n for n in self.nodes() if n.state == "alive" and n.name != source}
         names = [n for n in nodes if n in alive] if nodes is not None else list(alive)
-        snaps = self._get(self.directory.snapshots.remote())
-        held = {n for holders in snaps.values() for n in holders}
         names.sort(key=lambda n: (n not in held, -alive[n].free, n))
         names = [n for n in names if alive[n].free > 0]
         if not names:
