@@ -35,7 +35,14 @@ fn record(parent: Option<SnapshotId>) -> Snapshot {
 }
 
 fn fingerprint() -> Fingerprint {
-    Fingerprint { backend: BackendKind::Gvisor, runsc: None, platform: None, cpu_model: None, cpu_flags: None, kernel: None }
+    Fingerprint {
+        backend: BackendKind::Gvisor,
+        runsc: None,
+        platform: None,
+        cpu_model: None,
+        cpu_flags: None,
+        kernel: None,
+    }
 }
 
 fn files(dir: &Path) -> Vec<PathBuf> {
@@ -89,15 +96,36 @@ fn main() {
         assert_eq!(r.sent_bytes, bytes);
         let t = Instant::now();
         let m = fetch_manifest(&remote, &snap.id).unwrap();
-        materialize(&remote, &m, &scratch.path().join(format!("pull{run}")), &LocalChunks::default(), &mut |_| {}).unwrap();
+        materialize(
+            &remote,
+            &m,
+            &scratch.path().join(format!("pull{run}")),
+            &LocalChunks::default(),
+            &mut |_| {},
+        )
+        .unwrap();
         pull_t.push(t.elapsed().as_secs_f64());
         // The local manifest a push leaves is not part of the next run's input.
         let _ = std::fs::remove_file(parent_dir.join(branchbox_chunks::LOCAL_MANIFEST));
     }
     let (rp, rg, p, l) = (median(raw_put), median(raw_get), median(push_t), median(pull_t));
-    println!("snapshot: {:.1} MiB in {} files, {runs} runs, medians", bytes as f64 / 1048576.0, files(&parent_dir).len());
-    println!("raw S3 PUT of the files: {:.0} MiB/s   push: {:.0} MiB/s   push/raw {:.2}", mib_s(bytes, rp), mib_s(bytes, p), rp / p);
-    println!("raw S3 GET of the files: {:.0} MiB/s   pull: {:.0} MiB/s   pull/raw {:.2}", mib_s(bytes, rg), mib_s(bytes, l), rg / l);
+    println!(
+        "snapshot: {:.1} MiB in {} files, {runs} runs, medians",
+        bytes as f64 / 1048576.0,
+        files(&parent_dir).len()
+    );
+    println!(
+        "raw S3 PUT of the files: {:.0} MiB/s   push: {:.0} MiB/s   push/raw {:.2}",
+        mib_s(bytes, rp),
+        mib_s(bytes, p),
+        rp / p
+    );
+    println!(
+        "raw S3 GET of the files: {:.0} MiB/s   pull: {:.0} MiB/s   pull/raw {:.2}",
+        mib_s(bytes, rg),
+        mib_s(bytes, l),
+        rg / l
+    );
 
     // Dedup: the child pushed after its parent.
     let remote = weed.remote("s3://bench/dedup");

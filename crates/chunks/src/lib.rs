@@ -9,8 +9,8 @@ pub mod manifest;
 pub mod s3;
 
 use lease::{Lease, LeaseKind};
-use manifest::{chunk_key, is_hash, manifest_key, ChunkRef, FileEntry, Fingerprint, Manifest};
 pub use manifest::MAX_MANIFEST_BYTES;
+use manifest::{chunk_key, is_hash, manifest_key, ChunkRef, FileEntry, Fingerprint, Manifest};
 use s3::Remote;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -170,7 +170,10 @@ fn files_of(dir: &Path) -> Result<Vec<String>> {
             } else if ty.is_file() {
                 out.push(r.to_str().unwrap_or_default().to_string());
             } else {
-                return Err(Error::Invalid(format!("{}: not a regular file or directory", e.path().display())));
+                return Err(Error::Invalid(format!(
+                    "{}: not a regular file or directory",
+                    e.path().display()
+                )));
             }
         }
         Ok(())
@@ -274,7 +277,8 @@ pub fn push(
 
 /// Reads and checks a snapshot's manifest from the store.
 pub fn fetch_manifest(remote: &Remote, id: &branchbox_model::SnapshotId) -> Result<Manifest> {
-    let bytes = remote.get(&manifest_key(id), MAX_MANIFEST_BYTES)?.ok_or_else(|| Error::NotFound(id.to_string()))?;
+    let bytes =
+        remote.get(&manifest_key(id), MAX_MANIFEST_BYTES)?.ok_or_else(|| Error::NotFound(id.to_string()))?;
     Manifest::parse(&bytes, id)
 }
 
@@ -354,11 +358,16 @@ fn materialize_inner(
     let id = manifest.snapshot.id.to_string();
     let mut lease = Lease::take(remote, LeaseKind::Pull, &id)?;
     let total = manifest.total_bytes();
-    let mut report = PullReport { snapshot: id.clone(), chunks: 0, fetched_bytes: 0, reused_bytes: 0, seconds: 0.0 };
+    let mut report =
+        PullReport { snapshot: id.clone(), chunks: 0, fetched_bytes: 0, reused_bytes: 0, seconds: 0.0 };
     for f in &manifest.files {
         let path = dest.join(manifest::safe_path(&f.path)?);
         if let Some(parent) = path.parent() {
-            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(parent).map_err(|e| io(parent, e))?;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)
+                .map_err(|e| io(parent, e))?;
         }
         let mut out = std::fs::OpenOptions::new()
             .write(true)
@@ -427,10 +436,15 @@ pub fn gc(remote: &Remote, dry_run: bool) -> Result<GcReport> {
     };
     let mut live = BTreeSet::new();
     for m in remote.list("manifests/")? {
-        let Some(id) = m.key.strip_prefix("manifests/").and_then(|k| k.strip_suffix(".json")) else { continue };
+        let Some(id) = m.key.strip_prefix("manifests/").and_then(|k| k.strip_suffix(".json")) else {
+            continue;
+        };
         // A manifest that cannot be read names chunks nobody can know: sweep nothing.
         let id = branchbox_model::SnapshotId::parse(id).map_err(|e| {
-            Error::Invalid(format!("gc stopped: object {} is not a manifest of ours ({e}); nothing was deleted", m.key))
+            Error::Invalid(format!(
+                "gc stopped: object {} is not a manifest of ours ({e}); nothing was deleted",
+                m.key
+            ))
         })?;
         let manifest = match fetch_manifest(remote, &id) {
             Ok(m) => m,

@@ -198,12 +198,18 @@ impl Manifest {
             let mut sum: u64 = 0;
             for c in &f.chunks {
                 if !is_hash(&c.hash) || c.size == 0 || c.size > MAX_CHUNK as u64 {
-                    return Err(bad(format!("file {:?} names a bad chunk {:?} of {} bytes", f.path, c.hash, c.size)));
+                    return Err(bad(format!(
+                        "file {:?} names a bad chunk {:?} of {} bytes",
+                        f.path, c.hash, c.size
+                    )));
                 }
                 sum += c.size;
             }
             if sum != f.size {
-                return Err(bad(format!("file {:?}: its chunks add up to {sum} bytes, not {}", f.path, f.size)));
+                return Err(bad(format!(
+                    "file {:?}: its chunks add up to {sum} bytes, not {}",
+                    f.path, f.size
+                )));
             }
         }
         // A file may not sit where another's directory is (`a` and `a/b`).
@@ -331,5 +337,26 @@ mod tests {
         let d = a.differences(&b);
         assert_eq!(d.len(), 1);
         assert!(d[0].starts_with("runsc"), "{d:?}");
+    }
+
+    proptest::proptest! {
+        /// Any bytes, and any valid manifest with one byte changed, parse or are refused: never
+        /// a panic, and what parses keeps every rule.
+        #[test]
+        fn no_input_panics(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..2048),
+                           at in 0usize..4096, with in proptest::prelude::any::<u8>()) {
+            let m = manifest();
+            let id = m.snapshot.id.clone();
+            let _ = Manifest::parse(&bytes, &id);
+            let mut valid = serde_json::to_vec(&m).unwrap();
+            let i = at % valid.len();
+            valid[i] = with;
+            if let Ok(p) = Manifest::parse(&valid, &id) {
+                proptest::prop_assert!(p.check(&id).is_ok());
+                for f in &p.files {
+                    proptest::prop_assert!(safe_path(&f.path).is_ok());
+                }
+            }
+        }
     }
 }

@@ -245,7 +245,8 @@ mod tests {
     fn remote_urls_are_checked() {
         assert_eq!(parse_url("s3://snaps").unwrap(), ("snaps".into(), String::new()));
         assert_eq!(parse_url("s3://snaps/a/b/").unwrap(), ("snaps".into(), "a/b/".into()));
-        for bad in ["snaps", "s3://", "s3://UP", "s3://ok/../x", "s3://ok/a//b", "s3://ok/a?b", "http://x/y"] {
+        for bad in ["snaps", "s3://", "s3://UP", "s3://ok/../x", "s3://ok/a//b", "s3://ok/a?b", "http://x/y"]
+        {
             assert!(parse_url(bad).is_err(), "{bad} accepted");
         }
     }

@@ -47,7 +47,10 @@ pub enum RemoteCmd {
 }
 
 fn remote(args: &RemoteArgs) -> Result<Remote> {
-    let url = args.remote.clone().context("no store named: pass --remote s3://BUCKET/PREFIX or set BRANCHBOX_REMOTE")?;
+    let url = args
+        .remote
+        .clone()
+        .context("no store named: pass --remote s3://BUCKET/PREFIX or set BRANCHBOX_REMOTE")?;
     let endpoint = args
         .s3_endpoint
         .clone()

@@ -54,7 +54,9 @@ impl Engine {
                 Fingerprint {
                     cpu_model: cpuinfo("model name"),
                     cpu_flags: Some(flags.join(" ")),
-                    kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").ok().map(|s| s.trim().to_string()),
+                    kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                        .ok()
+                        .map(|s| s.trim().to_string()),
                     ..none
                 }
             }
@@ -73,14 +75,20 @@ impl Engine {
         let _busy = self.in_progress()?;
         let snap = self.usable_snapshot(id_or_name)?;
         let fingerprint = self.fingerprint(snap.backend)?;
-        branchbox_chunks::push(remote, &self.snapshot_dir(&snap.id), &snap, fingerprint, progress).map_err(chunk_error)
+        branchbox_chunks::push(remote, &self.snapshot_dir(&snap.id), &snap, fingerprint, progress)
+            .map_err(chunk_error)
     }
 
     /// Pulls snapshot `id` from `remote` into this data directory and records it under the
     /// same id. Every chunk is checked against its hash; the files are written into a `tmp-`
     /// directory, renamed into place, and only then recorded. A snapshot whose fingerprint
     /// differs from this host's is refused. One already here is not pulled again.
-    pub fn pull_snapshot(&self, remote: &Remote, id: &str, progress: &mut dyn FnMut(Progress)) -> Result<PullReport> {
+    pub fn pull_snapshot(
+        &self,
+        remote: &Remote,
+        id: &str,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<PullReport> {
         let started = std::time::Instant::now();
         let id = SnapshotId::parse(id)?;
         let _busy = self.in_progress()?;
@@ -112,7 +120,8 @@ impl Engine {
         let snapshots = self.cfg.data_dir.join("snapshots");
         let tmp = snapshots.join(format!("tmp-pull-{id}-{:08x}", rand::random::<u32>()));
         let local = LocalChunks::scan(&snapshots);
-        let report = branchbox_chunks::materialize(remote, &manifest, &tmp, &local, progress).map_err(chunk_error)?;
+        let report =
+            branchbox_chunks::materialize(remote, &manifest, &tmp, &local, progress).map_err(chunk_error)?;
         let dir = self.snapshot_dir(&id);
         if let Err(e) = std::fs::rename(&tmp, &dir) {
             let _ = std::fs::remove_dir_all(&tmp);
