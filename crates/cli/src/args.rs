@@ -1,6 +1,6 @@
 //! Command-line arguments.
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
 /// Refuses a snapshot name the shared naming rule refuses, before anything runs.
@@ -297,7 +297,7 @@ pub enum Cmd {
     /// Warm pools of ready sandboxes, kept by branchboxd (see docs/pools.md).
     Pool {
         #[command(subcommand)]
-        command: crate::pool::PoolCmd,
+        command: PoolCmd,
     },
     /// Benchmarks (see docs/benchmarks.md).
     Bench {
@@ -307,12 +307,12 @@ pub enum Cmd {
     /// Templates: a base and steps, each step's result cached as a snapshot (docs/templates.md).
     Template {
         #[command(subcommand)]
-        command: crate::template::TemplateCmd,
+        command: TemplateCmd,
     },
     /// Linux guests in the microVM engine, booted directly (see docs/boot.md).
     Vm {
         #[command(subcommand)]
-        command: crate::vm::VmCmd,
+        command: VmCmd,
     },
 }
 
@@ -570,4 +570,149 @@ pub enum BenchCmd {
         #[arg(long)]
         short: bool,
     },
+}
+
+/// Pool subcommands.
+#[derive(Debug, Subcommand)]
+pub enum PoolCmd {
+    /// Create a pool of ready sandboxes restored from a snapshot (or a template).
+    Create {
+        /// Pool name.
+        name: String,
+        /// Snapshot id or name the pool's sandboxes are restored from.
+        #[arg(long, conflicts_with = "template", required_unless_present = "template")]
+        snapshot: Option<String>,
+        /// Template whose final snapshot the pool's sandboxes are restored from.
+        #[arg(long)]
+        template: Option<String>,
+        /// Ready sandboxes to keep.
+        #[arg(long)]
+        size: u32,
+        /// Replace ready sandboxes older than this, seconds (service default: 3600).
+        #[arg(long)]
+        max_idle: Option<f64>,
+        /// Keep ready sandboxes paused instead of running idle (a claim then resumes one).
+        #[arg(long)]
+        paused: bool,
+    },
+    /// Change a pool's size or idle age: a smaller size destroys the oldest ready sandboxes
+    /// beyond it (claimed ones stay), a larger one starts a refill.
+    #[command(group(ArgGroup::new("change").required(true).multiple(true).args(["size", "max_idle"])))]
+    Set {
+        /// Pool name.
+        name: String,
+        /// Ready sandboxes to keep.
+        #[arg(long)]
+        size: Option<u32>,
+        /// Replace ready sandboxes older than this, seconds.
+        #[arg(long)]
+        max_idle: Option<f64>,
+    },
+    /// List pools with how full they are.
+    Ls,
+    /// Delete a pool and destroy its ready sandboxes (claimed ones stay).
+    Rm {
+        /// Pool name.
+        name: String,
+    },
+    /// Claim a ready sandbox (fresh identity, then env, metadata and files); prints its id.
+    Claim {
+        /// Pool name.
+        name: String,
+        /// Environment for every command run through the service, KEY=VALUE (repeatable).
+        #[arg(long = "env")]
+        env: Vec<String>,
+        /// Metadata, KEY=VALUE (repeatable).
+        #[arg(long = "meta")]
+        meta: Vec<String>,
+        /// A file to write into the sandbox, LOCAL_PATH:SANDBOX_PATH (repeatable).
+        #[arg(long = "file")]
+        file: Vec<String>,
+        /// Wait this long for a ready sandbox when the pool is empty, seconds (service default: 30).
+        #[arg(long)]
+        wait: Option<f64>,
+        /// When the pool is empty, start a sandbox at once (reported as `source: cold`).
+        #[arg(long)]
+        allow_cold: bool,
+        /// The claimed sandbox's timeout, seconds (service default applies otherwise).
+        #[arg(long)]
+        timeout: Option<f64>,
+    },
+    /// Benchmark a pool: refill rate, memory per ready sandbox, and claim-to-agent-answer
+    /// latency next to a bare agent round trip through the service (docs/benchmarks.md).
+    Bench {
+        /// Snapshot id or name to pool.
+        #[arg(long)]
+        snapshot: String,
+        /// Ready sandboxes in the pool.
+        #[arg(long, default_value_t = 4)]
+        size: u32,
+        /// Timed claims (each from a full pool).
+        #[arg(long, default_value_t = 20)]
+        claims: usize,
+    },
+}
+
+/// Template subcommands.
+#[derive(Debug, Subcommand)]
+pub enum TemplateCmd {
+    /// Build a template, reusing every cached step before the first changed one.
+    Build {
+        /// Template name (required for a Dockerfile; overrides a TOML file's `name`).
+        name: Option<String>,
+        /// The definition: a `.toml` template file, or a Dockerfile (FROM, RUN, COPY, ENV,
+        /// WORKDIR, USER).
+        #[arg(short = 'f', long = "file", value_name = "FILE")]
+        file: PathBuf,
+        /// Directory uploads and COPY read from (default: the file's directory).
+        #[arg(long, value_name = "DIR")]
+        context: Option<PathBuf>,
+    },
+    /// List templates.
+    Ls,
+    /// Remove templates and release their cached steps.
+    Rm {
+        /// Template names.
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// Print the log of a template's last build.
+    Log {
+        /// Template name.
+        name: String,
+    },
+}
+
+/// MicroVM subcommands.
+#[derive(Debug, Subcommand)]
+pub enum VmCmd {
+    /// Boot a Linux guest (vmlinux) until it resets, powers off, fails or the timeout ends it.
+    Boot(BootArgs),
+}
+
+/// Options of `vm boot`.
+#[derive(Debug, Args)]
+pub struct BootArgs {
+    /// The uncompressed kernel (vmlinux ELF), e.g. from `branchbox guest kernel --print-path`.
+    #[arg(long)]
+    pub kernel: PathBuf,
+    /// Root disk (ext4), used read-only under an overlay in the work directory (/dev/vda).
+    #[arg(long)]
+    pub disk: Option<PathBuf>,
+    /// Kernel command line (virtio-mmio device entries are appended).
+    #[arg(long, default_value = "console=ttyS0 pci=off")]
+    pub cmdline: String,
+    /// Guest RAM, MiB.
+    #[arg(long, default_value_t = 512)]
+    pub mem_mib: u64,
+    /// vCPUs.
+    #[arg(long, default_value_t = 1)]
+    pub vcpus: u8,
+    /// Directory for the serial log, the disk overlay and the vsock socket (`vsock.sock`:
+    /// connect, send `CONNECT <port>\n`). A temporary one when absent.
+    #[arg(long)]
+    pub work_dir: Option<PathBuf>,
+    /// Stop the guest after this many seconds.
+    #[arg(long, default_value_t = 60)]
+    pub timeout: u64,
 }

@@ -1,7 +1,7 @@
 //! One function per subcommand.
 
 use crate::args::{BackendArg, BenchCmd, Cli, Cmd, CreateArgs, ExecArgs, FilesCmd, RefCmd, TravelArgs};
-use crate::output::{clean, print, Progress};
+use crate::output::{clean, each_target, print, progress_fn};
 use anyhow::{anyhow, bail, Context, Result};
 use branchbox_core::bench_travel::{self, Travel};
 use branchbox_core::{bench, host, BackendChoice, Config, Engine, SnapshotOptions};
@@ -42,6 +42,12 @@ pub fn run(cli: Cli) -> Result<i32> {
         recover(&Engine::open(cfg.clone())?);
         branchbox_mcp::serve_stdio(cfg)?;
         return Ok(0);
+    }
+    // Pools exist only in the service: there is no engine path to fall back to.
+    if let Cmd::Pool { command } = &cli.command {
+        if let Some((svc, _)) = crate::remote::locate(&cli)? {
+            return crate::pool::run(&svc, command, json);
+        }
     }
     if let Some(code) = crate::remote::run(&cli)? {
         return Ok(code);
@@ -272,34 +278,6 @@ fn ls_lines(all: &[branchbox_core::SandboxView]) -> Vec<String> {
         .collect()
 }
 
-/// Runs `act` on every target, even after one fails: reports each failure on stderr (and in
-/// the JSON under "failed"), prints what was done under `done_key`, and exits 1 when any failed.
-pub(crate) fn each_target(
-    json: bool,
-    verb: &str,
-    done_key: &str,
-    show_done: bool,
-    targets: &[String],
-    mut act: impl FnMut(&str) -> Result<Vec<String>>,
-) -> Result<i32> {
-    let (mut done, mut failed) = (Vec::new(), Vec::new());
-    for t in targets {
-        match act(t) {
-            Ok(d) => done.extend(d),
-            Err(e) => {
-                eprintln!("error: {verb} {t}: {e:#}");
-                let code = e.downcast_ref::<branchbox_model::Error>().map(|e| e.code()).unwrap_or("error");
-                failed.push(
-                    serde_json::json!({"target": t, "error": {"code": code, "message": format!("{e:#}")}}),
-                );
-            }
-        }
-    }
-    let v = serde_json::json!({ done_key: done, "failed": failed });
-    print(json, &v, || if show_done { done.join("\n") } else { String::new() });
-    Ok(if failed.is_empty() { 0 } else { 1 })
-}
-
 fn unreachable_early() -> Result<i32> {
     Err(anyhow!("doctor, guest and vm are handled before the data directory is opened"))
 }
@@ -326,11 +304,6 @@ fn limits(engine: &Engine, a: &CreateArgs) -> Result<Option<Limits>> {
         cpus: a.cpus.unwrap_or(d.cpus),
         pids: a.pids.unwrap_or(d.pids),
     }))
-}
-
-pub(crate) fn progress_fn() -> impl FnMut(&str) {
-    let mut p: Option<Progress> = None;
-    move |msg: &str| p.get_or_insert_with(Progress::new).step(msg)
 }
 
 fn spec(a: &ExecArgs) -> Result<ExecSpec> {

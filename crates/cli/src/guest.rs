@@ -2,8 +2,7 @@
 //! into the image cache (see docs/guest.md).
 
 use crate::args::GuestCmd;
-use crate::commands::progress_fn;
-use crate::output::print;
+use crate::output::{print, progress_fn};
 use anyhow::{anyhow, Result};
 use branchbox_core::Config;
 use branchbox_image::{

@@ -1,8 +1,7 @@
 //! `branchbox image`: build, import and list images (see docs/image.md).
 
 use crate::args::ImageCmd;
-use crate::commands::progress_fn;
-use crate::output::print;
+use crate::output::{print, progress_fn};
 use anyhow::{bail, Result};
 use branchbox_core::Engine;
 use branchbox_image::{

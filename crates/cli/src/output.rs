@@ -110,6 +110,41 @@ impl Drop for Progress {
     }
 }
 
+/// Runs `act` on every target, even after one fails: reports each failure on stderr (and in
+/// the JSON under "failed"), prints what was done under `done_key`, and exits 1 when any failed.
+pub(crate) fn each_target(
+    json: bool,
+    verb: &str,
+    done_key: &str,
+    show_done: bool,
+    targets: &[String],
+    mut act: impl FnMut(&str) -> anyhow::Result<Vec<String>>,
+) -> anyhow::Result<i32> {
+    let (mut done, mut failed) = (Vec::new(), Vec::new());
+    for t in targets {
+        match act(t) {
+            Ok(d) => done.extend(d),
+            Err(e) => {
+                eprintln!("error: {verb} {t}: {e:#}");
+                let code = e.downcast_ref::<branchbox_model::Error>().map(|e| e.code()).unwrap_or("error");
+                failed.push(
+                    serde_json::json!({"target": t, "error": {"code": code, "message": format!("{e:#}")}}),
+                );
+            }
+        }
+    }
+    let v = serde_json::json!({ done_key: done, "failed": failed });
+    print(json, &v, || if show_done { done.join("\n") } else { String::new() });
+    Ok(if failed.is_empty() { 0 } else { 1 })
+}
+
+/// A progress callback: a [`Progress`] that starts with the first message (a spinner on a
+/// terminal, plain lines otherwise), so a step that reports nothing prints nothing.
+pub(crate) fn progress_fn() -> impl FnMut(&str) {
+    let mut p: Option<Progress> = None;
+    move |msg: &str| p.get_or_insert_with(Progress::new).step(msg)
+}
+
 #[cfg(test)]
 mod tests {
     use super::clean;

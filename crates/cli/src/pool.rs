@@ -1,92 +1,10 @@
 //! `branchbox pool ...`: warm pools, kept by branchboxd (docs/pools.md). Pools live in the
 //! service, which refills them in the background, so these commands always go through it.
 
+use crate::args::PoolCmd;
 use crate::remote::{enc, Service};
-use anyhow::{anyhow, bail, Context, Result};
-use clap::{ArgGroup, Subcommand};
+use anyhow::{anyhow, Context, Result};
 use serde_json::{json, Map, Value};
-use std::time::{Duration, Instant};
-
-/// Pool subcommands.
-#[derive(Debug, Subcommand)]
-pub enum PoolCmd {
-    /// Create a pool of ready sandboxes restored from a snapshot (or a template).
-    Create {
-        /// Pool name.
-        name: String,
-        /// Snapshot id or name the pool's sandboxes are restored from.
-        #[arg(long, conflicts_with = "template", required_unless_present = "template")]
-        snapshot: Option<String>,
-        /// Template whose final snapshot the pool's sandboxes are restored from.
-        #[arg(long)]
-        template: Option<String>,
-        /// Ready sandboxes to keep.
-        #[arg(long)]
-        size: u32,
-        /// Replace ready sandboxes older than this, seconds (service default: 3600).
-        #[arg(long)]
-        max_idle: Option<f64>,
-        /// Keep ready sandboxes paused instead of running idle (a claim then resumes one).
-        #[arg(long)]
-        paused: bool,
-    },
-    /// Change a pool's size or idle age: a smaller size destroys the oldest ready sandboxes
-    /// beyond it (claimed ones stay), a larger one starts a refill.
-    #[command(group(ArgGroup::new("change").required(true).multiple(true).args(["size", "max_idle"])))]
-    Set {
-        /// Pool name.
-        name: String,
-        /// Ready sandboxes to keep.
-        #[arg(long)]
-        size: Option<u32>,
-        /// Replace ready sandboxes older than this, seconds.
-        #[arg(long)]
-        max_idle: Option<f64>,
-    },
-    /// List pools with how full they are.
-    Ls,
-    /// Delete a pool and destroy its ready sandboxes (claimed ones stay).
-    Rm {
-        /// Pool name.
-        name: String,
-    },
-    /// Claim a ready sandbox (fresh identity, then env, metadata and files); prints its id.
-    Claim {
-        /// Pool name.
-        name: String,
-        /// Environment for every command run through the service, KEY=VALUE (repeatable).
-        #[arg(long = "env")]
-        env: Vec<String>,
-        /// Metadata, KEY=VALUE (repeatable).
-        #[arg(long = "meta")]
-        meta: Vec<String>,
-        /// A file to write into the sandbox, LOCAL_PATH:SANDBOX_PATH (repeatable).
-        #[arg(long = "file")]
-        file: Vec<String>,
-        /// Wait this long for a ready sandbox when the pool is empty, seconds (service default: 30).
-        #[arg(long)]
-        wait: Option<f64>,
-        /// When the pool is empty, start a sandbox at once (reported as `source: cold`).
-        #[arg(long)]
-        allow_cold: bool,
-        /// The claimed sandbox's timeout, seconds (service default applies otherwise).
-        #[arg(long)]
-        timeout: Option<f64>,
-    },
-    /// Benchmark a pool: refill rate, memory per ready sandbox, and claim-to-agent-answer
-    /// latency next to a bare agent round trip through the service (docs/benchmarks.md).
-    Bench {
-        /// Snapshot id or name to pool.
-        #[arg(long)]
-        snapshot: String,
-        /// Ready sandboxes in the pool.
-        #[arg(long, default_value_t = 4)]
-        size: u32,
-        /// Timed claims (each from a full pool).
-        #[arg(long, default_value_t = 20)]
-        claims: usize,
-    },
-}
 
 fn pairs(what: &str, kvs: &[String]) -> Result<Map<String, Value>> {
     kvs.iter()
@@ -183,28 +101,5 @@ fn strip_nulls(v: Value) -> Value {
     match v {
         Value::Object(m) => Value::Object(m.into_iter().filter(|(_, v)| !v.is_null()).collect()),
         other => other,
-    }
-}
-
-/// Polls a pool until it holds `size` ready sandboxes, or fails after `limit`.
-pub fn wait_full(svc: &Service, name: &str, size: u32, limit: Duration) -> Result<Value> {
-    let t = Instant::now();
-    loop {
-        let v = svc.json("GET", &format!("/v1/pools/{}", enc(name)), None)?;
-        if v["ready"].as_u64() == Some(u64::from(size)) {
-            return Ok(v);
-        }
-        if t.elapsed() > limit {
-            bail!(
-                "pool {name} held {} of {size} ready sandboxes after {} s{}",
-                v["ready"],
-                limit.as_secs(),
-                v["last_error"]
-                    .as_str()
-                    .map(|e| format!("; its last refill failed: {e}"))
-                    .unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
     }
 }

@@ -9,7 +9,6 @@
 //!   sandbox: "claim to agent answering";
 //! - floor: the same agent round trip on an already-running sandbox, through the same service.
 
-use crate::pool::wait_full;
 use crate::remote::{enc, Service};
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
@@ -96,4 +95,27 @@ fn measure(svc: &Service, name: &str, size: u32, claims: usize, created: Instant
         "not_from_pool": cold,
         "summary": summary,
     }))
+}
+
+/// Polls a pool until it holds `size` ready sandboxes, or fails after `limit`.
+pub fn wait_full(svc: &Service, name: &str, size: u32, limit: Duration) -> Result<Value> {
+    let t = Instant::now();
+    loop {
+        let v = svc.json("GET", &format!("/v1/pools/{}", enc(name)), None)?;
+        if v["ready"].as_u64() == Some(u64::from(size)) {
+            return Ok(v);
+        }
+        if t.elapsed() > limit {
+            bail!(
+                "pool {name} held {} of {size} ready sandboxes after {} s{}",
+                v["ready"],
+                limit.as_secs(),
+                v["last_error"]
+                    .as_str()
+                    .map(|e| format!("; its last refill failed: {e}"))
+                    .unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }

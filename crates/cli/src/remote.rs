@@ -138,10 +138,6 @@ impl Service {
 /// the engine should run it.
 pub fn run(cli: &Cli) -> Result<Option<i32>> {
     let Some((svc, explicit)) = locate(cli)? else { return Ok(None) };
-    // Pools exist only in the service: there is no engine path to fall back to.
-    if let Cmd::Pool { command } = &cli.command {
-        return crate::pool::run(&svc, command, cli.json).map(Some);
-    }
     if cli.json && !explicit {
         return Ok(None);
     }

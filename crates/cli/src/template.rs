@@ -1,42 +1,11 @@
 //! `branchbox template`: build (from a TOML file or a Dockerfile subset), ls, rm, log.
 
-use crate::commands::each_target;
-use crate::output::{clean, print};
+use crate::args::TemplateCmd;
+use crate::output::{clean, each_target, print};
 use anyhow::{bail, Context, Result};
 use branchbox_core::{BuildEvent, Engine, Template, TemplateStatus};
-use clap::Subcommand;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-
-/// Template subcommands.
-#[derive(Debug, Subcommand)]
-pub enum TemplateCmd {
-    /// Build a template, reusing every cached step before the first changed one.
-    Build {
-        /// Template name (required for a Dockerfile; overrides a TOML file's `name`).
-        name: Option<String>,
-        /// The definition: a `.toml` template file, or a Dockerfile (FROM, RUN, COPY, ENV,
-        /// WORKDIR, USER).
-        #[arg(short = 'f', long = "file", value_name = "FILE")]
-        file: PathBuf,
-        /// Directory uploads and COPY read from (default: the file's directory).
-        #[arg(long, value_name = "DIR")]
-        context: Option<PathBuf>,
-    },
-    /// List templates.
-    Ls,
-    /// Remove templates and release their cached steps.
-    Rm {
-        /// Template names.
-        #[arg(required = true)]
-        names: Vec<String>,
-    },
-    /// Print the log of a template's last build.
-    Log {
-        /// Template name.
-        name: String,
-    },
-}
 
 /// Runs a template subcommand.
 pub fn run(engine: &Engine, cmd: TemplateCmd, json: bool) -> Result<i32> {

@@ -1,48 +1,13 @@
 //! `branchbox vm boot`: boots a Linux guest in the microVM engine directly (no sandbox
 //! records), for trying kernels and disks by hand; see docs/boot.md.
 
+use crate::args::{BootArgs, VmCmd};
 use crate::output::print;
 use anyhow::{Context, Result};
 use branchbox_vmm::linux::{LinuxVm, LinuxVmConfig, RunEnd, DEFAULT_SERIAL_LOG_CAP};
 use branchbox_vmm::Hypervisor;
-use clap::{Args, Subcommand};
 use serde_json::json;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
-
-/// MicroVM subcommands.
-#[derive(Debug, Subcommand)]
-pub enum VmCmd {
-    /// Boot a Linux guest (vmlinux) until it resets, powers off, fails or the timeout ends it.
-    Boot(BootArgs),
-}
-
-/// Options of `vm boot`.
-#[derive(Debug, Args)]
-pub struct BootArgs {
-    /// The uncompressed kernel (vmlinux ELF), e.g. from `branchbox guest kernel --print-path`.
-    #[arg(long)]
-    pub kernel: PathBuf,
-    /// Root disk (ext4), used read-only under an overlay in the work directory (/dev/vda).
-    #[arg(long)]
-    pub disk: Option<PathBuf>,
-    /// Kernel command line (virtio-mmio device entries are appended).
-    #[arg(long, default_value = "console=ttyS0 pci=off")]
-    pub cmdline: String,
-    /// Guest RAM, MiB.
-    #[arg(long, default_value_t = 512)]
-    pub mem_mib: u64,
-    /// vCPUs.
-    #[arg(long, default_value_t = 1)]
-    pub vcpus: u8,
-    /// Directory for the serial log, the disk overlay and the vsock socket (`vsock.sock`:
-    /// connect, send `CONNECT <port>\n`). A temporary one when absent.
-    #[arg(long)]
-    pub work_dir: Option<PathBuf>,
-    /// Stop the guest after this many seconds.
-    #[arg(long, default_value_t = 60)]
-    pub timeout: u64,
-}
 
 /// Runs a `vm` subcommand; returns the exit code.
 pub fn run(cmd: &VmCmd, json: bool) -> Result<i32> {
