@@ -134,7 +134,7 @@ fn check_after_crash(store: &Store, mut model: Vec<u8>, flushed: u64, round: u64
         let cluster = apply(&mut model, i);
         allowed.entry(cluster).or_default().push(cluster_of(&model, cluster));
     }
-    let mut disk: LayeredBackend = LayeredBackend::open(&store, "vm").expect("reopen the killed top");
+    let mut disk: LayeredBackend = LayeredBackend::open(store, "vm").expect("reopen the killed top");
     let now = read_all(&mut disk);
     let mut newer = 0;
     for c in 0..CLUSTERS {

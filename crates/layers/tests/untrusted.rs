@@ -30,7 +30,7 @@ fn one_delta(dir: &Path) -> (Store, u64) {
 }
 
 fn open_err(store: &Store) -> LayerError {
-    match LayeredBackend::open(&store, "vm") {
+    match LayeredBackend::open(store, "vm") {
         Ok(_) => panic!("a damaged chain opened"),
         Err(e) => e,
     }
