@@ -79,6 +79,21 @@ fn a_snapshot_pushed_from_one_data_directory_restores_in_another_with_files_and_
     // Pulling again reuses what is here.
     let twice = remote_ok(&w, &b, &["pull", &snap]);
     assert_eq!(twice["fetched_bytes"], 0, "{twice}");
+
+    // Two pulls of it at once into a third data directory: both succeed, one record.
+    let c = private_dir("remote-c");
+    let outs: Vec<std::process::Output> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..2).map(|_| scope.spawn(|| remote_cmd(&w, &c, &["pull", &snap]))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for o in &outs {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let listed: serde_json::Value = serde_json::from_str(&ok_in(&c, &["--json", "snapshots"])).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+    let dirs: Vec<_> =
+        std::fs::read_dir(c.join("snapshots")).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert_eq!(dirs, vec![std::ffi::OsString::from(&snap)]);
 }
 
 #[test]

@@ -125,6 +125,15 @@ impl Engine {
         let dir = self.snapshot_dir(&id);
         if let Err(e) = std::fs::rename(&tmp, &dir) {
             let _ = std::fs::remove_dir_all(&tmp);
+            // Another pull of the same snapshot got there first: its record follows its rename.
+            if dir.is_dir() {
+                for _ in 0..100 {
+                    if self.store.snapshot(id.as_str()).is_ok_and(|s| s.id == id) {
+                        return Ok(PullReport { seconds: started.elapsed().as_secs_f64(), ..report });
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+            }
             return Err(Error::io(&dir, e));
         }
         let theirs = manifest.snapshot;
