@@ -19,7 +19,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
-use branchbox_model::SandboxId;
+use branchbox_model::{SandboxId, SnapshotId, SnapshotKind};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -39,7 +39,11 @@ pub fn router() -> Router<AppState> {
         .route("/sandboxes/{id}/resume", post(connect))
         .route("/sandboxes/{id}/connect", post(connect))
         .route("/v2/sandboxes/{id}/connect", post(connect))
+        .route("/sandboxes/{id}/fork", post(fork))
+        .route("/sandboxes/{id}/snapshots", post(take_snapshot))
+        .route("/snapshots", get(list_snapshots))
         .route("/templates", get(templates))
+        .route("/templates/{id}", axum::routing::delete(delete_snapshot))
         .fallback(|| async {
             E2bError(ApiError::not_found(
                 "branchboxd does not serve this part of E2B's API; docs/e2b.md lists what it serves",
@@ -203,14 +207,24 @@ async fn create(
         return Err(not_served("autoResume (waking a paused sandbox on traffic); resume it with connect"));
     }
     let asked = req.template_id.unwrap_or_else(|| "base".into());
-    let template = Some(asked.clone()).filter(|t| t != "base" && t != "default");
+    let named = Some(asked.clone()).filter(|t| t != "base" && t != "default");
+    let (template, snapshot_id) = match named {
+        Some(n) => match snapshot_named(&st, &n).await? {
+            true => (None, Some(n)),
+            false => (Some(n), None),
+        },
+        None => (None, None),
+    };
+    // A sandbox made from a snapshot keeps the snapshot's network.
+    let allow_internet_access = req.allow_internet_access.filter(|_| snapshot_id.is_none());
     let ours = CreateSandbox {
         template,
+        snapshot_id,
         timeout: req.timeout,
         on_timeout: req.auto_pause.map(|p| if p { OnTimeout::Pause } else { OnTimeout::Kill }),
         metadata: req.metadata,
         envs: req.env_vars,
-        allow_internet_access: req.allow_internet_access,
+        allow_internet_access,
         ..Default::default()
     };
     let (_, note, Json(info)) =
@@ -468,6 +482,231 @@ async fn connect(
     never_earlier(&st, sid, &before, &info).await?;
     let status = if before.state == StateName::Paused { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, note, Json(created(&st, &info, &key))).into_response())
+}
+
+/// Whether E2B's `templateID` names one of branchbox's snapshots (by id, or by a name no
+/// template has): E2B's SDKs create a sandbox from a snapshot by passing it as the template.
+async fn snapshot_named(st: &AppState, name: &str) -> E2bResult<bool> {
+    if SnapshotId::parse(name).is_ok() {
+        return Ok(true);
+    }
+    if branchbox_model::check_snapshot_ref(name).is_err() {
+        return Ok(false);
+    }
+    let n = name.to_string();
+    Ok(st
+        .blocking(move |engine, _| {
+            let template = engine.templates()?.iter().any(|t| t.spec.name == n);
+            Ok(!template && engine.find_snapshot(&n).is_ok_and(|s| s.kind == SnapshotKind::Snapshot))
+        })
+        .await?)
+}
+
+/// E2B's `SandboxForkRequest`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ForkBody {
+    timeout: Option<f64>,
+    count: Option<u32>,
+}
+
+/// E2B's per-fork answer: the sandbox, or why it did not start.
+#[derive(Debug, Serialize)]
+struct E2bForkResult {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sandbox: Option<E2bSandbox>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<serde_json::Value>,
+}
+
+/// `fork`: branchbox's own fork (one fork point, `count` children restored from it, the source
+/// running on), each child answered as E2B's create answers, with its access token; `timeout`
+/// (s) is each child's, else they inherit the source's. A child that did not start is its
+/// error, as on E2B's server.
+async fn fork(
+    State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Extension(key): Extension<PresentedKey>,
+    Path(id): Path<String>,
+    raw: Bytes,
+) -> E2bResult<Response> {
+    let req: ForkBody = body(&raw)?;
+    let sid = e2b_id(&id)?;
+    if let Some(t) = req.timeout.filter(|t| !(t.is_finite() && *t > 0.0)) {
+        return Err(E2bError(ApiError::bad_request(
+            "bad_body",
+            format!("timeout {t} must be above 0 seconds"),
+        )));
+    }
+    let (_, note, Json(out)) = sandboxes::fork(
+        State(st.clone()),
+        Extension(caller),
+        Path(id),
+        crate::api::extract::ApiJson(crate::api::types::ForkSandbox { count: req.count }),
+    )
+    .await?;
+    let (st2, parent) = (st.clone(), sid.to_string());
+    let template = st.blocking(move |_, _| Ok(st2.db().e2b_template(&parent)?)).await?;
+    let mut answers = Vec::new();
+    for child in &out.children {
+        let Some(info) = &child.sandbox else {
+            let e = child.error.as_ref();
+            let status = match e.map(|e| e.code.as_str()) {
+                Some("not_found") => 404,
+                Some("invalid_input") => 400,
+                Some("conflict") => 409,
+                Some("unavailable") => 503,
+                _ => 500,
+            };
+            let message = e.map_or_else(|| "the fork did not start".to_string(), |e| e.message.clone());
+            answers.push(E2bForkResult {
+                sandbox: None,
+                error: Some(serde_json::json!({ "code": status, "message": message })),
+            });
+            continue;
+        };
+        if let Some(timeout) = req.timeout {
+            let _set = sandboxes::set_timeout(
+                State(st.clone()),
+                Path(info.id.clone()),
+                crate::api::extract::ApiJson(SetTimeout { timeout }),
+            )
+            .await?;
+        }
+        if let Some(t) = template.clone() {
+            let (st2, id) = (st.clone(), info.id.clone());
+            st.blocking(move |_, _| Ok(st2.db().set_e2b_template(&id, &t)?)).await?;
+        }
+        answers.push(E2bForkResult { sandbox: Some(created(&st, info, &key)), error: None });
+    }
+    Ok((StatusCode::CREATED, note, Json(answers)).into_response())
+}
+
+/// E2B's `SandboxSnapshotRequest`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct SnapshotBody {
+    name: Option<String>,
+    memory: Option<bool>,
+}
+
+/// E2B's `SnapshotInfo`.
+#[derive(Debug, Serialize)]
+struct E2bSnapshot {
+    #[serde(rename = "snapshotID")]
+    snapshot_id: String,
+    names: Vec<String>,
+}
+
+fn e2b_snapshot(s: &crate::api::types::SnapshotInfo) -> E2bSnapshot {
+    E2bSnapshot { snapshot_id: s.id.clone(), names: s.name.iter().cloned().collect() }
+}
+
+/// `snapshots`: a branchbox snapshot of the running sandbox (processes, memory and files; it
+/// runs on), named when `name` is given. One without memory is refused, as for pause.
+async fn take_snapshot(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    raw: Bytes,
+) -> E2bResult<Response> {
+    let req: SnapshotBody = body(&raw)?;
+    e2b_id(&id)?;
+    if req.memory == Some(false) {
+        return Err(not_served(
+            "a snapshot without memory (memory: false): branchbox's snapshots keep the memory",
+        ));
+    }
+    let (_, note, Json(snap)) = crate::api::snapshots::take(
+        State(st),
+        Path(id),
+        crate::api::extract::ApiJson(crate::api::types::TakeSnapshot { name: req.name }),
+    )
+    .await?;
+    Ok((StatusCode::CREATED, note, Json(e2b_snapshot(&snap))).into_response())
+}
+
+/// The query of E2B's snapshot listing.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SnapshotQuery {
+    #[serde(rename = "sandboxID")]
+    sandbox_id: Option<String>,
+    name: Option<String>,
+    limit: Option<u32>,
+    next_token: Option<String>,
+}
+
+/// `GET /snapshots`: the snapshots (not checkpoints or fork points) still held, oldest first,
+/// filtered by the sandbox they were taken of and by name, `limit` a page with the next
+/// page's token in `x-next-token`.
+async fn list_snapshots(
+    State(st): State<AppState>,
+    ApiQuery(q): ApiQuery<SnapshotQuery>,
+) -> E2bResult<Response> {
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(bad_query(format!("limit {limit} is not between 1 and {MAX_PAGE}")));
+    }
+    let from = q.next_token.as_deref().filter(|t| !t.is_empty()).map(page_token_snapshot).transpose()?;
+    let Json(all) = crate::api::snapshots::list(State(st)).await?;
+    let mut found: Vec<_> = all
+        .iter()
+        .filter(|s| s.kind == "snapshot" && !s.deleted)
+        .filter(|s| q.sandbox_id.as_deref().is_none_or(|id| s.source.as_deref() == Some(id)))
+        .filter(|s| q.name.as_deref().is_none_or(|n| s.name.as_deref() == Some(n)))
+        .filter(|s| from.as_ref().is_none_or(|(ms, id)| (s.created_ms, &s.id) > (*ms, id)))
+        .collect();
+    found.sort_by(|a, b| (a.created_ms, &a.id).cmp(&(b.created_ms, &b.id)));
+    let more = found.len() > limit as usize;
+    found.truncate(limit as usize);
+    let next = more.then(|| found.last().map(|s| format!("{}.{}", s.created_ms, s.id))).flatten();
+    let page: Vec<E2bSnapshot> = found.into_iter().map(e2b_snapshot).collect();
+    let mut r = Json(page).into_response();
+    if let Some(v) = next.and_then(|n| axum::http::HeaderValue::from_str(&n).ok()) {
+        r.headers_mut().insert("x-next-token", v);
+    }
+    Ok(r)
+}
+
+/// A snapshot listing's `nextToken` (`<ms>.<snapshot id>`).
+fn page_token_snapshot(t: &str) -> E2bResult<(i64, String)> {
+    let bad = || bad_query(format!("nextToken {:?} is not one this service handed out", shown(t)));
+    let (ms, id) = t.split_once('.').ok_or_else(bad)?;
+    let ms = ms.parse::<i64>().map_err(|_| bad())?;
+    SnapshotId::parse(id).map_err(|_| bad())?;
+    Ok((ms, id.to_string()))
+}
+
+/// `DELETE /templates/{id}`, which E2B's SDKs call to delete a snapshot: deletes the snapshot
+/// of that id or name (404 when there is none: `delete_snapshot` answers False). Deleting one
+/// of branchbox's templates this way is not served.
+async fn delete_snapshot(State(st): State<AppState>, Path(id): Path<String>) -> E2bResult<Response> {
+    let missing = || E2bError(ApiError::not_found(format!("snapshot {:?} not found", shown(&id))));
+    if branchbox_model::check_snapshot_ref(&id).is_err() {
+        return Err(missing());
+    }
+    let n = id.clone();
+    let kind = st
+        .blocking(move |engine, _| {
+            if engine.templates()?.iter().any(|t| t.spec.name == n) {
+                return Ok(None);
+            }
+            Ok(Some(engine.find_snapshot(&n).ok().filter(|s| s.deleted_ms.is_none()).map(|s| s.kind)))
+        })
+        .await?;
+    match kind {
+        None => Err(not_served("deleting a template (DELETE /templates/{id})")),
+        Some(Some(SnapshotKind::Snapshot)) => {
+            let (_, note) = crate::api::snapshots::delete(
+                State(st),
+                Path(id),
+                ApiQuery(crate::api::types::DeleteSnapshot { cascade: None }),
+            )
+            .await?;
+            Ok((StatusCode::NO_CONTENT, note).into_response())
+        }
+        Some(_) => Err(missing()),
+    }
 }
 
 /// E2B's `Template`, for the default image and each of the service's templates.
