@@ -7,8 +7,7 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, 
 
 import httpx
 
-from . import _api, _compat, _follow, _udp
-from . import pool as _pool
+from . import _api, _claim, _compat, _follow, _udp
 from ._compat import SandboxPaginator, class_or_instance
 from ._streams import AsyncByteStream
 from ._config import ConnectionConfig
@@ -16,7 +15,7 @@ from ._pty import AsyncPty
 from ._udp import AsyncUdpRelay
 from .exceptions import (BranchboxError, InvalidArgumentError, NotFoundError, ServiceUnavailableError, TimeoutException,
                          from_response)
-from .pool import ClaimInfo
+from ._claim import ClaimInfo
 from .models import (CommandResult, EntryInfo, FilesystemEvent, GcReport, Lineage, NetworkInfo, ProcessInfo, SandboxInfo,
                      SandboxMetrics, SnapshotInfo, WriteInfo)
 
@@ -408,8 +407,8 @@ class AsyncSandbox:
     ) -> "AsyncSandbox":
         """As `Sandbox.claim`: a ready sandbox from a warm pool, with `claim_info` saying how."""
         http = _AsyncHttp(ConnectionConfig.resolve(api_url, token, request_timeout))
-        c = _pool.claim_call(pool, envs, metadata, files, timeout, on_timeout, wait, allow_cold)
-        return _pool.claimed(cls, http, (await http.call(c)).json())
+        c = _claim.claim_call(pool, envs, metadata, files, timeout, on_timeout, wait, allow_cold)
+        return _claim.claimed(cls, http, (await http.call(c)).json())
 
     @classmethod
     async def connect(cls, sandbox_id: str, timeout: Optional[float] = None, *, api_url: Optional[str] = None,

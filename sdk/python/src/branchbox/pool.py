@@ -3,16 +3,17 @@ by `Pool.claim` / `Sandbox.claim` in milliseconds (docs/pools.md)."""
 
 from __future__ import annotations
 
-import base64
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Union
 
 from . import _api
+from ._claim import ClaimInfo, _pool_path, claim_call, claimed
 from ._config import ConnectionConfig
+from ._http import _Http
 from ._names import check_name
+from .sandbox import Sandbox
 
-if TYPE_CHECKING:
-    from .sandbox import Sandbox, _Http
+__all__ = ["ClaimInfo", "Pool", "PoolInfo"]
 
 
 @dataclass(frozen=True)
@@ -51,73 +52,6 @@ class PoolInfo:
         )
 
 
-@dataclass(frozen=True)
-class ClaimInfo:
-    """How a claimed sandbox was handed out."""
-
-    #: "pool": a ready sandbox; "cold": started at claim time (only with `allow_cold=True`).
-    source: str
-    pool: str
-    #: Seconds spent waiting for the pool to hold a ready sandbox.
-    waited: float
-    #: What the after-fork hook did at claim time, per step ("applied", or why not).
-    identity: Dict[str, str]
-
-
-def _pool_path(name: str, rest: str = "") -> str:
-    check_name("pool name", name)
-    return f"/v1/pools/{_api._q(name)}{rest}"
-
-
-def _files_body(files: Optional[Mapping[str, Union[str, bytes]]]) -> Optional[List[Dict[str, str]]]:
-    if files is None:
-        return None
-    out = []
-    for path, content in files.items():
-        if isinstance(content, bytes):
-            out.append({"path": path, "content": base64.b64encode(content).decode(), "encoding": "base64"})
-        else:
-            out.append({"path": path, "content": content})
-    return out
-
-
-def claim_call(
-    pool: str,
-    envs: Optional[Mapping[str, str]],
-    metadata: Optional[Mapping[str, str]],
-    files: Optional[Mapping[str, Union[str, bytes]]],
-    timeout: Optional[float],
-    on_timeout: Optional[str],
-    wait: Optional[float],
-    allow_cold: bool,
-) -> _api.Call:
-    body = {
-        "envs": dict(envs) if envs is not None else None,
-        "metadata": dict(metadata) if metadata is not None else None,
-        "files": _files_body(files),
-        "timeout": timeout,
-        "on_timeout": on_timeout,
-        "wait": wait,
-        "allow_cold": allow_cold or None,
-    }
-    # The HTTP request outlives the claim's own wait.
-    http_timeout = None if wait is None else wait + 60.0
-    return _api.Call("POST", _pool_path(pool, "/claim"), json=_api.compact(body),
-                     timeout=http_timeout)
-
-
-def claimed(cls: Any, http: Any, d: Dict[str, Any]) -> Any:
-    """The sandbox a claim's answer hands out, as a `cls` (`Sandbox` or `AsyncSandbox`) on
-    `http`, with `claim_info` saying how it was handed out."""
-    from .models import SandboxInfo
-
-    info = SandboxInfo.parse(d["sandbox"])
-    s = cls(info.sandbox_id, http, info)
-    s.claim_info = ClaimInfo(source=d["source"], pool=d["pool"], waited=d.get("waited_ms", 0) / 1000,
-                             identity=dict(d.get("identity") or {}))
-    return s
-
-
 class Pool:
     """A warm pool on the service. `Pool.create(...)` makes one; `pool.claim(...)` hands out a sandbox."""
 
@@ -131,8 +65,6 @@ class Pool:
 
     @staticmethod
     def _connect(api_url: Optional[str], token: Optional[str], request_timeout: Optional[float] = None) -> "_Http":
-        from .sandbox import _Http
-
         return _Http(ConnectionConfig.resolve(api_url, token, request_timeout))
 
     @classmethod
@@ -207,8 +139,6 @@ class Pool:
         default is 30), then `ServiceUnavailableError` (code `pool_empty`); with
         `allow_cold=True` a sandbox is started at once instead, and `sandbox.claim_info.source`
         says "cold"."""
-        from .sandbox import Sandbox
-
         c = claim_call(self.name, envs, metadata, files, timeout, on_timeout, wait, allow_cold)
         return claimed(Sandbox, self._http, self._http.call(c).json())
 

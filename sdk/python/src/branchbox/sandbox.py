@@ -2,78 +2,23 @@
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from typing import IO, Any, Callable, Dict, Iterator, List, Literal, Mapping, Optional, Sequence, Union, overload
 
-import httpx
-
-from . import _api, _compat, _follow, _udp
-from . import pool as _pool
+from . import _api, _claim, _compat, _follow, _udp
 from ._compat import SandboxPaginator, class_or_instance
 from ._streams import ByteStream
 from ._config import ConnectionConfig
 from ._pty import Pty
 from ._udp import UdpRelay
-from .exceptions import (BranchboxError, InvalidArgumentError, NotFoundError, ServiceUnavailableError, TimeoutException,
+from .exceptions import (BranchboxError, InvalidArgumentError, NotFoundError, TimeoutException,
                          from_response)
-from .pool import ClaimInfo
+from ._claim import ClaimInfo
+from ._http import _Http
 from .models import (CommandResult, EntryInfo, GcReport, Lineage, NetworkInfo, ProcessInfo, SandboxInfo, SandboxMetrics,
                      SnapshotInfo, WriteInfo)
 
 #: How much of a file upload is sent per chunk.
 UPLOAD_CHUNK = 256 * 1024
-
-
-class _Http:
-    """One connection pool to the service, shared by a sandbox and the children it forks."""
-
-    def __init__(self, cfg: ConnectionConfig) -> None:
-        self.cfg = cfg
-        self.client = httpx.Client(base_url=cfg.api_url, headers=cfg.headers(), timeout=cfg.request_timeout)
-
-    def _request(self, c: _api.Call) -> httpx.Request:
-        timeout = c.timeout if c.timeout is not None else self.cfg.request_timeout
-        return self.client.build_request(
-            c.method, c.path, json=c.json, params=c.params, content=c.content, headers=c.headers,
-            timeout=httpx.Timeout(timeout, connect=10.0),
-        )
-
-    def call(self, c: _api.Call) -> httpx.Response:
-        try:
-            try:
-                r = self.client.send(self._request(c))
-            except httpx.RemoteProtocolError:
-                # A pooled keep-alive connection the service closed as it was reused: an
-                # idempotent request is sent once more on a fresh one.
-                if c.method not in _api.IDEMPOTENT:
-                    raise
-                r = self.client.send(self._request(c))
-        except httpx.TimeoutException as e:
-            raise TimeoutException(f"{c.method} {c.path} did not answer in time: {e}") from e
-        except httpx.TransportError as e:
-            raise ServiceUnavailableError(f"cannot reach the branchbox service at {self.cfg.api_url}: {e}") from e
-        _api.raise_for(r)
-        return r
-
-    @contextmanager
-    def stream(self, c: _api.Call) -> Iterator[httpx.Response]:
-        try:
-            r = self.client.send(self._request(c), stream=True)
-        except httpx.TimeoutException as e:
-            raise TimeoutException(f"{c.method} {c.path} did not answer in time: {e}") from e
-        except httpx.TransportError as e:
-            raise ServiceUnavailableError(f"cannot reach the branchbox service at {self.cfg.api_url}: {e}") from e
-        try:
-            if r.status_code >= 400:
-                r.read()
-                _api.raise_for(r)
-            yield r
-        except httpx.TimeoutException as e:
-            raise TimeoutException(f"{c.method} {c.path} stopped sending in time: {e}") from e
-        except httpx.TransportError as e:
-            raise ServiceUnavailableError(f"the connection to {self.cfg.api_url} broke: {e}") from e
-        finally:
-            r.close()
 
 
 class CommandHandle:
@@ -469,8 +414,8 @@ class Sandbox:
         given env, metadata and files. An empty pool is waited on (`wait` seconds), never
         silently cold-started; `allow_cold=True` starts one and `claim_info.source` says "cold"."""
         http = _Http(ConnectionConfig.resolve(api_url, token, request_timeout))
-        c = _pool.claim_call(pool, envs, metadata, files, timeout, on_timeout, wait, allow_cold)
-        return _pool.claimed(cls, http, http.call(c).json())
+        c = _claim.claim_call(pool, envs, metadata, files, timeout, on_timeout, wait, allow_cold)
+        return _claim.claimed(cls, http, http.call(c).json())
 
     @classmethod
     def connect(cls, sandbox_id: str, timeout: Optional[float] = None, *, api_url: Optional[str] = None,

@@ -17,7 +17,7 @@ from . import _api
 from ._config import ConnectionConfig
 from ._names import check_name
 from .exceptions import BranchboxError
-from .sandbox import _Http
+from ._http import _Http
 
 
 @dataclass
