@@ -282,6 +282,15 @@ pub fn fetch_manifest(remote: &Remote, id: &branchbox_model::SnapshotId) -> Resu
     Manifest::parse(&bytes, id)
 }
 
+/// Deletes a snapshot's manifest from the store, so that the next [`gc`] sweeps the chunks
+/// no other manifest names. Pulls already running finish (their leases hold the gc off).
+pub fn remove(remote: &Remote, id: &branchbox_model::SnapshotId) -> Result<()> {
+    if remote.head(&manifest_key(id))?.is_none() {
+        return Err(Error::NotFound(id.to_string()));
+    }
+    remote.delete(&manifest_key(id))
+}
+
 /// Chunks available in snapshots of this data directory, from their [`LOCAL_MANIFEST`]s.
 #[derive(Default)]
 pub struct LocalChunks {

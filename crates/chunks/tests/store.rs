@@ -224,4 +224,11 @@ fn gc_sweeps_unreferenced_chunks_keeps_referenced_ones_and_waits_for_leases() {
     assert!(remote.list("leases/").unwrap().is_empty());
     // What remains still pulls.
     pull_to(&remote, &kept.id, &tmp.path().join("pulled")).unwrap();
+
+    // Its manifest removed, the next gc sweeps its chunks too.
+    branchbox_chunks::remove(&remote, &kept.id).unwrap();
+    assert!(matches!(branchbox_chunks::remove(&remote, &kept.id), Err(Error::NotFound(_))));
+    let r = gc(&remote, false).unwrap();
+    assert!(r.swept && r.manifests == 0 && r.deleted_chunks.len() == referenced, "{r:?}");
+    assert!(remote.list("chunks/").unwrap().is_empty());
 }

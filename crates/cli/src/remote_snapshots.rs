@@ -38,6 +38,11 @@ pub enum RemoteCmd {
         /// Snapshot id.
         snapshot: String,
     },
+    /// Delete a snapshot's manifest from the store; the next gc sweeps the chunks only it named.
+    Rm {
+        /// Snapshot id.
+        snapshot: String,
+    },
     /// Delete the chunks no manifest names (not while a push or pull holds a lease).
     Gc {
         /// Only report.
@@ -131,6 +136,13 @@ pub fn run(engine: &Engine, args: &RemoteArgs, command: RemoteCmd, json: bool) -
                     r.reused_bytes as f64 / MIB,
                     r.seconds
                 )
+            });
+        }
+        RemoteCmd::Rm { snapshot } => {
+            let id = branchbox_model::SnapshotId::parse(&snapshot)?;
+            branchbox_chunks::remove(&remote, &id)?;
+            print(json, &serde_json::json!({ "removed": id }), || {
+                format!("removed {id} from {}", remote.url())
             });
         }
         RemoteCmd::Gc { dry_run } => {

@@ -124,6 +124,19 @@ fn a_snapshot_from_another_runsc_is_refused_and_nothing_is_recorded() {
     let tmp_left: Vec<_> = std::fs::read_dir(b.join("snapshots")).unwrap().flatten().collect();
     assert!(tmp_left.is_empty(), "left behind: {tmp_left:?}");
 
+    // Removed from the store and swept: the chunks only it named are gone.
+    let rm = remote_ok(&w, &a, &["rm", other]);
+    assert_eq!(rm["removed"], other);
+    let gc = remote_ok(&w, &a, &["gc"]);
+    assert_eq!(gc["swept"], true, "{gc}");
+    assert_eq!(gc["deleted_chunks"].as_array().unwrap().len(), 0, "{gc}");
+    remote_ok(&w, &a, &["rm", &snap]);
+    let gc = remote_ok(&w, &a, &["gc", "--dry-run"]);
+    assert!(!gc["deleted_chunks"].as_array().unwrap().is_empty(), "{gc}");
+    let gc = remote_ok(&w, &a, &["gc"]);
+    assert_eq!(gc["manifests"], 0, "{gc}");
+    assert!(remote.list("chunks/").unwrap().is_empty());
+
     // A snapshot that was never pushed is named as such.
     let out = remote_cmd(&w, &b, &["pull", "snap-00000000000000fe"]);
     assert!(
