@@ -44,6 +44,7 @@ pub struct Remote {
     prefix: String,
     agent: ureq::Agent,
     url: String,
+    endpoint: String,
 }
 
 /// Splits `s3://BUCKET/PREFIX` into the bucket and the prefix (empty, or ending in `/`).
@@ -97,6 +98,7 @@ impl Remote {
             prefix,
             agent,
             url: cfg.url.clone(),
+            endpoint: cfg.endpoint.clone(),
         })
     }
 
@@ -125,7 +127,15 @@ impl Remote {
                     .collect::<String>();
                 Error::Remote(format!("{what} {key} in {}: HTTP {code} {code_word}", self.url))
             }
-            ureq::Error::Transport(t) => Error::Remote(format!("{what} {key} in {}: {t}", self.url)),
+            // Not the transport error's own text: it carries the presigned URL, a credential
+            // for this request until it expires.
+            ureq::Error::Transport(t) => Error::Remote(format!(
+                "{what} {key} in {} ({}): {}{}",
+                self.url,
+                self.endpoint,
+                t.kind(),
+                t.message().map(|m| format!(": {m}")).unwrap_or_default()
+            )),
         }
     }
 
@@ -239,7 +249,22 @@ impl Remote {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_url;
+    use super::{parse_url, Remote, RemoteConfig};
+
+    #[test]
+    fn errors_do_not_print_the_signed_url() {
+        let cfg = RemoteConfig {
+            url: "s3://snaps".into(),
+            // Nothing listens on port 1: the connection is refused.
+            endpoint: "http://127.0.0.1:1".into(),
+            region: "us-east-1".into(),
+            access_key: "key-id".into(),
+            secret_key: "secret".into(),
+        };
+        let err = Remote::new(&cfg).unwrap().head("chunks/x").unwrap_err().to_string();
+        assert!(err.contains("chunks/x") && err.contains("127.0.0.1:1"), "{err}");
+        assert!(!err.contains("X-Amz") && !err.contains("key-id"), "{err}");
+    }
 
     #[test]
     fn remote_urls_are_checked() {
