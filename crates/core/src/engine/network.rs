@@ -1,4 +1,6 @@
 //! Reading and changing a networked sandbox's egress policy while it runs (docs/network.md).
+//! The policy's record in the sandbox's directory is `branchbox_net::record`'s, the same for
+//! every backend.
 
 use super::Engine;
 use branchbox_model::{Error, Result, SandboxId};
@@ -6,7 +8,7 @@ use branchbox_net::{Counters, Egress, NetConfig};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
 use std::time::Duration;
 
-fn net_error(e: branchbox_net::Error) -> Error {
+pub(super) fn net_error(e: branchbox_net::Error) -> Error {
     match e {
         branchbox_net::Error::Invalid(m) => Error::InvalidInput(m),
         other => Error::Backend(format!("sandbox networking: {other}")),
@@ -18,7 +20,7 @@ impl Engine {
     fn networked(&self, id: &SandboxId) -> Result<Egress> {
         let sandbox = self.store.sandbox(id)?;
         let dir = self.sandbox_dir(id);
-        match branchbox_gvisor::network::recorded(&dir)? {
+        match branchbox_net::record::recorded(&dir).map_err(net_error)? {
             Some(egress) => Ok(egress),
             None => Err(Error::InvalidInput(format!(
                 "sandbox {id} ({} backend) has no network; create one with `branchbox create --network`",
@@ -85,6 +87,6 @@ impl Engine {
     pub fn set_egress(&self, id: &SandboxId, egress: &Egress) -> Result<()> {
         self.networked(id)?;
         NetConfig::from_env().map_err(net_error)?.set_egress(id.as_str(), egress).map_err(net_error)?;
-        branchbox_gvisor::network::record(&self.sandbox_dir(id), egress)
+        branchbox_net::record::record(&self.sandbox_dir(id), egress).map_err(net_error)
     }
 }

@@ -66,7 +66,8 @@ impl Engine {
         if s.backend != BackendKind::Gvisor || self.cfg.fork_shells == 0 {
             return Ok(None);
         }
-        Ok(branchbox_gvisor::network::recorded(&self.sandbox_dir(&s.id))?
+        Ok(branchbox_net::record::recorded(&self.sandbox_dir(&s.id))
+            .map_err(super::network::net_error)?
             .is_none()
             .then(|| key(rootfs, &s.limits)))
     }
