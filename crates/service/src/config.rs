@@ -46,6 +46,8 @@ pub struct ServiceConfig {
     /// Host names accepted in the `Host` header besides IP addresses and `localhost`
     /// (any other name is how a DNS-rebinding page would reach the service).
     pub allowed_hosts: Vec<String>,
+    /// The fleet's peers file (`--peers`): other nodes this one forwards requests to.
+    pub peers: Option<std::path::PathBuf>,
 }
 
 impl ServiceConfig {
@@ -70,6 +72,7 @@ impl ServiceConfig {
             agent_stall: Duration::from_secs(60),
             listen: None,
             allowed_hosts: Vec::new(),
+            peers: None,
         }
     }
 

@@ -14,6 +14,7 @@ pub mod config;
 pub mod db;
 pub mod e2b;
 pub mod error;
+pub mod fleet;
 pub mod guard;
 pub mod metrics;
 pub mod pool;

@@ -50,6 +50,10 @@ struct Args {
     /// (repeatable); other names are refused, which stops DNS rebinding.
     #[arg(long)]
     allowed_host: Vec<String>,
+    /// Fleet peers file (JSON `{"peers": [{name, url, token}]}`, mode 0600, re-read when it
+    /// changes): requests naming a sandbox a peer holds are forwarded to it (docs/fleet.md).
+    #[arg(long, env = "BRANCHBOXD_PEERS")]
+    peers: Option<PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -74,6 +78,7 @@ fn main() -> anyhow::Result<()> {
     cfg.max_connections = a.max_connections.max(1);
     cfg.header_timeout = Duration::from_secs(a.header_timeout.max(1));
     cfg.allowed_hosts = a.allowed_host.clone();
+    cfg.peers = a.peers.clone();
     cfg.agent_stall = Duration::from_secs(a.agent_stall.max(1));
     // Bound before anything else, so the address (port 0 picks one) is known to the challenge.
     let listener =

@@ -118,6 +118,80 @@ def test_created_on_node3_reached_from_a_task_on_node2(fleet):
         time.sleep(0.2)
 
 
+def _listed(n) -> set:
+    return {s["id"] for s in httpx.get(f"{n.url}/v1/sandboxes", timeout=10,
+                                       headers={"authorization": f"Bearer {n.token}"}).json()}
+
+
+def test_branchbox_sdk_through_node2_execs_streams_and_forks_a_sandbox_on_node3(fleet):
+    """Any node answers for the fleet: node 2 forwards what names node 3's sandbox to node 3,
+    with node 3's token, which the client never holds."""
+    n2, n3 = fleet.node("n2"), fleet.node("n3")
+    made = fleet.create(node="n3")
+    kids = []
+    try:
+        assert made.sandbox_id in _listed(n3) and made.sandbox_id not in _listed(n2)
+        sbx = Sandbox.connect(made.sandbox_id, api_url=n2.url, api_key=n2.token)
+        assert sbx._http.cfg.api_url == n2.url
+        sbx.files.write("/home/user/where", "written through node 2")
+        assert made.files.read("/home/user/where") == "written through node 2"  # on node 3 itself
+        lines = []
+        r = sbx.commands.run("for i in 1 2 3; do echo line$i; sleep 0.2; done",
+                             on_stdout=lines.append)
+        assert r.exit_code == 0 and "".join(lines).split()[:3] == ["line1", "line2", "line3"]
+        assert sbx.get_info().sandbox_id == made.sandbox_id
+        kids = sbx.fork(2)
+        assert all(isinstance(k, Sandbox) for k in kids), kids
+        on_n3, on_n2 = _listed(n3), _listed(n2)
+        for k in kids:
+            assert k._http.cfg.api_url == n2.url
+            assert k.sandbox_id in on_n3 and k.sandbox_id not in on_n2
+            assert k.files.read("/home/user/where") == "written through node 2"
+        # The client authenticates to node 2 by node 2's rules; node 3's token does not open it.
+        bad = httpx.get(f"{n2.url}/v1/sandboxes/{made.sandbox_id}", timeout=10,
+                        headers={"authorization": f"Bearer {n3.token}"})
+        assert bad.status_code == 401, bad.text
+        # A request already marked as forwarded is served where it lands: never a second hop.
+        marked = httpx.get(f"{n2.url}/v1/sandboxes/{made.sandbox_id}", timeout=10,
+                           headers={"authorization": f"Bearer {n2.token}", "x-branchbox-forwarded": "x"})
+        assert marked.status_code == 404, marked.text
+    finally:
+        for k in kids:
+            if isinstance(k, Sandbox):
+                k.kill()
+        made.kill()
+
+
+def test_e2b_sdk_through_node2_connects_and_runs_on_node3(fleet, monkeypatch):
+    e2b = pytest.importorskip("e2b", reason="the e2b package is not installed (requirements-test.txt)")
+    n2, n3 = fleet.node("n2"), fleet.node("n3")
+    for k in list(os.environ):
+        if k.startswith(("BRANCHBOX_", "E2B_")):
+            monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("E2B_API_URL", f"{n2.url}/e2b")
+    monkeypatch.setenv("E2B_SANDBOX_URL", f"{n2.url}/e2b/envd")
+    monkeypatch.setenv("E2B_API_KEY", n2.token)
+    made = fleet.create(node="n3")
+    try:
+        made.files.write("/home/user/where", "on node 3")
+        es = e2b.Sandbox.connect(made.sandbox_id)
+        r = es.commands.run("cat /home/user/where; echo; whoami")
+        assert r.stdout.split("\n")[:2] == ["on node 3", "user"], r
+        es.files.write("/home/user/from-e2b", "via node 2")
+        assert made.files.read("/home/user/from-e2b") == "via node 2"
+        assert made.sandbox_id in _listed(n3) and made.sandbox_id not in _listed(n2)
+        es.kill()
+        deadline = time.monotonic() + 10
+        while made.sandbox_id in _listed(n3):
+            assert time.monotonic() < deadline, "the kill through node 2 did not reach node 3"
+            time.sleep(0.2)
+    finally:
+        try:
+            made.kill()
+        except Exception:
+            pass
+
+
 def test_node_actor_restarts_its_branchboxd(fleet):
     actor = fleet.node_actor("n5")
     before = ray.get(actor.info.remote())

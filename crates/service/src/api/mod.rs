@@ -187,6 +187,7 @@ pub fn router(st: AppState) -> (Router, OpenApiDoc) {
         .layer(from_fn_with_state(st.clone(), crate::guard::guard))
         .layer(from_fn_with_state(st.clone(), count))
         .layer(axum::middleware::from_fn(crate::unread::close_if_unread))
+        .layer(from_fn_with_state(crate::fleet::Fleet::new(&st), crate::fleet::forward))
         .with_state(st);
     (router, doc)
 }

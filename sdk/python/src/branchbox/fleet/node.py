@@ -69,6 +69,10 @@ class Node:
         self.port = _free_port(self.ip)
         self.url = f"http://{self.ip}:{self.port}"
         self.log = self.data_dir.parent / f"{self.data_dir.name}-branchboxd.log"
+        # The other alive nodes, for branchboxd's --peers: it forwards requests naming their
+        # sandboxes to them, so any node's address serves the whole fleet (docs/fleet.md).
+        self.peers_file = self.data_dir.parent / f"{self.data_dir.name}-peers.json"
+        self._peers_text = ""
         self.restarts = -1
         self.snapshots: set = set()
         self._proc: Optional[subprocess.Popen] = None
@@ -86,7 +90,7 @@ class Node:
 
     def _start(self) -> None:
         cmd = [str(self.binary), "--data-dir", str(self.data_dir), "--listen", f"{self.ip}:{self.port}",
-               "--max-sandboxes", str(self.max_sandboxes), *self.extra_args]
+               "--max-sandboxes", str(self.max_sandboxes), "--peers", str(self.peers_file), *self.extra_args]
         with open(self.log, "ab") as log:
             self._proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
                                           preexec_fn=_die_with_parent)
@@ -170,8 +174,24 @@ class Node:
                 report = self.report()
                 if report["healthy"]:  # an unhealthy node says nothing, and so is marked lost
                     ray.get(directory.heartbeat.remote(report), timeout=10)
+                    self._write_peers(ray.get(directory.nodes.remote(), timeout=10))
             except Exception:
                 directory = None  # looked up again: it may have restarted
+
+    def _write_peers(self, nodes: List[Dict[str, Any]]) -> None:
+        """Rewrites the peers file (mode 0600: it holds the peers' tokens) when the alive nodes
+        other than this one changed; branchboxd re-reads it when it changes."""
+        peers = [{"name": n["name"], "url": n["url"], "token": n["token"]} for n in nodes
+                 if n.get("name") != self.name and n.get("state") == "alive" and n.get("url") and n.get("token")]
+        text = json.dumps({"peers": peers}, sort_keys=True)
+        if text == self._peers_text:
+            return
+        tmp = self.peers_file.with_name(self.peers_file.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, self.peers_file)
+        self._peers_text = text
 
     # --- calls -------------------------------------------------------------------------------
 
