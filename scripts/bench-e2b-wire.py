@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """What E2B's wire costs next to branchbox's own API, on one sandbox of a running branchboxd:
 a command (`true`) and a 64 KiB file read, each through our SDK (`/v1`) and through the real
-`e2b` SDK (`/e2b`, `/e2b/envd`), interleaved so both see the same host load. Prints one JSON
-report with p50 and p90 of each, in milliseconds; asserts nothing.
+`e2b` SDK (`/e2b`, `/e2b/envd`), and a fork of 10 (`Sandbox.fork(count=10)` in each SDK, timed
+to the call's return, every child started), all interleaved so both see the same host load.
+Prints one JSON report with p50 and p90 of each, in milliseconds; asserts nothing.
 
 Run with the test environment's Python (target/py, which has both SDKs) against a service:
     BRANCHBOX_URL=http://127.0.0.1:7420 BRANCHBOX_TOKEN=$(cat <data>/service/token) \\
-        target/py/bin/python scripts/bench-e2b-wire.py [runs]
+        target/py/bin/python scripts/bench-e2b-wire.py [runs] [fork runs]
 """
 
 import json
@@ -22,6 +23,7 @@ import branchbox  # noqa: E402
 import e2b  # noqa: E402
 
 runs = int(sys.argv[1]) if len(sys.argv) > 1 else 50
+fork_runs = int(sys.argv[2]) if len(sys.argv) > 2 else 5
 ours = branchbox.Sandbox.create(timeout=600)
 try:
     theirs = e2b.Sandbox.connect(ours.sandbox_id)
@@ -42,8 +44,27 @@ try:
             f()
             times[k].append((time.perf_counter() - t) * 1000)
 
+
+    def fork10(sdk_fork):
+        t = time.perf_counter()
+        kids = sdk_fork()
+        took = (time.perf_counter() - t) * 1000
+        started = [k for k in kids if not isinstance(k, Exception)]
+        for k in started:
+            k.kill()
+        if len(started) != 10:
+            raise RuntimeError(f"a fork of 10 started {len(started)}: {kids}")
+        return took
+
+    forks = {"fork10_native": lambda: ours.fork(count=10), "fork10_e2b": lambda: theirs.fork(count=10)}
+    for k in forks:
+        times[k] = []
+    for _ in range(fork_runs):
+        for k, f in forks.items():
+            times[k].append(fork10(f))
+
     def q(v, p):
-        return round(statistics.quantiles(v, n=100)[p - 1], 2)
+        return round(statistics.quantiles(v, n=100, method="inclusive")[p - 1], 2)
 
     print(json.dumps({k: {"p50_ms": round(statistics.median(v), 2), "p90_ms": q(v, 90), "runs": len(v)}
                       for k, v in times.items()}, indent=1))
