@@ -121,7 +121,7 @@ def test_values_out_of_range_are_422(api, live):
         (f"/v1/sandboxes/{live}/commands", {}, "exactly one"),
         (f"/v1/sandboxes/{live}/commands", {"cmd": "true", "cwd": "relative"}, "absolute"),
         (f"/v1/sandboxes/{live}/processes/1/signal", {"signal": 0}, "signal"),
-        (f"/v1/sandboxes/{live}/timeout", {"timeout": 0}, "timeout"),
+        (f"/v1/sandboxes/{live}/timeout", {"timeout": -1}, "timeout"),  # 0 ends it (E2B's meaning)
     ]
     for path, body, hint in cases:
         assert hint in err(api.post(path, json=body), 422, "invalid_input"), (path, body)
