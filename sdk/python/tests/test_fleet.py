@@ -19,7 +19,7 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install -r sdk/python/requirements-ray.txt)")
 
-from branchbox import Sandbox  # noqa: E402
+from branchbox import PtySize, Sandbox  # noqa: E402
 from branchbox.fleet import Fleet, LostSandboxError, cross_node_missing  # noqa: E402
 from branchbox.fleet.rl import Env, Script, run_episodes  # noqa: E402
 
@@ -140,6 +140,23 @@ def test_branchbox_sdk_through_node2_execs_streams_and_forks_a_sandbox_on_node3(
                              on_stdout=lines.append)
         assert r.exit_code == 0 and "".join(lines).split()[:3] == ["line1", "line2", "line3"]
         assert sbx.get_info().sandbox_id == made.sandbox_id
+        # A figure, not asserted: a command straight to n3 and through n2 (one more hop on loopback).
+        times = {}
+        for name, s_ in (("direct to n3", made), ("through n2", sbx)) * 2:
+            t = []
+            for _ in range(10):
+                t0 = time.perf_counter()
+                s_.commands.run("true")
+                t.append(time.perf_counter() - t0)
+            times[name] = statistics.median(t)
+        print(f"\nforwarding: `true` p50 {times['direct to n3'] * 1000:.0f} ms direct to n3, "
+              f"{times['through n2'] * 1000:.0f} ms through n2 (10 runs each, second round)")
+        # A terminal: its WebSocket handshake forwarded, then the switched connection spliced.
+        screen = bytearray()
+        h = sbx.pty.create(PtySize(rows=24, cols=80), on_data=screen.extend)
+        h.send_stdin("echo pty-through-$((40+2))\nexit 7\n")
+        assert h.wait(timeout=60).exit_code == 7
+        assert b"pty-through-42" in screen, bytes(screen)
         kids = sbx.fork(2)
         assert all(isinstance(k, Sandbox) for k in kids), kids
         on_n3, on_n2 = _listed(n3), _listed(n2)

@@ -6,8 +6,8 @@
 //! again (so a request crosses at most one hop, whatever the peers files say). An E2B answer
 //! that hands out a sandbox access token (`envdAccessToken`) is rewritten to the token derived
 //! from the key the client presented here, so the client never holds one derived from the
-//! peer's token. WebSocket upgrades (terminals, UDP relays) are not forwarded: they answer 501
-//! naming the node that holds the sandbox.
+//! peer's token. A WebSocket (a terminal, a UDP relay) is forwarded as its handshake, then
+//! as the bytes of the switched connection, copied both ways.
 
 use super::{Fleet, Peer};
 use crate::auth::Tokens;
@@ -118,14 +118,16 @@ pub async fn forward(State(fleet): State<Fleet>, req: Request, next: Next) -> Re
         return next.run(req).await;
     }
     let Some(peer) = owner(&fleet, &peers, &id).await else { return next.run(req).await };
-    if req.headers().contains_key(header::UPGRADE) {
-        let msg = format!(
-            "sandbox {id} lives on fleet node {} ({}); WebSockets (terminals, UDP relays) are not forwarded: open it on that node's address",
-            peer.name, peer.authority
-        );
-        return error(plane, StatusCode::NOT_IMPLEMENTED, "not_forwarded", msg);
+    // A WebSocket (a terminal, a UDP relay, one through the port proxy): the handshake goes to
+    // the peer, and once both sides have switched protocols the bytes are copied both ways.
+    let mut req = req;
+    let upgrade = req.headers().get(header::UPGRADE).cloned();
+    let client_side = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
+    let mut forwarded = outgoing(req, &peer, plane, &caller);
+    if let Some(u) = upgrade {
+        forwarded.headers_mut().insert(header::UPGRADE, u);
+        forwarded.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     }
-    let forwarded = outgoing(req, &peer, plane, &caller);
     let resp = match send(&peer, forwarded).await {
         Ok(r) => r,
         Err(e) => {
@@ -140,17 +142,38 @@ pub async fn forward(State(fleet): State<Fleet>, req: Request, next: Next) -> Re
     if resp.status() == StatusCode::NOT_FOUND {
         fleet.forget_owner(id.as_str());
     }
-    incoming(resp, plane, presented.as_deref()).await
+    match client_side {
+        Some(client) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => splice(client, resp),
+        _ => incoming(resp, plane, presented.as_deref()).await,
+    }
+}
+
+/// Answers the client's handshake with the peer's 101, then copies bytes both ways between the
+/// two upgraded connections until either side closes.
+fn splice(
+    client: hyper::upgrade::OnUpgrade,
+    mut resp: axum::http::Response<hyper::body::Incoming>,
+) -> Response {
+    let peer_side = hyper::upgrade::on(&mut resp);
+    tokio::spawn(async move {
+        match (client.await, peer_side.await) {
+            (Ok(a), Ok(b)) => {
+                let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(a), &mut TokioIo::new(b)).await;
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::debug!("a forwarded WebSocket did not switch protocols: {e}")
+            }
+        }
+    });
+    let (parts, _) = resp.into_parts();
+    Response::from_parts(parts, Body::empty())
 }
 
 fn error(plane: Plane, status: StatusCode, code: &'static str, msg: String) -> Response {
     match plane {
         Plane::V1 => ApiError::new(status, code, msg).into_response(),
         Plane::E2bControl => crate::e2b::E2bError(ApiError::new(status, code, msg)).into_response(),
-        Plane::Envd => {
-            let rpc = if status == StatusCode::NOT_IMPLEMENTED { "unimplemented" } else { "unavailable" };
-            (status, axum::Json(RpcError::new(rpc, msg).json())).into_response()
-        }
+        Plane::Envd => (status, axum::Json(RpcError::new("unavailable", msg).json())).into_response(),
     }
 }
 
@@ -245,7 +268,7 @@ async fn send(peer: &Peer, req: Request) -> Result<axum::http::Response<hyper::b
         .await
         .map_err(|e| e.to_string())?;
     tokio::spawn(async move {
-        if let Err(e) = conn.await {
+        if let Err(e) = conn.with_upgrades().await {
             tracing::debug!("connection to a fleet peer ended: {e}");
         }
     });
