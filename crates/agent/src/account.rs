@@ -35,6 +35,45 @@ fn read_db(path: &str) -> Result<String, Failure> {
     Ok(text)
 }
 
+/// The guest's user and group names by id, for showing who owns a file.
+#[derive(Debug, Default)]
+pub struct Names {
+    users: std::collections::HashMap<u32, String>,
+    groups: std::collections::HashMap<u32, String>,
+}
+
+impl Names {
+    /// Reads the guest's `/etc/passwd` and `/etc/group` (either may be missing: ids then show
+    /// as numbers).
+    pub fn read() -> Names {
+        Names::parse(&read_db("/etc/passwd").unwrap_or_default(), &read_db("/etc/group").unwrap_or_default())
+    }
+
+    /// The names in the text of `passwd` and `group` (name first, id third in both).
+    pub fn parse(passwd: &str, group: &str) -> Names {
+        let ids = |text: &str| {
+            let mut out = std::collections::HashMap::new();
+            for f in text.lines().map(|l| l.split(':').collect::<Vec<_>>()).filter(|f| f.len() >= 3) {
+                if let Ok(id) = f[2].parse::<u32>() {
+                    out.entry(id).or_insert_with(|| f[0].to_string());
+                }
+            }
+            out
+        };
+        Names { users: ids(passwd), groups: ids(group) }
+    }
+
+    /// The name of user `uid`, or the number.
+    pub fn user(&self, uid: u32) -> String {
+        self.users.get(&uid).cloned().unwrap_or_else(|| uid.to_string())
+    }
+
+    /// The name of group `gid`, or the number.
+    pub fn group(&self, gid: u32) -> String {
+        self.groups.get(&gid).cloned().unwrap_or_else(|| gid.to_string())
+    }
+}
+
 /// Looks `name` up in the guest's account files.
 pub fn lookup(name: &str) -> Result<Account, Failure> {
     let passwd = read_db("/etc/passwd")?;

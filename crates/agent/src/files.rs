@@ -55,7 +55,14 @@ fn stat_of(name: String, md: &fs::Metadata) -> FileStat {
         size: md.len(),
         mode: md.mode() & 0o7777,
         mtime_ns: md.mtime().saturating_mul(1_000_000_000).saturating_add(md.mtime_nsec()),
+        owner: None,
+        group: None,
     }
+}
+
+/// [`stat_of`] with the owner's and group's names.
+fn owned_stat(name: String, md: &fs::Metadata, names: &crate::account::Names) -> FileStat {
+    FileStat { owner: Some(names.user(md.uid())), group: Some(names.group(md.gid())), ..stat_of(name, md) }
 }
 
 fn ctx(path: &Path) -> impl Fn(std::io::Error) -> Failure + '_ {
@@ -287,6 +294,7 @@ pub fn list(path: &str, user: Option<&str>) -> Result<(Vec<FileStat>, bool), Fai
 
 fn list_dir(path: &str) -> Result<(Vec<FileStat>, bool), Failure> {
     let p = check_path(path)?;
+    let names = crate::account::Names::read();
     let mut out = Vec::new();
     let mut truncated = false;
     for entry in fs::read_dir(&p).map_err(ctx(&p))? {
@@ -296,7 +304,7 @@ fn list_dir(path: &str) -> Result<(Vec<FileStat>, bool), Failure> {
             break;
         }
         if let Ok(md) = entry.path().symlink_metadata() {
-            out.push(stat_of(entry.file_name().to_string_lossy().into_owned(), &md));
+            out.push(owned_stat(entry.file_name().to_string_lossy().into_owned(), &md, &names));
         }
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -307,7 +315,7 @@ fn list_dir(path: &str) -> Result<(Vec<FileStat>, bool), Failure> {
 pub fn stat(path: &str, user: Option<&str>) -> Result<FileStat, Failure> {
     let p = check_path(path)?;
     let md = as_user(user, || p.symlink_metadata().map_err(ctx(&p)))?;
-    Ok(stat_of(path.to_string(), &md))
+    Ok(owned_stat(path.to_string(), &md, &crate::account::Names::read()))
 }
 
 /// Follows every symbolic link of `path` as `user`: the stat of where it leads, named by the
@@ -317,7 +325,7 @@ pub fn resolve(path: &str, user: Option<&str>) -> Result<FileStat, Failure> {
     as_user(user, || {
         let real = fs::canonicalize(&p).map_err(ctx(&p))?;
         let md = real.symlink_metadata().map_err(ctx(&real))?;
-        Ok(stat_of(real.to_string_lossy().into_owned(), &md))
+        Ok(owned_stat(real.to_string_lossy().into_owned(), &md, &crate::account::Names::read()))
     })
 }
 
@@ -486,6 +494,25 @@ mod tests {
         write_as(&base.join("home/f"), b"hello", NOBODY).unwrap();
         assert_eq!(read_as(&base.join("home/f"), NOBODY).unwrap(), b"hello");
         assert_eq!(stat(s(&base.join("home/f")), NOBODY).unwrap().size, 5);
+    }
+
+    #[test]
+    fn stats_and_listings_name_the_owner_and_group_or_give_their_numbers() {
+        let n = crate::account::Names::parse(
+            "root:x:0:0::/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/bash\n",
+            "root:x:0:\nusers:x:100:user\n",
+        );
+        assert_eq!(
+            (n.user(1000), n.group(100), n.user(4242), n.group(1000)),
+            ("user".into(), "users".into(), "4242".into(), "1000".into())
+        );
+        let (_d, base) = tree();
+        // The host's own account files are read here: nobody (65534) is in Debian's.
+        let st = stat(s(&base.join("home")), None).unwrap();
+        assert_eq!(st.owner.as_deref(), Some("nobody"));
+        let listed = list(s(&base), None).unwrap().0;
+        let home = listed.iter().find(|e| e.name == "home").unwrap();
+        assert_eq!((home.owner.as_deref(), home.group.as_deref()), (Some("nobody"), st.group.as_deref()));
     }
 
     #[test]

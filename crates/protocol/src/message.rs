@@ -384,6 +384,13 @@ pub struct FileStat {
     pub mode: u32,
     /// Modification time, nanoseconds since the Unix epoch.
     pub mtime_ns: i64,
+    /// The owner's name in the guest's `/etc/passwd` (its uid when it has none), from `stat`,
+    /// `resolve` and `list_dir`; absent from walks and from older agents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// The group's name in the guest's `/etc/group` (its gid when it has none), as `owner`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 /// What happened to a path under a watched directory.

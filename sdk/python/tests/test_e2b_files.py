@@ -99,3 +99,14 @@ def test_a_deep_listing_gives_each_directory_then_what_it_holds(esbx):
     got = [e.path.removeprefix("/home/user/t/") for e in esbx.files.list("t", depth=3)]
     assert got == ["0", "a", "a/x", "a/x/deep", "a/y", "b", "b/z", "c"]
     assert [e.name for e in esbx.files.list("t")] == ["0", "a", "b", "c"]
+
+
+def test_entries_name_their_owner_and_group_as_envds_do(esbx):
+    esbx.files.write("mine.txt", "x")
+    info = esbx.files.get_info("mine.txt")
+    assert (info.owner, info.group) == ("user", "user")
+    assert (esbx.files.get_info("/etc/passwd").owner, esbx.files.get_info("/etc").group) == ("root", "root")
+    esbx.commands.run("touch /tmp/numbered && chown 4242:4343 /tmp/numbered", user="root")
+    listed = {e.name: (e.owner, e.group) for e in esbx.files.list("/tmp")}
+    assert listed["numbered"] == ("4242", "4343")
+    assert {e.name: e.owner for e in esbx.files.list("/home/user")}["mine.txt"] == "user"

@@ -62,7 +62,7 @@ fn snapshot(source: &SandboxId, parent: Option<&SnapshotId>, kind: SnapshotKind,
 }
 
 fn file(name: &str, kind: FileKind, size: u64) -> FileStat {
-    FileStat { name: name.into(), kind, size, mode: 0o644, mtime_ns: 1 }
+    FileStat { name: name.into(), kind, size, mode: 0o644, mtime_ns: 1, owner: None, group: None }
 }
 
 /// Writes a snapshot's listing where the engine keeps it, so no sandbox is started for it.

@@ -58,8 +58,8 @@ pub fn entry(s: &FileStat, path: &str) -> pb::EntryInfo {
         size: s.size.min(i64::MAX as u64) as i64,
         mode: s.mode & 0o7777,
         permissions: permissions(s.kind, s.mode),
-        owner: String::new(),
-        group: String::new(),
+        owner: s.owner.clone().unwrap_or_default(),
+        group: s.group.clone().unwrap_or_default(),
         modified_time: Some(pb::Timestamp::from_ns(s.mtime_ns)),
         symlink_target: None,
         metadata: Default::default(),
@@ -476,7 +476,15 @@ mod tests {
 
     #[test]
     fn entries_carry_type_mode_and_go_style_permissions() {
-        let s = FileStat { name: "x".into(), kind: FileKind::Dir, size: 4096, mode: 0o40755, mtime_ns: 0 };
+        let s = FileStat {
+            name: "x".into(),
+            kind: FileKind::Dir,
+            size: 4096,
+            mode: 0o40755,
+            mtime_ns: 0,
+            owner: None,
+            group: None,
+        };
         let e = entry(&s, "/home/user/x");
         assert_eq!((e.name.as_str(), e.r#type, e.mode), ("x", pb::FILE_TYPE_DIRECTORY, 0o755));
         assert_eq!(e.permissions, "drwxr-xr-x");
@@ -485,13 +493,28 @@ mod tests {
 
     #[test]
     fn a_link_shows_what_it_leads_to_and_one_leading_nowhere_its_own_path() {
-        let link =
-            FileStat { name: "/h/l".into(), kind: FileKind::Symlink, size: 3, mode: 0o777, mtime_ns: 0 };
-        let file =
-            FileStat { name: "/h/d/f".into(), kind: FileKind::File, size: 9, mode: 0o640, mtime_ns: 0 };
+        let link = FileStat {
+            name: "/h/l".into(),
+            kind: FileKind::Symlink,
+            size: 3,
+            mode: 0o777,
+            mtime_ns: 0,
+            owner: Some("user".into()),
+            group: Some("user".into()),
+        };
+        let file = FileStat {
+            name: "/h/d/f".into(),
+            kind: FileKind::File,
+            size: 9,
+            mode: 0o640,
+            mtime_ns: 0,
+            owner: None,
+            group: None,
+        };
         let e = entry_following(&link, "/h/l", Some(&file));
         assert_eq!((e.r#type, e.mode, e.size), (pb::FILE_TYPE_FILE, 0o640, 3));
         assert_eq!((e.symlink_target.as_deref(), e.permissions.as_str()), (Some("/h/d/f"), "Lrwxrwxrwx"));
+        assert_eq!((e.owner.as_str(), e.group.as_str()), ("user", "user"));
         let e = entry_following(&link, "/h/l", None);
         assert_eq!((e.r#type, e.symlink_target.as_deref()), (pb::FILE_TYPE_UNSPECIFIED, Some("/h/l")));
         assert_eq!(entry_following(&file, "/h/d/f", None).symlink_target, None);
