@@ -256,7 +256,15 @@ mod every_message {
 
     #[test]
     fn every_response_shape_survives_the_wire() {
-        let stat = FileStat { name: "/a".into(), kind: FileKind::File, size: 1, mode: 0o644, mtime_ns: 5, owner: None, group: None };
+        let stat = FileStat {
+            name: "/a".into(),
+            kind: FileKind::File,
+            size: 1,
+            mode: 0o644,
+            mtime_ns: 5,
+            owner: None,
+            group: None,
+        };
         let status = ExitStatus {
             code: Some(0),
             signal: None,
