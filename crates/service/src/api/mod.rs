@@ -184,10 +184,10 @@ pub fn router(st: AppState) -> (Router, OpenApiDoc) {
             )
         })
         .layer(axum::extract::DefaultBodyLimit::max(st.cfg.max_json_bytes))
+        .layer(from_fn_with_state(crate::fleet::Fleet::new(&st), crate::fleet::forward))
         .layer(from_fn_with_state(st.clone(), crate::guard::guard))
         .layer(from_fn_with_state(st.clone(), count))
         .layer(axum::middleware::from_fn(crate::unread::close_if_unread))
-        .layer(from_fn_with_state(crate::fleet::Fleet::new(&st), crate::fleet::forward))
         .with_state(st);
     (router, doc)
 }

@@ -202,7 +202,8 @@ async fn owner(fleet: &Fleet, peers: &[Peer], id: &SandboxId) -> Option<Peer> {
     Some(found)
 }
 
-/// Headers that belong to one connection, or carry the client's credentials for this node.
+/// Headers that belong to one connection, carry the client's credentials for this node, or
+/// were checked here (`Origin`, by the guard, which runs before this layer).
 fn dropped(name: &HeaderName, plane: Plane) -> bool {
     matches!(
         name.as_str(),
@@ -219,6 +220,7 @@ fn dropped(name: &HeaderName, plane: Plane) -> bool {
             | "x-api-key"
             | "x-access-token"
             | "x-csrf-token"
+            | "origin"
             | FORWARDED
     ) || (name == header::AUTHORIZATION && plane != Plane::Envd)
 }
@@ -387,6 +389,7 @@ mod tests {
             .uri("http://127.0.0.2:1/v1/sandboxes/x/commands?wait=1")
             .header("authorization", "Bearer client-token-for-node2")
             .header("cookie", "bbx_session=abc")
+            .header("origin", "http://127.0.0.2:1")
             .header("x-api-key", "client-key")
             .header("connection", "keep-alive")
             .header(FORWARDED, "spoofed")
@@ -401,7 +404,7 @@ mod tests {
         assert_eq!(out.headers()["host"], "127.0.0.3:7420");
         assert_eq!(out.headers()["authorization"], "Bearer bbx_peer_token_0123456789");
         assert_eq!(out.headers().get_all("authorization").iter().count(), 1);
-        for gone in ["cookie", "x-api-key", "connection"] {
+        for gone in ["cookie", "x-api-key", "connection", "origin"] {
             assert!(!out.headers().contains_key(gone), "{gone} was passed on");
         }
         assert_eq!(out.headers()["content-type"], "application/json");

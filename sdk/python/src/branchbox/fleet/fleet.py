@@ -136,11 +136,17 @@ class Fleet:
         ray.get([a.info.remote() for a in actors], timeout=timeout)
         fleet = cls(namespace)
         deadline = time.monotonic() + timeout
-        while {n.name for n in fleet.nodes() if n.state == "alive"} < set(names):
+        # Ready when every node is alive in the directory and every branchboxd's peers file
+        # names all the others (so any node forwards to any other from the start).
+        while True:
+            if {n.name for n in fleet.nodes() if n.state == "alive"} >= set(names):
+                peers = ray.get([a.peer_names.remote() for a in actors], timeout=timeout)
+                if all(set(p) >= set(names) - {n} for n, p in zip(names, peers)):
+                    return fleet
             if time.monotonic() > deadline:
-                raise TimeoutError("the node actors' heartbeats did not reach the directory")
+                raise TimeoutError("the node actors' heartbeats did not reach the directory, or their peers files "
+                                   "do not list every node yet")
             time.sleep(0.1)
-        return fleet
 
     def node_actor(self, name: str) -> Any:
         import ray

@@ -195,6 +195,10 @@ class Node:
 
     # --- calls -------------------------------------------------------------------------------
 
+    def peer_names(self) -> List[str]:
+        """The nodes the peers file (branchboxd's --peers) lists now."""
+        return [p["name"] for p in json.loads(self._peers_text)["peers"]] if self._peers_text else []
+
     def info(self) -> Dict[str, Any]:
         r = self.report()
         r["data_dir"] = str(self.data_dir)
