@@ -264,3 +264,6 @@ mod tests {
         assert_eq!(read_peers(&path).unwrap().len(), 1);
     }
 }
+
+#[cfg(test)]
+mod forwarding_tests;
