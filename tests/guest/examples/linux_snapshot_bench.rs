@@ -18,7 +18,7 @@
 //! snapshots and the disk store.
 
 use branchbox_guest_tests::artifacts;
-use branchbox_layers::Store;
+use branchbox_layers::{LayeredBackend, Store};
 use branchbox_vmm::linux::{LinuxRestore, LinuxVm, LinuxVmConfig, DEFAULT_SERIAL_LOG_CAP};
 use branchbox_vmm::Hypervisor;
 use std::io::Write;
@@ -135,7 +135,8 @@ fn main() -> Result<(), String> {
             serial_log_cap: DEFAULT_SERIAL_LOG_CAP,
         };
         let mut vm = LinuxVm::new(&hv, config).map_err(|e| e.to_string())?;
-        let chain = store.create_chain(&format!("source{run}"), &disk).map_err(|e| e.to_string())?;
+        let chain =
+            LayeredBackend::create(&store, &format!("source{run}"), &disk).map_err(|e| e.to_string())?;
         vm.add_layered_block(store.clone(), chain, "rootfs").map_err(|e| e.to_string())?;
         vm.boot().map_err(|e| e.to_string())?;
         let stop = vm.stop_handle();

@@ -52,17 +52,17 @@ fn a_frozen_disk_forks_into_children_that_see_the_parent_and_only_their_own_writ
 
     // The parent writes a file through our block server into its top layer.
     let marker = format!("branchbox-layers-parent-{}", std::process::id());
-    let parent = store.create_chain("parent", &files.rootfs).expect("create the parent's chain");
+    let parent = LayeredBackend::create(&store, "parent", &files.rootfs).expect("create the parent's chain");
     boot_on(&files, dir.path(), "parent", parent, |guest| {
         sh(guest, &format!("echo {marker} > /root/parent && sync"));
     });
 
     // The host freezes the parent's disk (the guest is off: nothing in flight) and forks.
-    let mut parent = store.open_chain("parent").expect("reopen the parent");
+    let mut parent = LayeredBackend::open(&store, "parent").expect("reopen the parent");
     let frozen = parent.freeze().expect("freeze");
     let parent_top = parent.top_id();
     drop(parent);
-    let children = store.fork(&frozen, &["a", "b"]).expect("fork two tops");
+    let children = LayeredBackend::fork(&store, &frozen, &["a", "b"]).expect("fork two tops");
     let tops: Vec<u64> = children.iter().map(LayeredBackend::top_id).collect();
 
     for (child, name) in children.into_iter().zip(["a", "b"]) {
