@@ -19,6 +19,7 @@ mod oom;
 mod outbox;
 mod procs;
 mod reaper;
+mod sudo;
 mod vm;
 mod watch;
 
@@ -468,6 +469,9 @@ fn connection(shared: &Arc<Shared>, out: Box<dyn std::io::Write + Send>) -> Arc<
 
 fn main() {
     let argv0 = std::env::args().next().unwrap_or_default();
+    if sudo::invoked_as_sudo(&argv0) {
+        sudo::client(std::env::args().skip(1).collect());
+    }
     let vm = vm::is_vm_init(std::process::id(), &argv0);
     if vm {
         vm::boot();
@@ -483,6 +487,7 @@ fn main() {
         sandbox_id: Mutex::new(String::new()),
         vm,
     });
+    sudo::serve(shared.reaper.clone());
     if vm {
         vm::run(move |conn| {
             let write_half = match conn.try_clone() {

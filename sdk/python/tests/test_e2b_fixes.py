@@ -240,3 +240,32 @@ def test_v1_timeout_zero_ends_the_sandbox_now_as_e2bs_does(service):
     finally:
         killed.kill()
         paused.kill()
+
+
+def test_sudo_as_user_runs_as_root_as_on_e2b(e2b_env):
+    sbx = e2b.Sandbox.create(timeout=300)
+    try:
+        run = sbx.commands.run
+        assert run("sudo -n true").exit_code == 0
+        assert run("sudo whoami").stdout == "root\n"
+        assert run("sudo -n -u root id -u").stdout == "0\n"
+        assert run("echo fed | sudo cat").stdout == "fed\n"
+        assert run("sudo pwd", cwd="/tmp").stdout == "/tmp\n"
+        assert run("sudo sh -c 'echo $SUDO_USER $HOME'").stdout == "user /root\n"
+        run("sudo touch /etc/made-by-sudo")
+        assert sbx.files.get_info("/etc/made-by-sudo").owner == "root"
+        with pytest.raises(e2b.CommandExitException) as e:
+            run("sudo sh -c 'echo out; echo err >&2; exit 3'")
+        assert (e.value.exit_code, e.value.stdout, e.value.stderr) == (3, "out\n", "err\n")
+        # An account the image's sudoers do not name is refused, as sudo refuses it.
+        with pytest.raises(e2b.CommandExitException) as e:
+            run("sudo -n true", user="nobody", cwd="/tmp")
+        assert "may not run commands as root" in e.value.stderr
+        # The root command ends with its sudo.
+        h = run("sudo sleep 777", background=True)
+        wait_until(lambda: "sleep 777" in run("ps -eo args", user="root").stdout, "the root sleep to start", 30)
+        h.kill()
+        wait_until(lambda: "sleep 777" not in run("ps -eo args", user="root").stdout,
+                   "the root sleep to end with its sudo", 30)
+    finally:
+        sbx.kill()
