@@ -151,6 +151,26 @@ pub struct ErrorCodeTag(pub &'static str);
 /// Result with [`ApiError`].
 pub type ApiResult<T> = Result<T, ApiError>;
 
+/// An error in E2B's REST shape: `{"code": <HTTP status>, "message": "..."}`.
+#[derive(Debug)]
+pub struct E2bError(pub ApiError);
+
+impl From<ApiError> for E2bError {
+    fn from(e: ApiError) -> Self {
+        E2bError(e)
+    }
+}
+
+impl IntoResponse for E2bError {
+    fn into_response(self) -> Response {
+        let e = self.0;
+        let body = serde_json::json!({ "code": e.status.as_u16(), "message": e.message });
+        let mut r = (e.status, axum::Json(body)).into_response();
+        r.extensions_mut().insert(ErrorCodeTag(e.code));
+        r
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

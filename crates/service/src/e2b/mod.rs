@@ -25,7 +25,7 @@ pub use branchbox_e2b_wire::{connect, pb};
 
 use crate::api::AuditNote;
 use crate::auth::Caller;
-use crate::error::{ApiError, ErrorCodeTag};
+use crate::error::ApiError;
 use crate::state::AppState;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -49,25 +49,7 @@ pub const GUARDED_ELSEWHERE: &str = "/e2b/";
 #[derive(Debug, Clone)]
 pub struct PresentedKey(pub Option<String>);
 
-/// An error in E2B's REST shape: `{"code": <HTTP status>, "message": "..."}`.
-#[derive(Debug)]
-pub struct E2bError(pub ApiError);
-
-impl From<ApiError> for E2bError {
-    fn from(e: ApiError) -> Self {
-        E2bError(e)
-    }
-}
-
-impl IntoResponse for E2bError {
-    fn into_response(self) -> Response {
-        let e = self.0;
-        let body = serde_json::json!({ "code": e.status.as_u16(), "message": e.message });
-        let mut r = (e.status, axum::Json(body)).into_response();
-        r.extensions_mut().insert(ErrorCodeTag(e.code));
-        r
-    }
-}
+pub use crate::error::E2bError;
 
 fn unauthorized(why: &str) -> ApiError {
     ApiError::new(

@@ -172,7 +172,7 @@ fn splice(
 fn error(plane: Plane, status: StatusCode, code: &'static str, msg: String) -> Response {
     match plane {
         Plane::V1 => ApiError::new(status, code, msg).into_response(),
-        Plane::E2bControl => crate::e2b::E2bError(ApiError::new(status, code, msg)).into_response(),
+        Plane::E2bControl => crate::error::E2bError(ApiError::new(status, code, msg)).into_response(),
         Plane::Envd => (status, axum::Json(RpcError::new("unavailable", msg).json())).into_response(),
     }
 }
