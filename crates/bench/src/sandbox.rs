@@ -1,8 +1,8 @@
 //! Benchmarks of the engine on real sandboxes (see `docs/benchmarks.md`). Each returns one
 //! [`Report`]; clocks stop only when the work is really done (the agent answered).
 
-use crate::config::Config;
-use crate::engine::{BackendChoice, Engine};
+use branchbox_core::config::Config;
+use branchbox_core::engine::{BackendChoice, Engine};
 use branchbox_model::bench::{Report, Stats};
 use branchbox_model::{AgentConn, BackendKind, Error, Result, SandboxId};
 use branchbox_protocol::{Command, ExecSpec};
@@ -48,7 +48,7 @@ fn probe_gap(conn: &mut AgentConn) -> Result<Duration> {
 }
 
 pub(crate) fn host_facts(engine: &Engine) -> serde_json::Value {
-    let kvm = crate::host::detect_kvm();
+    let kvm = branchbox_core::host::detect_kvm();
     serde_json::json!({
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         "kvm": kvm.kind,

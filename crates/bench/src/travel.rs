@@ -2,8 +2,8 @@
 //! spawn (see `docs/benchmarks.md`). gVisor snapshots are whole checkpoint images, so these
 //! measure what a full-state runtime costs; the microVM figures come from `branchbox-vmm`.
 
-use crate::bench::stats;
-use crate::engine::{BackendChoice, Engine};
+use crate::sandbox::stats;
+use branchbox_core::engine::{BackendChoice, Engine};
 use branchbox_model::bench::Report;
 use branchbox_model::{BackendKind, Error, Result, SandboxId};
 use std::collections::BTreeMap;
@@ -154,7 +154,7 @@ pub fn run(engine: &Engine, which: Travel, runs: usize, short: bool) -> Result<R
         backend: "gvisor".into(),
         method: method.into(),
         inputs: serde_json::json!({"runs": runs, "short": short}),
-        host: crate::bench::host_facts(engine),
+        host: crate::sandbox::host_facts(engine),
         figures,
         ratios,
         summary: format!("gvisor {name}: {summary}"),

@@ -3,8 +3,9 @@
 use crate::args::{BackendArg, BenchCmd, Cli, Cmd, CreateArgs, ExecArgs, FilesCmd, RefCmd, TravelArgs};
 use crate::output::{clean, each_target, print, progress_fn};
 use anyhow::{anyhow, bail, Context, Result};
-use branchbox_core::bench_travel::{self, Travel};
-use branchbox_core::{bench, host, BackendChoice, Config, Engine, SnapshotOptions};
+use branchbox_bench::travel::{self as bench_travel, Travel};
+use branchbox_bench::sandbox as bench;
+use branchbox_core::{host, BackendChoice, Config, Engine, SnapshotOptions};
 use branchbox_model::{BackendKind, Limits, SandboxId, SnapshotKind};
 use branchbox_protocol::{Command, ExecSpec, ExitStatus, OutStream, MAX_EXEC_OUTPUT};
 use std::io::{Read, Write};
@@ -672,23 +673,23 @@ fn bench_cmd(engine: &Engine, cmd: BenchCmd, json: bool) -> Result<i32> {
                     .unwrap_or(0)
             });
             let o = if short {
-                branchbox_core::bench_soak::SoakOptions::short(seed)
+                branchbox_bench::soak::SoakOptions::short(seed)
             } else {
-                branchbox_core::bench_soak::SoakOptions {
+                branchbox_bench::soak::SoakOptions {
                     sandboxes: sandboxes.max(1),
                     duration: std::time::Duration::from_secs(seconds),
                     seed,
                 }
             };
-            branchbox_core::bench_soak::soak(engine, &o)?
+            branchbox_bench::soak::soak(engine, &o)?
         }
         BenchCmd::Net { runs, connects, mib, transfers, short } => {
             let o = if short {
-                branchbox_core::bench_net::NetBenchOptions::short()
+                branchbox_bench::net::NetBenchOptions::short()
             } else {
-                branchbox_core::bench_net::NetBenchOptions { runs, connects, mib, transfers }
+                branchbox_bench::net::NetBenchOptions { runs, connects, mib, transfers }
             };
-            branchbox_core::bench_net::net(engine, &o)?
+            branchbox_bench::net::net(engine, &o)?
         }
         BenchCmd::Claim { mib, pool, claims, short } => {
             let o = if short {

@@ -7,10 +7,6 @@
 //!
 //! Not for: protocol details (branchbox-protocol) or backend internals.
 
-pub mod bench;
-pub mod bench_net;
-pub mod bench_soak;
-pub mod bench_travel;
 pub mod config;
 pub mod diff;
 pub mod engine;

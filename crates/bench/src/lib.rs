@@ -1,0 +1,14 @@
+//! Every benchmark of `branchbox bench` (see `docs/benchmarks.md`), kept out of the library
+//! crates they measure: each is a library call the CLI wraps and returns one
+//! [`branchbox_model::bench::Report`] with the reference measured in the same run; nothing
+//! here asserts a timing.
+//!
+//! - [`sandbox`]: exec round trip and fork of real sandboxes through the engine;
+//! - [`net`]: a networked sandbox's connects and transfers;
+//! - [`soak`]: many sandboxes under random work, what they leave behind;
+//! - [`travel`]: checkpoint, rollback, branch and chain on the engine's backends.
+
+pub mod net;
+pub mod sandbox;
+pub mod soak;
+pub mod travel;
