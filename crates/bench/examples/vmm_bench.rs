@@ -4,7 +4,7 @@
 //! bench` calls the same functions.
 
 use branchbox_model::bench::Report;
-use branchbox_vmm::{
+use branchbox_bench::vmm::{
     bench_branch, bench_chain, bench_checkpoint, bench_density, bench_fork, bench_fork_processes,
     bench_rollback, BranchBenchOptions, ChainBenchOptions, CheckpointBenchOptions, DensityBenchOptions,
     ForkBenchOptions, ProcessForkBenchOptions, RollbackBenchOptions,

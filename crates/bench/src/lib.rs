@@ -6,9 +6,12 @@
 //! - [`sandbox`]: exec round trip and fork of real sandboxes through the engine;
 //! - [`net`]: a networked sandbox's connects and transfers;
 //! - [`soak`]: many sandboxes under random work, what they leave behind;
-//! - [`travel`]: checkpoint, rollback, branch and chain on the engine's backends.
+//! - [`travel`]: checkpoint, rollback, branch and chain on the engine's backends;
+//! - [`vmm`]: the microVM monitor's fork, density, claim, checkpoint, rollback, branch and
+//!   chain on its synthetic guest (no Linux guest, so they run where KVM does).
 
 pub mod net;
 pub mod sandbox;
 pub mod soak;
 pub mod travel;
+pub mod vmm;

@@ -1,11 +1,12 @@
 //! The benchmarks run end to end at a tiny size and report every figure with its reference.
 //! Timings are not asserted: only that the report is complete.
 
-use branchbox_vmm::{
+use branchbox_bench::vmm::{
     bench_branch, bench_chain, bench_checkpoint, bench_density, bench_fork, bench_fork_processes,
     bench_rollback, BranchBenchOptions, ChainBenchOptions, CheckpointBenchOptions, DensityBenchOptions,
-    ForkBenchOptions, Hypervisor, ProcessForkBenchOptions, RollbackBenchOptions,
+    ForkBenchOptions, ProcessForkBenchOptions, RollbackBenchOptions,
 };
+use branchbox_vmm::Hypervisor;
 
 #[test]
 fn fork_and_density_benchmarks_report_figures_and_references() {
@@ -41,7 +42,8 @@ fn fork_into_processes_benchmark_reports_figures_and_references() {
         rounds: 1,
         workers: 2,
         pings: 2,
-        program: env!("CARGO_BIN_EXE_branchbox-vmm").into(),
+        // The workspace build puts branchbox-vmm next to target/debug/deps (or set BRANCHBOX_VMM).
+        program: branchbox_vmm::process::default_program(),
     };
     let r = bench_fork_processes(&opts).unwrap();
     for name in ["floor_n3", "fork_n3_inprocess_pooled", "fork_n3_processes_pooled", "fork_n3_processes_cold"]

@@ -589,7 +589,7 @@ fn exposed_data_dir(dir: &std::path::Path) -> Option<String> {
 
 /// A time-travel benchmark on the chosen backend.
 fn travel(engine: &Engine, which: Travel, t: &TravelArgs) -> Result<branchbox_model::bench::Report> {
-    use branchbox_vmm as vmm;
+    use branchbox_bench::vmm;
     fn pick<T: Default>(short: bool, s: fn() -> T) -> T {
         if short {
             s()
@@ -619,7 +619,7 @@ fn bench_cmd(engine: &Engine, cmd: BenchCmd, json: bool) -> Result<i32> {
         BenchCmd::Exec { runs } => bench::exec(engine, runs.max(1))?,
         BenchCmd::Fork { backend: BackendArg::Microvm, mib, children, runs, short, processes: true } => {
             let mut o =
-                if short { branchbox_vmm::ProcessForkBenchOptions::short() } else { Default::default() };
+                if short { branchbox_bench::vmm::ProcessForkBenchOptions::short() } else { Default::default() };
             if let Some(m) = mib {
                 o.mem_mib = m;
             }
@@ -630,7 +630,7 @@ fn bench_cmd(engine: &Engine, cmd: BenchCmd, json: bool) -> Result<i32> {
             if !short {
                 o.rounds = runs.max(1);
             }
-            branchbox_vmm::bench_fork_processes(&o)?
+            branchbox_bench::vmm::bench_fork_processes(&o)?
         }
         BenchCmd::Fork { backend: BackendArg::Gvisor | BackendArg::Auto, processes: true, .. } => {
             bail!("--processes measures the microvm engine's VMM processes; add --backend microvm")
@@ -648,7 +648,7 @@ fn bench_cmd(engine: &Engine, cmd: BenchCmd, json: bool) -> Result<i32> {
             bench::fork(engine, mib, wide.max(1), runs.max(1))?
         }
         BenchCmd::Fork { backend: BackendArg::Microvm, mib, children, runs, short, processes: false } => {
-            let mut o = if short { branchbox_vmm::ForkBenchOptions::short() } else { Default::default() };
+            let mut o = if short { branchbox_bench::vmm::ForkBenchOptions::short() } else { Default::default() };
             if let Some(m) = mib {
                 o.mem_mib = m;
             }
@@ -659,7 +659,7 @@ fn bench_cmd(engine: &Engine, cmd: BenchCmd, json: bool) -> Result<i32> {
             if !short {
                 o.rounds = runs.max(1);
             }
-            branchbox_vmm::bench_fork(&o)?
+            branchbox_bench::vmm::bench_fork(&o)?
         }
         BenchCmd::Checkpoint(t) => travel(engine, Travel::Checkpoint, &t)?,
         BenchCmd::Rollback(t) => travel(engine, Travel::Rollback, &t)?,
@@ -693,19 +693,19 @@ fn bench_cmd(engine: &Engine, cmd: BenchCmd, json: bool) -> Result<i32> {
         }
         BenchCmd::Claim { mib, pool, claims, short } => {
             let o = if short {
-                branchbox_vmm::ClaimBenchOptions::short()
+                branchbox_bench::vmm::ClaimBenchOptions::short()
             } else {
-                branchbox_vmm::ClaimBenchOptions { mem_mib: mib, pool_size: pool, claims }
+                branchbox_bench::vmm::ClaimBenchOptions { mem_mib: mib, pool_size: pool, claims }
             };
-            branchbox_vmm::bench_claim(&o)?
+            branchbox_bench::vmm::bench_claim(&o)?
         }
         BenchCmd::Density { mib, children, short } => {
             let o = if short {
-                branchbox_vmm::DensityBenchOptions::short()
+                branchbox_bench::vmm::DensityBenchOptions::short()
             } else {
-                branchbox_vmm::DensityBenchOptions { mem_mib: mib, children }
+                branchbox_bench::vmm::DensityBenchOptions { mem_mib: mib, children }
             };
-            branchbox_vmm::bench_density(&o)?
+            branchbox_bench::vmm::bench_density(&o)?
         }
     };
     if json {

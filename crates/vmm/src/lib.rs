@@ -10,7 +10,6 @@
 //!
 //! The design and the snapshot format are specified in `docs/microvm.md`.
 
-pub mod bench;
 pub mod checkpoint;
 pub mod config;
 pub mod devices;
@@ -33,11 +32,6 @@ pub mod testguest;
 pub mod vm;
 pub mod vstate;
 
-pub use bench::{
-    bench_branch, bench_chain, bench_checkpoint, bench_claim, bench_density, bench_fork,
-    bench_fork_processes, bench_rollback, BranchBenchOptions, ChainBenchOptions, CheckpointBenchOptions,
-    ClaimBenchOptions, DensityBenchOptions, ForkBenchOptions, ProcessForkBenchOptions, RollbackBenchOptions,
-};
 pub use branchbox_persist::{NoContext, RestoreError, Snapshottable};
 pub use checkpoint::{fork_live, Checkpoint, LiveFork};
 pub use config::VmConfig;

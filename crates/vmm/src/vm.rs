@@ -244,7 +244,7 @@ impl Vm {
 
     /// Turns KVM dirty page logging of the RAM slot on or off (re-registers the slot with
     /// only its flags changed; turning it on starts an empty log).
-    pub(crate) fn set_dirty_logging(&mut self, on: bool) -> Result<()> {
+    pub fn set_dirty_logging(&mut self, on: bool) -> Result<()> {
         if on && !self.manual_log {
             // Manual protection lets a checkpoint read the log before its writer's fork and
             // re-arm it after, when the fork has already dropped KVM's mappings of those
@@ -269,7 +269,7 @@ impl Vm {
     }
 
     /// Guest pages KVM logged as written since the last call (dirty logging must be on).
-    pub(crate) fn take_dirty_log(&self) -> Result<Vec<u64>> {
+    pub fn take_dirty_log(&self) -> Result<Vec<u64>> {
         let bitmap = self.dirty_bitmap()?;
         self.clear_dirty_log(&bitmap)?;
         Ok(crate::dirty::bitmap_pages(&bitmap))

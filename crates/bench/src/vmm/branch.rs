@@ -3,14 +3,14 @@
 
 use super::host::host_facts;
 use super::timetravel::touched;
-use crate::checkpoint::Checkpoint;
-use crate::error::{Error, Result};
-use crate::fork::{fork, ShellPool};
-use crate::hypervisor::Hypervisor;
-use crate::snapshot::Snapshot;
-use crate::testguest::{self, Command, DATA_BASE};
-use crate::vm::Vm;
-use crate::vstate::RunOutcome;
+use branchbox_vmm::checkpoint::Checkpoint;
+use branchbox_vmm::{Error, Result};
+use branchbox_vmm::fork::{fork, ShellPool};
+use branchbox_vmm::hypervisor::Hypervisor;
+use branchbox_vmm::snapshot::Snapshot;
+use branchbox_vmm::testguest::{self, Command, DATA_BASE};
+use branchbox_vmm::vm::Vm;
+use branchbox_vmm::vstate::RunOutcome;
 use branchbox_model::bench::{Report, Stats};
 use serde_json::json;
 use std::collections::BTreeMap;

@@ -4,12 +4,11 @@
 
 use super::host::host_facts;
 use super::warm::{stats, warm_snapshot};
-use crate::error::{Error, Result};
-use crate::fork::{fork, ShellPool};
-use crate::hypervisor::Hypervisor;
-use crate::random::random_id;
-use crate::testguest::{self, Command, DATA_BASE};
-use crate::vm::Vm;
+use branchbox_vmm::{Error, Result};
+use branchbox_vmm::fork::{fork, ShellPool};
+use branchbox_vmm::hypervisor::Hypervisor;
+use branchbox_vmm::testguest::{self, Command, DATA_BASE};
+use branchbox_vmm::vm::Vm;
 use branchbox_model::bench::{Report, Stats};
 use serde_json::json;
 use std::collections::{BTreeMap, VecDeque};
@@ -46,7 +45,7 @@ impl ClaimBenchOptions {
 /// Refills `ready` with `n` children restored from the snapshot, not run (paused); returns
 /// the time each took, shells included (a pool's refill builds them too).
 fn refill(
-    snapshot: &crate::snapshot::Snapshot,
+    snapshot: &branchbox_vmm::snapshot::Snapshot,
     shells: &mut ShellPool,
     ready: &mut VecDeque<Vm>,
     n: usize,
@@ -62,8 +61,8 @@ fn refill(
 /// A fresh identity per claim, from the kernel's random source.
 fn identity() -> Result<[u8; 16]> {
     let mut id = [0u8; 16];
-    id[..8].copy_from_slice(&random_id()?.to_le_bytes());
-    id[8..].copy_from_slice(&random_id()?.to_le_bytes());
+    getrandom::getrandom(&mut id)
+        .map_err(|e| Error::Memory { op: "getrandom", source: std::io::Error::from(e) })?;
     Ok(id)
 }
 

@@ -2,8 +2,8 @@
 //! directory. A module of its own so that the benchmarks import it and never one another's
 //! parent.
 
-use crate::error::Result;
-use crate::hypervisor::Hypervisor;
+use branchbox_vmm::{Error, Result};
+use branchbox_vmm::hypervisor::Hypervisor;
 use serde_json::json;
 
 /// Guest page size the benchmarks step by.
@@ -34,7 +34,7 @@ impl TempDir {
             .map(|d| d.as_nanos())
             .unwrap_or(0);
         let path = std::env::temp_dir().join(format!("branchbox-vmm-bench-{}-{nanos:x}", std::process::id()));
-        std::fs::create_dir(&path).map_err(crate::error::mem("create bench directory"))?;
+        std::fs::create_dir(&path).map_err(mem("create bench directory"))?;
         Ok(TempDir(path))
     }
 
@@ -47,4 +47,14 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// Wraps a KVM ioctl's error with the operation's name, as the monitor's own errors do.
+pub(super) fn kvm(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Error {
+    move |source| Error::Kvm { op, source }
+}
+
+/// Wraps an OS error from a memory or file operation with the operation's name.
+pub(super) fn mem(op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
+    move |source| Error::Memory { op, source }
 }

@@ -15,15 +15,15 @@ pub use timetravel::{
     RollbackBenchOptions,
 };
 
-use crate::error::{kvm, Error, Result};
-use crate::fork::{fork_with, ShellPool};
-use crate::hypervisor::Hypervisor;
-use crate::memory::GuestRam;
-use crate::snapshot::Snapshot;
-use crate::testguest::{self, Command};
-use crate::vm::Vm;
+use branchbox_vmm::{Error, Result};
+use branchbox_vmm::fork::{fork_with, ShellPool};
+use branchbox_vmm::hypervisor::Hypervisor;
+use branchbox_vmm::memory::GuestRam;
+use branchbox_vmm::snapshot::Snapshot;
+use branchbox_vmm::testguest::{self, Command};
+use branchbox_vmm::vm::Vm;
 use branchbox_model::bench::{Report, Stats};
-use host::host_facts;
+use host::{host_facts, kvm, mem};
 use kvm_bindings::kvm_userspace_memory_region;
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -319,7 +319,7 @@ pub fn bench_density(opts: &DensityBenchOptions) -> Result<Report> {
 /// Private bytes of this whole process (`Private_Clean` + `Private_Dirty` of smaps_rollup).
 fn rollup_private() -> Result<u64> {
     let text =
-        std::fs::read_to_string("/proc/self/smaps_rollup").map_err(crate::error::mem("read smaps_rollup"))?;
+        std::fs::read_to_string("/proc/self/smaps_rollup").map_err(mem("read smaps_rollup"))?;
     Ok(text
         .lines()
         .filter(|l| l.starts_with("Private_Clean:") || l.starts_with("Private_Dirty:"))
@@ -353,7 +353,7 @@ impl Default for ProcessForkBenchOptions {
             rounds: 5,
             workers: host_cpus(),
             pings: 200,
-            program: crate::process::default_program(),
+            program: branchbox_vmm::process::default_program(),
         }
     }
 }
@@ -371,21 +371,21 @@ impl ProcessForkBenchOptions {
     }
 }
 
-fn client(e: crate::process::ClientError) -> Error {
+fn client(e: branchbox_vmm::process::ClientError) -> Error {
     Error::Process(e.to_string())
 }
 
 /// Forks `n` children of snapshot `dir` into `pool`'s processes and pings each (pings sent
 /// to all before any answer is read); returns the children and how many were pre-started.
 fn fork_processes(
-    pool: &crate::process::VmmPool,
+    pool: &branchbox_vmm::process::VmmPool,
     dir: &std::path::Path,
     n: usize,
-) -> Result<(Vec<crate::process::VmmProcess>, usize)> {
-    let fork = pool.fork(dir, crate::snapshot::DEFAULT_NAME, n, true);
+) -> Result<(Vec<branchbox_vmm::process::VmmProcess>, usize)> {
+    let fork = pool.fork(dir, branchbox_vmm::snapshot::DEFAULT_NAME, n, true);
     let mut children =
         fork.children.into_iter().collect::<std::result::Result<Vec<_>, _>>().map_err(client)?;
-    let ping = crate::process::protocol::Request::Call { command: Command::Ping };
+    let ping = branchbox_vmm::process::protocol::Request::Call { command: Command::Ping };
     for c in &mut children {
         c.send(&ping).map_err(client)?;
     }
@@ -400,7 +400,7 @@ fn fork_processes(
 /// ping. `_processes_pooled`: the processes were started, and their shells built, before
 /// the clock; `_processes_cold`: started on the clock.
 pub fn bench_fork_processes(opts: &ProcessForkBenchOptions) -> Result<Report> {
-    use crate::process::VmmPool;
+    use branchbox_vmm::process::VmmPool;
     let hv = Hypervisor::open()?;
     let mut warm = warm_snapshot(&hv, opts.mem_mib)?;
     let config = warm.snapshot.state().config;

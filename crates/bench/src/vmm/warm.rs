@@ -2,12 +2,12 @@
 //! summary of a list of timings.
 
 use super::host::{TempDir, PAGE};
-use crate::config::VmConfig;
-use crate::error::{Error, Result};
-use crate::hypervisor::Hypervisor;
-use crate::snapshot::Snapshot;
-use crate::testguest::{self, Command, DATA_BASE};
-use crate::vm::Vm;
+use branchbox_vmm::config::VmConfig;
+use branchbox_vmm::{Error, Result};
+use branchbox_vmm::hypervisor::Hypervisor;
+use branchbox_vmm::snapshot::Snapshot;
+use branchbox_vmm::testguest::{self, Command, DATA_BASE};
+use branchbox_vmm::vm::Vm;
 use branchbox_model::bench::Stats;
 use std::sync::Arc;
 use std::time::Duration;
