@@ -3,7 +3,7 @@
 //! (fork, fork-processes, density, checkpoint, rollback, branch, chain) runs one. The CLI's `branchbox
 //! bench` calls the same functions.
 
-use branchbox_model::bench::Report;
+use branchbox_bench::report::Report;
 use branchbox_bench::vmm::{
     bench_branch, bench_chain, bench_checkpoint, bench_density, bench_fork, bench_fork_processes,
     bench_rollback, BranchBenchOptions, ChainBenchOptions, CheckpointBenchOptions, DensityBenchOptions,

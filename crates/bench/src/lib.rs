@@ -1,8 +1,9 @@
 //! Every benchmark of `branchbox bench` (see `docs/benchmarks.md`), kept out of the library
 //! crates they measure: each is a library call the CLI wraps and returns one
-//! [`branchbox_model::bench::Report`] with the reference measured in the same run; nothing
+//! [`report::Report`] with the reference measured in the same run; nothing
 //! here asserts a timing.
 //!
+//! - [`report`]: the report every benchmark prints, and the distribution of one figure;
 //! - [`sandbox`]: exec round trip and fork of real sandboxes through the engine;
 //! - [`net`]: a networked sandbox's connects and transfers;
 //! - [`soak`]: many sandboxes under random work, what they leave behind;
@@ -11,6 +12,7 @@
 //!   chain on its synthetic guest (no Linux guest, so they run where KVM does).
 
 pub mod net;
+pub mod report;
 pub mod sandbox;
 pub mod soak;
 pub mod travel;

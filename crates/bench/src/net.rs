@@ -9,7 +9,7 @@
 
 use crate::sandbox::{host_facts, stats, Cleanup};
 use branchbox_core::engine::{BackendChoice, Engine};
-use branchbox_model::bench::{Report, Stats};
+use crate::report::{Report, Stats};
 use branchbox_model::{BackendKind, Error, Result, SandboxId};
 use branchbox_net::testing::{Internet, PUBLIC};
 use branchbox_net::{Egress, Names};

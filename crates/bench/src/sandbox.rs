@@ -3,7 +3,7 @@
 
 use branchbox_core::config::Config;
 use branchbox_core::engine::{BackendChoice, Engine};
-use branchbox_model::bench::{Report, Stats};
+use crate::report::{Report, Stats};
 use branchbox_model::{AgentConn, BackendKind, Error, Result, SandboxId};
 use branchbox_protocol::{Command, ExecSpec};
 use std::collections::BTreeMap;

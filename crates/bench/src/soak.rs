@@ -5,7 +5,7 @@
 
 use crate::sandbox::host_facts;
 use branchbox_core::engine::{BackendChoice, Engine};
-use branchbox_model::bench::{Report, Stats};
+use crate::report::{Report, Stats};
 use branchbox_model::{BackendKind, Error, Limits, Result, SandboxId};
 use branchbox_protocol::{Command, ExecSpec, ExitStatus};
 use rand::{Rng, SeedableRng};

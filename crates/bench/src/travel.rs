@@ -4,7 +4,7 @@
 
 use crate::sandbox::stats;
 use branchbox_core::engine::{BackendChoice, Engine};
-use branchbox_model::bench::Report;
+use crate::report::Report;
 use branchbox_model::{BackendKind, Error, Result, SandboxId};
 use std::collections::BTreeMap;
 use std::time::Instant;

@@ -588,7 +588,7 @@ fn exposed_data_dir(dir: &std::path::Path) -> Option<String> {
 }
 
 /// A time-travel benchmark on the chosen backend.
-fn travel(engine: &Engine, which: Travel, t: &TravelArgs) -> Result<branchbox_model::bench::Report> {
+fn travel(engine: &Engine, which: Travel, t: &TravelArgs) -> Result<branchbox_bench::report::Report> {
     use branchbox_bench::vmm;
     fn pick<T: Default>(short: bool, s: fn() -> T) -> T {
         if short {

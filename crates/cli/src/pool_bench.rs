@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 fn quantiles(samples: &[f64]) -> Value {
     let mut s = samples.to_vec();
     s.sort_by(f64::total_cmp);
-    // Nearest rank, as in branchbox_model::bench::Stats.
+    // Nearest rank, as in branchbox_bench::report::Stats.
     let rank = |q: f64| s[((q * s.len() as f64).ceil() as usize).clamp(1, s.len()) - 1];
     json!({ "unit": "ms", "runs": s.len(), "min": s[0], "p50": rank(0.5), "p99": rank(0.99), "max": s[s.len() - 1] })
 }

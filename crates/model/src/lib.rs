@@ -5,13 +5,12 @@
 //! store and the image builder. Not for: runtime logic of any backend.
 
 pub mod backend;
-pub mod bench;
 pub mod error;
 pub mod ids;
 pub mod names;
 pub mod sandbox;
 
-pub use backend::{AgentConn, Backend, ChildResult, SandboxPlan};
+pub use backend::{AgentConn, Backend, ChildResult, RestoreShells, SandboxPlan, ShellInfo, ShellsToEnd};
 pub use error::{Error, Result};
 pub use ids::{SandboxId, SnapshotId};
 pub use names::{check_snapshot_ref, Name, MAX_NAME_BYTES, NAME_RULE};

@@ -9,7 +9,7 @@ use branchbox_vmm::fork::{fork, ShellPool};
 use branchbox_vmm::hypervisor::Hypervisor;
 use branchbox_vmm::testguest::{self, Command, DATA_BASE};
 use branchbox_vmm::vm::Vm;
-use branchbox_model::bench::{Report, Stats};
+use crate::report::{Report, Stats};
 use serde_json::json;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};

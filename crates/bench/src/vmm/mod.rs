@@ -22,7 +22,7 @@ use branchbox_vmm::memory::GuestRam;
 use branchbox_vmm::snapshot::Snapshot;
 use branchbox_vmm::testguest::{self, Command};
 use branchbox_vmm::vm::Vm;
-use branchbox_model::bench::{Report, Stats};
+use crate::report::{Report, Stats};
 use host::{host_facts, kvm, mem};
 use kvm_bindings::kvm_userspace_memory_region;
 use serde_json::json;

@@ -8,7 +8,7 @@ use branchbox_vmm::hypervisor::Hypervisor;
 use branchbox_vmm::snapshot::Snapshot;
 use branchbox_vmm::testguest::{self, Command, DATA_BASE};
 use branchbox_vmm::vm::Vm;
-use branchbox_model::bench::Stats;
+use crate::report::Stats;
 use std::sync::Arc;
 use std::time::Duration;
 

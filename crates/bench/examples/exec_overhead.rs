@@ -2,12 +2,12 @@
 //! connection) against the library path the service itself takes (`Engine::connect` + `exec`),
 //! on the same sandbox, interleaved so both see the same host.
 //!
-//! Usage: `cargo run --release -p branchbox-service --example exec_overhead -- <data dir> [runs]`
+//! Usage: `cargo run --release -p branchbox-bench --example exec_overhead -- <data dir> [runs]`
 //! with a branchboxd serving that data directory (its URL and token are read from
 //! `<data>/service/`).
 
 use branchbox_core::{BackendChoice, Config, Engine};
-use branchbox_model::bench::Stats;
+use branchbox_bench::report::Stats;
 use branchbox_model::BackendKind;
 use branchbox_protocol::{Command, ExecSpec};
 use std::io::{BufRead, BufReader, Read, Write};
