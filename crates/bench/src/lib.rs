@@ -3,6 +3,7 @@
 //! [`report::Report`] with the reference measured in the same run; nothing
 //! here asserts a timing.
 //!
+//! - [`pool`]: `branchbox pool bench`, a warm pool of branchboxd measured through its API;
 //! - [`report`]: the report every benchmark prints, and the distribution of one figure;
 //! - [`sandbox`]: exec round trip and fork of real sandboxes through the engine;
 //! - [`net`]: a networked sandbox's connects and transfers;
@@ -12,6 +13,7 @@
 //!   chain on its synthetic guest (no Linux guest, so they run where KVM does).
 
 pub mod net;
+pub mod pool;
 pub mod report;
 pub mod sandbox;
 pub mod soak;

@@ -8,7 +8,6 @@ mod image;
 mod network;
 mod output;
 mod pool;
-mod pool_bench;
 mod remote;
 mod remote_snapshots;
 mod store;

@@ -6,6 +6,13 @@ use crate::remote::{enc, Service};
 use anyhow::{anyhow, Context, Result};
 use serde_json::{json, Map, Value};
 
+/// `branchbox pool bench` (in `branchbox-bench`) reaches branchboxd through this client.
+impl branchbox_bench::pool::Service for Service {
+    fn json(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value> {
+        Service::json(self, method, path, body)
+    }
+}
+
 fn pairs(what: &str, kvs: &[String]) -> Result<Map<String, Value>> {
     kvs.iter()
         .map(|kv| {
@@ -86,7 +93,7 @@ pub fn run(svc: &Service, cmd: &PoolCmd, json_out: bool) -> Result<i32> {
             out(&v, v["sandbox"]["id"].as_str().unwrap_or_default().to_string());
         }
         PoolCmd::Bench { snapshot, size, claims } => {
-            let report = crate::pool_bench::run(svc, snapshot, *size, *claims)?;
+            let report = branchbox_bench::pool::run(svc, snapshot, *size, *claims)?;
             if json_out {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {

@@ -9,15 +9,34 @@
 //!   sandbox: "claim to agent answering";
 //! - floor: the same agent round trip on an already-running sandbox, through the same service.
 
-use crate::remote::{enc, Service};
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
+/// What the benchmark needs of branchboxd: one authenticated JSON request (`path` already
+/// percent-encoded; a 204 answers `Value::Null`). The CLI's HTTP client implements it.
+pub trait Service {
+    /// Sends `method path` with `body` and returns the parsed answer, or the service's error.
+    fn json(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value>;
+}
+
+/// One path segment percent-encoded, as the CLI's client encodes the names it puts in a path.
+fn enc(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
 fn quantiles(samples: &[f64]) -> Value {
     let mut s = samples.to_vec();
     s.sort_by(f64::total_cmp);
-    // Nearest rank, as in branchbox_bench::report::Stats.
+    // Nearest rank, as in crate::report::Stats.
     let rank = |q: f64| s[((q * s.len() as f64).ceil() as usize).clamp(1, s.len()) - 1];
     json!({ "unit": "ms", "runs": s.len(), "min": s[0], "p50": rank(0.5), "p99": rank(0.99), "max": s[s.len() - 1] })
 }
@@ -26,12 +45,12 @@ fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
 
-fn stat_root(svc: &Service, id: &str) -> Result<()> {
+fn stat_root(svc: &dyn Service, id: &str) -> Result<()> {
     svc.json("GET", &format!("/v1/sandboxes/{}/files/stat?path=%2F", enc(id)), None).map(drop)
 }
 
 /// Runs the benchmark; the pool it makes is deleted whatever happens.
-pub fn run(svc: &Service, snapshot: &str, size: u32, claims: usize) -> Result<Value> {
+pub fn run(svc: &dyn Service, snapshot: &str, size: u32, claims: usize) -> Result<Value> {
     if claims == 0 || size == 0 {
         bail!("--size and --claims must be at least 1");
     }
@@ -43,7 +62,7 @@ pub fn run(svc: &Service, snapshot: &str, size: u32, claims: usize) -> Result<Va
     r
 }
 
-fn measure(svc: &Service, name: &str, size: u32, claims: usize, created: Instant) -> Result<Value> {
+fn measure(svc: &dyn Service, name: &str, size: u32, claims: usize, created: Instant) -> Result<Value> {
     let limit = Duration::from_secs(600);
     let full = wait_full(svc, name, size, limit)?;
     let refill_s = created.elapsed().as_secs_f64();
@@ -98,7 +117,7 @@ fn measure(svc: &Service, name: &str, size: u32, claims: usize, created: Instant
 }
 
 /// Polls a pool until it holds `size` ready sandboxes, or fails after `limit`.
-pub fn wait_full(svc: &Service, name: &str, size: u32, limit: Duration) -> Result<Value> {
+pub fn wait_full(svc: &dyn Service, name: &str, size: u32, limit: Duration) -> Result<Value> {
     let t = Instant::now();
     loop {
         let v = svc.json("GET", &format!("/v1/pools/{}", enc(name)), None)?;
