@@ -2,8 +2,12 @@
 
 use crate::control::{self, ShimRequest};
 use crate::runsc::Runsc;
+use crate::shells::ShellStore;
 use crate::shim::{is_zombie, Shell, Start, SHELL_CLAIMED};
-use branchbox_model::{AgentConn, Backend, BackendKind, ChildResult, Error, Result, SandboxId, SandboxPlan};
+use branchbox_model::{
+    AgentConn, Backend, BackendKind, ChildResult, Error, Limits, RestoreShells, Result, SandboxId,
+    SandboxPlan, ShellInfo, ShellsToEnd,
+};
 use branchbox_net::Egress;
 use branchbox_protocol::{AgentClient, HookReport};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -30,6 +34,8 @@ const MAX_TCP_TABLE_BYTES: u64 = 4 << 20;
 pub struct GvisorBackend {
     runsc: Runsc,
     shim: PathBuf,
+    /// Its restore shells, where they are kept ([`GvisorBackend::with_shells`]).
+    shells: Option<Box<GvisorShells>>,
 }
 
 fn socket(dir: &Path) -> PathBuf {
@@ -49,7 +55,16 @@ fn log_tail(dir: &Path) -> String {
 impl GvisorBackend {
     /// A backend using `runsc` with state under `runsc_root`, and the shim executable `shim`.
     pub fn new(runsc: PathBuf, runsc_root: PathBuf, shim: PathBuf) -> Self {
-        GvisorBackend { runsc: Runsc::new(runsc, runsc_root), shim }
+        GvisorBackend { runsc: Runsc::new(runsc, runsc_root), shim, shells: None }
+    }
+
+    /// This backend with restore shells (docs/architecture.md, "Restore shells"): their
+    /// markers under `root`, each shell's runtime directory under `sandboxes`, the directory
+    /// that holds the runtime directories of the plans it is given.
+    pub fn with_shells(mut self, root: PathBuf, sandboxes: PathBuf) -> Self {
+        let store = ShellStore::new(root, sandboxes);
+        self.shells = Some(Box::new(GvisorShells { backend: self.clone(), store }));
+        self
     }
 
     /// How this backend invokes runsc.
@@ -104,7 +119,7 @@ impl GvisorBackend {
     /// without waiting: its shim creates the container and then renames `<marker>.starting`,
     /// which the caller made, to `marker`; a shell that fails removes `<marker>.starting`.
     /// Unclaimed, it ends itself after `idle`. Networks are not prepared in shells.
-    pub fn start_shell(&self, plan: &SandboxPlan, marker: &Path, idle: Duration) -> Result<()> {
+    pub(crate) fn start_shell(&self, plan: &SandboxPlan, marker: &Path, idle: Duration) -> Result<()> {
         let shell = Start::Shell(Shell { marker: marker.to_path_buf(), idle });
         let mut child = self.spawn_shim(plan, &shell, None)?;
         std::thread::spawn(move || child.wait());
@@ -421,6 +436,44 @@ impl Backend for GvisorBackend {
 
     fn is_alive(&self, dir: &Path) -> bool {
         UnixStream::connect(socket(dir)).is_ok()
+    }
+
+    fn shells(&self) -> Option<&dyn RestoreShells> {
+        self.shells.as_deref().map(|s| s as &dyn RestoreShells)
+    }
+}
+
+/// The gvisor backend's restore shells ([`GvisorBackend::with_shells`]): kept in a
+/// [`ShellStore`], started as shims in shell mode (`GvisorBackend::start_shell`).
+#[derive(Debug, Clone)]
+pub struct GvisorShells {
+    backend: GvisorBackend,
+    store: ShellStore,
+}
+
+impl RestoreShells for GvisorShells {
+    fn key(&self, rootfs: &Path, limits: &Limits) -> String {
+        crate::shells::key(rootfs, limits)
+    }
+
+    fn start(&self, key: &str, plan: &SandboxPlan, idle: Duration) -> Result<()> {
+        self.store.start(key, plan, |marker| self.backend.start_shell(plan, marker, idle))
+    }
+
+    fn list(&self) -> Vec<ShellInfo> {
+        self.store.list()
+    }
+
+    fn claim(&self, key: &str, n: usize) -> Vec<SandboxId> {
+        self.store.claim(key, n)
+    }
+
+    fn memory_bytes(&self, id: &SandboxId) -> Option<u64> {
+        crate::hostcg::memory_bytes(&format!("{id}-g1"))
+    }
+
+    fn end(&self, which: ShellsToEnd<'_>, reap: &dyn Fn(&SandboxId) -> Result<()>) -> Vec<SandboxId> {
+        self.store.end(which, &|dir| self.backend.is_alive(dir), reap)
     }
 }
 

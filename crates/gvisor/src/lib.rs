@@ -15,6 +15,7 @@ pub mod floor;
 pub mod hostcg;
 pub mod network;
 pub mod runsc;
+pub mod shells;
 pub mod shim;
 pub mod shimlog;
 pub mod version;

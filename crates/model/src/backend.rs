@@ -4,8 +4,11 @@
 use crate::sandbox::{BackendKind, Limits};
 use crate::{Result, SandboxId};
 use branchbox_protocol::{AgentClient, HookReport};
+use serde::Serialize;
+use std::collections::BTreeSet;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// A connection to one sandbox's agent.
 pub type AgentConn = AgentClient<UnixStream>;
@@ -69,4 +72,67 @@ pub trait Backend: Send + Sync {
 
     /// True when the sandbox's runtime is still there.
     fn is_alive(&self, dir: &Path) -> bool;
+
+    /// Its restore shells, for a backend that has them (docs/architecture.md, "Restore
+    /// shells"); `None` by default.
+    fn shells(&self) -> Option<&dyn RestoreShells> {
+        None
+    }
+}
+
+/// A restore shell as [`RestoreShells::list`] gives it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShellInfo {
+    /// The id of the child it will become.
+    pub id: SandboxId,
+    /// The kind of sandbox whose forks it takes (its image's root filesystem and limits).
+    pub key: String,
+    /// Whether it is ready to be claimed (else still starting).
+    pub ready: bool,
+}
+
+/// Which restore shells [`RestoreShells::end`] ends besides those whose runtime is gone or
+/// that never became ready.
+#[derive(Debug, Clone, Copy)]
+pub enum ShellsToEnd<'a> {
+    /// Every one.
+    All,
+    /// Only the stale ones.
+    Stale,
+    /// Every shell of a key not in `needed` that no sandbox has needed for `idle`; the keys
+    /// in `needed` count as needed now.
+    Unneeded {
+        /// The keys some live sandbox's forks would take.
+        needed: &'a BTreeSet<String>,
+        /// How long a key goes unneeded before its shells end.
+        idle: Duration,
+    },
+}
+
+/// An optional capability of a backend: restore shells, sandboxes started ahead with nothing in
+/// them, each already holding the id and runtime directory of the child it will become, so
+/// that a fork only loads each child's state into one. A shell is made for one kind of sandbox
+/// (its key). [`Backend::fork`] restores a child into the shell claimed for its plan.
+pub trait RestoreShells: Send + Sync {
+    /// The key of the shells that can take children of sandboxes with `rootfs` and `limits`.
+    fn key(&self, rootfs: &Path, limits: &Limits) -> String;
+
+    /// Starts one shell of `key` that will become the sandbox of `plan` and ends itself after
+    /// `idle` unclaimed; returns without waiting for it to be ready. On failure nothing of it
+    /// is left.
+    fn start(&self, key: &str, plan: &SandboxPlan, idle: Duration) -> Result<()>;
+
+    /// Every shell, ready or starting.
+    fn list(&self) -> Vec<ShellInfo>;
+
+    /// Claims up to `n` ready shells of `key` and returns their ids; no two claims, in any
+    /// process, get the same shell.
+    fn claim(&self, key: &str, n: usize) -> Vec<SandboxId>;
+
+    /// The host memory a shell uses, where the host says.
+    fn memory_bytes(&self, id: &SandboxId) -> Option<u64>;
+
+    /// Ends the shells `which` names: each is taken first, so no claim gets it meanwhile, and
+    /// then `reap` stops its runtime and removes its directory. Returns the ids ended.
+    fn end(&self, which: ShellsToEnd<'_>, reap: &dyn Fn(&SandboxId) -> Result<()>) -> Vec<SandboxId>;
 }

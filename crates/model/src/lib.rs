@@ -10,7 +10,7 @@ pub mod ids;
 pub mod names;
 pub mod sandbox;
 
-pub use backend::{AgentConn, Backend, ChildResult, SandboxPlan};
+pub use backend::{AgentConn, Backend, ChildResult, RestoreShells, SandboxPlan, ShellInfo, ShellsToEnd};
 pub use error::{Error, Result};
 pub use ids::{SandboxId, SnapshotId};
 pub use names::{check_snapshot_ref, Name, MAX_NAME_BYTES, NAME_RULE};

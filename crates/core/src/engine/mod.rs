@@ -27,9 +27,9 @@ mod storage;
 mod template;
 mod timeline;
 
+pub use branchbox_model::ShellInfo;
 pub use lock::DataLock;
 pub use recover::{LostSandbox, ReconcileReport};
-pub use shells::ShellInfo;
 pub use storage::FileAt;
 pub use template::{BuildEvent, Built, StepRecord, Template, TemplateStatus};
 pub use timeline::{command_text, TimelineEntry};
@@ -148,7 +148,8 @@ impl Engine {
             private_dir(&d).map_err(|e| Error::io(&d, e))?;
         }
         let store = Store::open(&cfg.data_dir.join("meta.db"))?;
-        let gvisor = GvisorBackend::new(cfg.runsc.clone(), cfg.data_dir.join("runsc"), cfg.shim.clone());
+        let gvisor = GvisorBackend::new(cfg.runsc.clone(), cfg.data_dir.join("runsc"), cfg.shim.clone())
+            .with_shells(cfg.data_dir.join("shells"), cfg.data_dir.join("sandboxes"));
         Ok(Engine { cfg, store, gvisor, microvm: std::sync::OnceLock::new() })
     }
 
@@ -527,7 +528,7 @@ impl Engine {
         let (s, backend) = self.running(id)?;
         let rootfs = self.image_rootfs(&s.image)?;
         let shell_key = self.shell_key(&s, &rootfs)?;
-        let mut ids = shell_key.as_deref().map(|k| self.claim_shells(k, n)).unwrap_or_default();
+        let mut ids = shell_key.as_ref().map(|(shells, k)| shells.claim(k, n)).unwrap_or_default();
         let claimed = ids.len();
         ids.resize_with(n, SandboxId::generate);
         let plans: Vec<SandboxPlan> =
@@ -570,8 +571,8 @@ impl Engine {
             })
             .collect();
         // Shells for the next fork this wide, once this one is done.
-        if let Some(key) = &shell_key {
-            self.refill_shells(key, &rootfs, s.limits, n);
+        if let Some((shells, key)) = shell_key {
+            self.refill_shells(shells, &key, &rootfs, s.limits, n);
         }
         Ok(ForkOutcome { snapshot, children })
     }
