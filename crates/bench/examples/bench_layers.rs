@@ -2,7 +2,7 @@
 //! figures): a 4 KiB read of clusters the oldest delta holds at depth 1 and 8, opening a chain of depth 8, freeze with 1 and
 //! 10 MiB dirty, and a fork of 100 tops.
 //!
-//! `cargo run --release -p branchbox-layers --example bench_layers [DIR]` (DIR: where the
+//! `cargo run --release -p branchbox-bench --example bench_layers [DIR]` (DIR: where the
 //! store goes; default a temporary directory; put it on the filesystem you care about).
 
 use std::time::{Duration, Instant};

@@ -2,11 +2,12 @@
 //! dedup of a child snapshot against its pushed parent, on a SeaweedFS server on loopback
 //! (docs/benchmarks.md, "Portable snapshots").
 //!
-//! `cargo run --release -p branchbox-chunks --example bench_remote -- PARENT_DIR CHILD_DIR [RUNS]`
+//! `cargo run --release -p branchbox-bench --example bench_remote -- PARENT_DIR CHILD_DIR [RUNS]`
 //! with two snapshot directories (`<data>/snapshots/<id>`), the child taken after the parent
 //! of the same sandbox.
 
-#[path = "../tests/common/mod.rs"]
+// The SeaweedFS harness of branchbox-chunks' tests, shared rather than copied.
+#[path = "../../chunks/tests/common/mod.rs"]
 mod weed;
 
 use branchbox_chunks::manifest::Fingerprint;
