@@ -6,8 +6,8 @@
 //! with a branchboxd serving that data directory (its URL and token are read from
 //! `<data>/service/`).
 
-use branchbox_core::{BackendChoice, Config, Engine};
 use branchbox_bench::report::Stats;
+use branchbox_core::{BackendChoice, Config, Engine};
 use branchbox_model::BackendKind;
 use branchbox_protocol::{Command, ExecSpec};
 use std::io::{BufRead, BufReader, Read, Write};

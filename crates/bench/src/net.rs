@@ -7,9 +7,10 @@
 //! `branchbox_net::testing`, documentation-range addresses with servers on them), so nothing
 //! it sends leaves this machine.
 
+use crate::report::{Report, Stats};
 use crate::sandbox::{host_facts, stats, Cleanup};
 use branchbox_core::engine::{BackendChoice, Engine};
-use crate::report::{Report, Stats};
+use branchbox_core::DEFAULT_IMAGE;
 use branchbox_model::{BackendKind, Error, Result, SandboxId};
 use branchbox_net::testing::{Internet, PUBLIC};
 use branchbox_net::{Egress, Names};
@@ -168,7 +169,7 @@ pub fn net(engine: &Engine, o: &NetBenchOptions) -> Result<Report> {
             [(None, &mut create_off, &mut fork_off), (Some(Egress::Internet), &mut create_on, &mut fork_on)]
         {
             let t = Instant::now();
-            let s = engine.create_networked(gvisor(), None, branchbox_core::DEFAULT_IMAGE, network, &mut |_| {})?;
+            let s = engine.create_networked(gvisor(), None, DEFAULT_IMAGE, network, &mut |_| {})?;
             creates.push(t.elapsed());
             held.ids.push(s.id.clone());
             // Forked before it makes any connection: runsc 20240729 cannot checkpoint a
@@ -183,8 +184,7 @@ pub fn net(engine: &Engine, o: &NetBenchOptions) -> Result<Report> {
             held.kill(&s.id)?;
         }
     }
-    let s =
-        engine.create_networked(gvisor(), None, branchbox_core::DEFAULT_IMAGE, Some(Egress::Internet), &mut |_| {})?;
+    let s = engine.create_networked(gvisor(), None, DEFAULT_IMAGE, Some(Egress::Internet), &mut |_| {})?;
     held.ids.push(s.id.clone());
     let router = Names::of(s.id.as_str()).map_err(|e| Error::Backend(e.to_string()))?.router_ns;
     let addr = PUBLIC.to_string();

@@ -1,9 +1,9 @@
 //! Benchmarks of the engine on real sandboxes (see `docs/benchmarks.md`). Each returns one
 //! [`Report`]; clocks stop only when the work is really done (the agent answered).
 
+use crate::report::{Report, Stats};
 use branchbox_core::config::Config;
 use branchbox_core::engine::{BackendChoice, Engine};
-use crate::report::{Report, Stats};
 use branchbox_model::{AgentConn, BackendKind, Error, Result, SandboxId};
 use branchbox_protocol::{Command, ExecSpec};
 use std::collections::BTreeMap;

@@ -3,9 +3,9 @@
 //! end, processes and directories left behind, and this process's memory; it fails when any
 //! sandbox was lost or anything leaked, so CI can run it short.
 
+use crate::report::{Report, Stats};
 use crate::sandbox::host_facts;
 use branchbox_core::engine::{BackendChoice, Engine};
-use crate::report::{Report, Stats};
 use branchbox_model::{BackendKind, Error, Limits, Result, SandboxId};
 use branchbox_protocol::{Command, ExecSpec, ExitStatus};
 use rand::{Rng, SeedableRng};

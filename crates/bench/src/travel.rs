@@ -2,9 +2,9 @@
 //! spawn (see `docs/benchmarks.md`). gVisor snapshots are whole checkpoint images, so these
 //! measure what a full-state runtime costs; the microVM figures come from `branchbox-vmm`.
 
+use crate::report::Report;
 use crate::sandbox::stats;
 use branchbox_core::engine::{BackendChoice, Engine};
-use crate::report::Report;
 use branchbox_model::{BackendKind, Error, Result, SandboxId};
 use std::collections::BTreeMap;
 use std::time::Instant;

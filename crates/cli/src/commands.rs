@@ -3,8 +3,8 @@
 use crate::args::{BackendArg, BenchCmd, Cli, Cmd, CreateArgs, ExecArgs, FilesCmd, RefCmd, TravelArgs};
 use crate::output::{clean, each_target, print, progress_fn};
 use anyhow::{anyhow, bail, Context, Result};
-use branchbox_bench::travel::{self as bench_travel, Travel};
 use branchbox_bench::sandbox as bench;
+use branchbox_bench::travel::{self as bench_travel, Travel};
 use branchbox_core::{host, BackendChoice, Config, Engine, SnapshotOptions};
 use branchbox_model::{BackendKind, Limits, SandboxId, SnapshotKind};
 use branchbox_protocol::{Command, ExecSpec, ExitStatus, OutStream, MAX_EXEC_OUTPUT};
@@ -618,8 +618,11 @@ fn bench_cmd(engine: &Engine, cmd: BenchCmd, json: bool) -> Result<i32> {
     let report = match cmd {
         BenchCmd::Exec { runs } => bench::exec(engine, runs.max(1))?,
         BenchCmd::Fork { backend: BackendArg::Microvm, mib, children, runs, short, processes: true } => {
-            let mut o =
-                if short { branchbox_bench::vmm::ProcessForkBenchOptions::short() } else { Default::default() };
+            let mut o = if short {
+                branchbox_bench::vmm::ProcessForkBenchOptions::short()
+            } else {
+                Default::default()
+            };
             if let Some(m) = mib {
                 o.mem_mib = m;
             }
@@ -648,7 +651,8 @@ fn bench_cmd(engine: &Engine, cmd: BenchCmd, json: bool) -> Result<i32> {
             bench::fork(engine, mib, wide.max(1), runs.max(1))?
         }
         BenchCmd::Fork { backend: BackendArg::Microvm, mib, children, runs, short, processes: false } => {
-            let mut o = if short { branchbox_bench::vmm::ForkBenchOptions::short() } else { Default::default() };
+            let mut o =
+                if short { branchbox_bench::vmm::ForkBenchOptions::short() } else { Default::default() };
             if let Some(m) = mib {
                 o.mem_mib = m;
             }

@@ -4,12 +4,12 @@
 
 use super::host::host_facts;
 use super::warm::{stats, warm_snapshot};
-use branchbox_vmm::{Error, Result};
+use crate::report::{Report, Stats};
 use branchbox_vmm::fork::{fork, ShellPool};
 use branchbox_vmm::hypervisor::Hypervisor;
 use branchbox_vmm::testguest::{self, Command, DATA_BASE};
 use branchbox_vmm::vm::Vm;
-use crate::report::{Report, Stats};
+use branchbox_vmm::{Error, Result};
 use serde_json::json;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};

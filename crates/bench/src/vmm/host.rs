@@ -2,8 +2,8 @@
 //! directory. A module of its own so that the benchmarks import it and never one another's
 //! parent.
 
-use branchbox_vmm::{Error, Result};
 use branchbox_vmm::hypervisor::Hypervisor;
+use branchbox_vmm::{Error, Result};
 use serde_json::json;
 
 /// Guest page size the benchmarks step by.

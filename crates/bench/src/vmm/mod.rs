@@ -15,14 +15,14 @@ pub use timetravel::{
     RollbackBenchOptions,
 };
 
-use branchbox_vmm::{Error, Result};
+use crate::report::{Report, Stats};
 use branchbox_vmm::fork::{fork_with, ShellPool};
 use branchbox_vmm::hypervisor::Hypervisor;
 use branchbox_vmm::memory::GuestRam;
 use branchbox_vmm::snapshot::Snapshot;
 use branchbox_vmm::testguest::{self, Command};
 use branchbox_vmm::vm::Vm;
-use crate::report::{Report, Stats};
+use branchbox_vmm::{Error, Result};
 use host::{host_facts, kvm, mem};
 use kvm_bindings::kvm_userspace_memory_region;
 use serde_json::json;
@@ -318,8 +318,7 @@ pub fn bench_density(opts: &DensityBenchOptions) -> Result<Report> {
 
 /// Private bytes of this whole process (`Private_Clean` + `Private_Dirty` of smaps_rollup).
 fn rollup_private() -> Result<u64> {
-    let text =
-        std::fs::read_to_string("/proc/self/smaps_rollup").map_err(mem("read smaps_rollup"))?;
+    let text = std::fs::read_to_string("/proc/self/smaps_rollup").map_err(mem("read smaps_rollup"))?;
     Ok(text
         .lines()
         .filter(|l| l.starts_with("Private_Clean:") || l.starts_with("Private_Dirty:"))

@@ -2,13 +2,13 @@
 //! summary of a list of timings.
 
 use super::host::{TempDir, PAGE};
+use crate::report::Stats;
 use branchbox_vmm::config::VmConfig;
-use branchbox_vmm::{Error, Result};
 use branchbox_vmm::hypervisor::Hypervisor;
 use branchbox_vmm::snapshot::Snapshot;
 use branchbox_vmm::testguest::{self, Command, DATA_BASE};
 use branchbox_vmm::vm::Vm;
-use crate::report::Stats;
+use branchbox_vmm::{Error, Result};
 use std::sync::Arc;
 use std::time::Duration;
 
