@@ -4,7 +4,8 @@
 # debootstrap for the sandbox image; Debian's kernel source and the tools that build the Linux
 # guest's kernel and root disk (docs/guest.md); with --test also QEMU (the vhost-user test boots
 # the guest under software emulation), chromium (the console's browser tests), the Python
-# SDK and its test tools; always node and npm (npm ci of the console terminal's xterm.js, which
+# SDK and its test tools, Ray (the fleet's tests) and SeaweedFS (the S3 server of the portable
+# snapshots' tests); always node and npm (npm ci of the console terminal's xterm.js, which
 # branchboxd's build embeds; the TypeScript SDK's tests). Checks
 # the tools themselves, so it is a no-op when they are present and never skipped because some
 # cache exists.
