@@ -20,17 +20,13 @@ pub trait Service {
     fn json(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value>;
 }
 
+/// What a path segment keeps as it is: ASCII letters, digits and `-_.`; every other byte is `%XX`.
+const SEGMENT: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.');
+
 /// One path segment percent-encoded, as the CLI's client encodes the names it puts in a path.
 fn enc(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-_.".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
+    percent_encoding::utf8_percent_encode(s, SEGMENT).to_string()
 }
 
 fn quantiles(samples: &[f64]) -> Value {

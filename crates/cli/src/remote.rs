@@ -222,16 +222,12 @@ pub fn run(cli: &Cli) -> Result<Option<i32>> {
     Ok(Some(0))
 }
 
+/// What a path segment keeps as it is: ASCII letters, digits and `-_.`; every other byte is `%XX`.
+const SEGMENT: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.');
+
 pub(crate) fn enc(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-_.".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
+    percent_encoding::utf8_percent_encode(s, SEGMENT).to_string()
 }
 
 /// Sandboxes made from the command line are meant to stay until killed; the service's longest
