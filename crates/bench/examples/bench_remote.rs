@@ -10,41 +10,13 @@
 #[path = "../../chunks/tests/common/mod.rs"]
 mod weed;
 
-use branchbox_chunks::manifest::Fingerprint;
+use weed::{fingerprint, record};
+
 use branchbox_chunks::s3::Remote;
 use branchbox_chunks::{fetch_manifest, materialize, push, LocalChunks};
-use branchbox_model::{BackendKind, Limits, Snapshot, SnapshotId, SnapshotKind};
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-
-fn record(parent: Option<SnapshotId>) -> Snapshot {
-    Snapshot {
-        id: SnapshotId::generate(),
-        parent,
-        source: None,
-        backend: BackendKind::Gvisor,
-        image: "img-bench".into(),
-        kind: SnapshotKind::Snapshot,
-        name: None,
-        created_ms: 0,
-        size_bytes: 0,
-        limits: Limits::default(),
-        expires_ms: None,
-        deleted_ms: None,
-    }
-}
-
-fn fingerprint() -> Fingerprint {
-    Fingerprint {
-        backend: BackendKind::Gvisor,
-        runsc: None,
-        platform: None,
-        cpu_model: None,
-        cpu_flags: None,
-        kernel: None,
-    }
-}
 
 fn files(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();

@@ -4,41 +4,15 @@
 
 mod common;
 
-use branchbox_chunks::manifest::{chunk_key, Fingerprint};
+use common::{fingerprint, record};
+
+use branchbox_chunks::manifest::chunk_key;
 use branchbox_chunks::s3::Remote;
 use branchbox_chunks::{fetch_manifest, gc, materialize, push, Error, LocalChunks, Progress};
-use branchbox_model::{BackendKind, Limits, Snapshot, SnapshotId, SnapshotKind};
+use branchbox_model::SnapshotId;
 use rand::{Rng, SeedableRng};
 use std::ops::ControlFlow;
 use std::path::Path;
-
-fn record(parent: Option<SnapshotId>) -> Snapshot {
-    Snapshot {
-        id: SnapshotId::generate(),
-        parent,
-        source: None,
-        backend: BackendKind::Gvisor,
-        image: "img-0123456789abcdef".into(),
-        kind: SnapshotKind::Snapshot,
-        name: None,
-        created_ms: 1,
-        size_bytes: 0,
-        limits: Limits::default(),
-        expires_ms: None,
-        deleted_ms: None,
-    }
-}
-
-fn fingerprint() -> Fingerprint {
-    Fingerprint {
-        backend: BackendKind::Gvisor,
-        runsc: Some("runsc version test".into()),
-        platform: Some("ptrace".into()),
-        cpu_model: None,
-        cpu_flags: None,
-        kernel: None,
-    }
-}
 
 /// A snapshot-like directory: `checkpoint/pages.img` of `mib` MiB of seeded random bytes and a
 /// small `checkpoint/checkpoint.img`.

@@ -4,7 +4,9 @@
 
 #![allow(dead_code)]
 
+use branchbox_chunks::manifest::Fingerprint;
 use branchbox_chunks::s3::{Remote, RemoteConfig};
+use branchbox_model::{BackendKind, Limits, Snapshot, SnapshotId, SnapshotKind};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -125,5 +127,35 @@ impl Drop for Weed {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A snapshot record for the tests' pushes (`parent` as given).
+pub fn record(parent: Option<SnapshotId>) -> Snapshot {
+    Snapshot {
+        id: SnapshotId::generate(),
+        parent,
+        source: None,
+        backend: BackendKind::Gvisor,
+        image: "img-0123456789abcdef".into(),
+        kind: SnapshotKind::Snapshot,
+        name: None,
+        created_ms: 1,
+        size_bytes: 0,
+        limits: Limits::default(),
+        expires_ms: None,
+        deleted_ms: None,
+    }
+}
+
+/// The fingerprint every test push and pull agrees on.
+pub fn fingerprint() -> Fingerprint {
+    Fingerprint {
+        backend: BackendKind::Gvisor,
+        runsc: Some("runsc version test".into()),
+        platform: Some("ptrace".into()),
+        cpu_model: None,
+        cpu_flags: None,
+        kernel: None,
     }
 }
