@@ -72,11 +72,38 @@ pub fn open(path: &Path) -> Result<Connection, String> {
     let setup = || -> rusqlite::Result<()> {
         conn.busy_timeout(BUSY_TIMEOUT)?;
         conn.pragma_update(None, "cell_size_check", true)?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")
     };
     setup().map_err(|e| explain(path, &e))?;
+    use_wal(&conn, path)?;
     Ok(conn)
+}
+
+/// Puts the database in WAL mode (kept in the file, so this is a no-op after the first open).
+///
+/// SQLite answers `PRAGMA journal_mode=WAL` with "database is locked" at once, without its
+/// busy handler, while another process holds the file (two commands opening a brand-new data
+/// directory together, as two `branchbox remote pull`s did in CI), and answers with the old mode when it could
+/// not switch. So: retried here, within the same [`BUSY_TIMEOUT`] as any other lock.
+fn use_wal(conn: &Connection, path: &Path) -> Result<(), String> {
+    let started = std::time::Instant::now();
+    let mut pause = Duration::from_millis(1);
+    loop {
+        let outcome = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get::<_, String>(0));
+        let busy = match &outcome {
+            Ok(mode) if mode.eq_ignore_ascii_case("wal") => return Ok(()),
+            Ok(_) => true,
+            Err(e) => e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy),
+        };
+        if !busy || started.elapsed() >= BUSY_TIMEOUT {
+            return Err(match outcome {
+                Ok(mode) => format!("{}: cannot switch to WAL mode (still {mode})", path.display()),
+                Err(e) => explain(path, &e),
+            });
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
 }
 
 /// Whether `e` says the file is not (or no longer) a sound database.
@@ -251,6 +278,32 @@ mod tests {
         let mut stmt = conn.prepare("SELECT x FROM t").unwrap();
         let rows = stmt.query_map([], |r| r.get(0)).unwrap();
         rows.map(Result::unwrap).collect()
+    }
+
+    #[test]
+    fn a_new_database_opened_by_several_at_once_opens_for_each() {
+        // SQLite refuses the switch to WAL at once while another connection holds the file;
+        // without the retry about one round in fifty failed here.
+        for _ in 0..200 {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("meta.db");
+            let start = std::sync::Barrier::new(4);
+            std::thread::scope(|s| {
+                let opened: Vec<_> = (0..4)
+                    .map(|_| {
+                        s.spawn(|| {
+                            start.wait();
+                            open(&path).and_then(|c| {
+                                c.execute_batch("CREATE TABLE IF NOT EXISTS t(x)").map_err(|e| e.to_string())
+                            })
+                        })
+                    })
+                    .collect();
+                for o in opened {
+                    o.join().unwrap().unwrap();
+                }
+            });
+        }
     }
 
     #[test]
