@@ -83,8 +83,9 @@ pub fn open(path: &Path) -> Result<Connection, String> {
 ///
 /// SQLite answers `PRAGMA journal_mode=WAL` with "database is locked" at once, without its
 /// busy handler, while another process holds the file (two commands opening a brand-new data
-/// directory together, as two `branchbox remote pull`s did in CI), and answers with the old mode when it could
-/// not switch. So: retried here, within the same [`BUSY_TIMEOUT`] as any other lock.
+/// directory together, as two `branchbox remote pull`s did in CI), and answers with the old
+/// mode when it could not switch. So: retried here, within the same [`BUSY_TIMEOUT`] as any
+/// other lock.
 fn use_wal(conn: &Connection, path: &Path) -> Result<(), String> {
     let started = std::time::Instant::now();
     let mut pause = Duration::from_millis(1);
