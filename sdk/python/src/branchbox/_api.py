@@ -60,6 +60,21 @@ def delete_snapshot(snapshot: str, cascade: bool) -> Call:
     return Call("DELETE", path, params={"cascade": str(cascade).lower()})
 
 
+#: Seconds a push or pull of a snapshot may take (its bytes travel to or from S3).
+TRANSFER_TIMEOUT = 3600.0
+
+
+def push_snapshot(snapshot: str) -> Call:
+    """Pushes a snapshot to the service's S3 store (docs/remote.md)."""
+    return Call("POST", f"/v1/snapshots/{_q(check_snapshot_ref(snapshot))}/push", timeout=TRANSFER_TIMEOUT)
+
+
+def pull_snapshot(snapshot_id: str, peer: Optional[str]) -> Call:
+    """Pulls a pushed snapshot into the service, from peer node `peer` first when named."""
+    body = compact({"id": check_snapshot_ref(snapshot_id), "peer": peer})
+    return Call("POST", "/v1/snapshots/pull", json=body, timeout=TRANSFER_TIMEOUT)
+
+
 def gc(dry_run: bool) -> Call:
     """A report of what gc would free (``dry_run``), or the collection itself."""
     return Call("GET" if dry_run else "POST", "/v1/gc")

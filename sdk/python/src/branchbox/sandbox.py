@@ -472,6 +472,31 @@ class Sandbox:
             http.client.close()
 
     @classmethod
+    def push_snapshot(cls, snapshot: str, *, api_url: Optional[str] = None,
+                      token: Optional[str] = None) -> Dict[str, Any]:
+        """Pushes a snapshot (id or name) to the service's S3 store: the chunks the store lacks,
+        then its manifest (docs/remote.md). Answers the push report (`snapshot`, `chunks`,
+        `sent_chunks`, `sent_bytes`, `skipped_bytes`, `seconds`)."""
+        http = _Http(ConnectionConfig.resolve(api_url, token))
+        try:
+            return http.call(_api.push_snapshot(snapshot)).json()
+        finally:
+            http.client.close()
+
+    @classmethod
+    def pull_snapshot(cls, snapshot_id: str, peer: Optional[str] = None, *, api_url: Optional[str] = None,
+                      token: Optional[str] = None) -> Dict[str, Any]:
+        """Pulls a pushed snapshot into the service under the same id; `Sandbox.create(snapshot_id=...)`
+        then starts it. With `peer` (a node of the service's peers file that holds it), each
+        chunk comes from that node first and from S3 when it fails. Answers the pull report
+        (`fetched_bytes` = `peer_bytes` + `s3_bytes`, `reused_bytes`, `peer_error`, ...)."""
+        http = _Http(ConnectionConfig.resolve(api_url, token))
+        try:
+            return http.call(_api.pull_snapshot(snapshot_id, peer)).json()
+        finally:
+            http.client.close()
+
+    @classmethod
     def gc(cls, dry_run: bool = False, *, api_url: Optional[str] = None, token: Optional[str] = None) -> GcReport:
         """Reconciles sandboxes with their records, then frees what nothing can reach (expired
         snapshots, unreachable fork points, lost sandboxes...); with `dry_run`, only reports."""
