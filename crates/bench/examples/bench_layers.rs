@@ -7,8 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use branchbox_layers::{LayeredBackend, Store, CLUSTER_SIZE};
-use branchbox_virtio::blk::{BlockBackend, SECTOR_SIZE};
+use branchbox_disk::{BlockBackend, LayeredBackend, Store, CLUSTER_SIZE, SECTOR_SIZE};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

@@ -133,7 +133,7 @@ impl MicrovmBackend {
             .link(&dir)
             .and_then(|()| self.start_rolled_back(&dir, &src, &state, &next, &staged, &mut new_pid))
             .and_then(|()| name_the_new_vmm(&dir, &current, &next, new_pid.unwrap_or_default()));
-        let store = branchbox_layers::Store::open(&files::disk_store(&dir));
+        let store = branchbox_disk::Store::open(&files::disk_store(&dir));
         if let Some(frozen) = state.disk.as_ref().map(|d| &d.frozen) {
             // The restore recorded the snapshot's frozen disk in this store to fork from it;
             // the new chain names its layers itself, and a later rollback to the same

@@ -4,9 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use branchbox_layers::{LayeredBackend, Store};
+use branchbox_disk::{LayeredBackend, OverlayBackend, Store};
 use branchbox_vhost::{Backend, ServedDevice, VhostServer};
-use branchbox_virtio::blk::{Block, OverlayBackend};
+use branchbox_virtio::blk::Block;
 use branchbox_virtio::net::{Net, Tap, GUEST_MAC};
 use branchbox_virtio::rng::Rng;
 use branchbox_virtio::vsock::Vsock;

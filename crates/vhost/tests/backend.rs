@@ -5,8 +5,9 @@
 use std::fs::File;
 use std::os::fd::{FromRawFd, IntoRawFd};
 
+use branchbox_disk::OverlayBackend;
 use branchbox_vhost::Backend;
-use branchbox_virtio::blk::{Block, OverlayBackend};
+use branchbox_virtio::blk::Block;
 use branchbox_virtio::rng::Rng;
 use branchbox_virtio::testing::{guest_memory, Buffers, DriverQueue};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};

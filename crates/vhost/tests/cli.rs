@@ -33,14 +33,14 @@ fn blk_layers_creates_the_chain_over_a_base_then_serves_it() {
         std::thread::sleep(Duration::from_millis(20));
     }
     // The server holds the chain open (its top locked) while it waits for a front end.
-    let layers = branchbox_layers::Store::open(&store).expect("store");
+    let layers = branchbox_disk::Store::open(&store).expect("store");
     assert!(matches!(
-        branchbox_layers::LayeredBackend::open(&layers, "vm"),
-        Err(branchbox_layers::LayerError::TopInUse { .. })
+        branchbox_disk::LayeredBackend::open(&layers, "vm"),
+        Err(branchbox_disk::LayerError::TopInUse { .. })
     ));
     server.kill().expect("stop the server");
     server.wait().expect("reap the server");
-    branchbox_layers::LayeredBackend::open(&layers, "vm").expect("the chain opens once the server is gone");
+    branchbox_disk::LayeredBackend::open(&layers, "vm").expect("the chain opens once the server is gone");
 }
 
 #[test]

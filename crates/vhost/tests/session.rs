@@ -5,8 +5,9 @@
 use std::path::Path;
 use std::thread::JoinHandle;
 
+use branchbox_disk::OverlayBackend;
 use branchbox_vhost::{Backend, ServeError, VhostServer};
-use branchbox_virtio::blk::{Block, OverlayBackend};
+use branchbox_virtio::blk::Block;
 use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::VhostBackend;

@@ -10,9 +10,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use branchbox_devices::BusDevice;
+use branchbox_disk::{BlockBackend, SECTOR_SIZE};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use crate::blk::{Block, BlockBackend, SECTOR_SIZE};
+use crate::blk::Block;
 use crate::mmio::MmioTransport;
 use crate::net::Net;
 use crate::rng::Rng;

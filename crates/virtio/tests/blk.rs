@@ -4,8 +4,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use branchbox_devices::BusDevice;
+use branchbox_disk::{OverlayBackend, SECTOR_SIZE};
 use branchbox_persist::{NoContext, Snapshottable};
-use branchbox_virtio::blk::{Block, OverlayBackend, SECTOR_SIZE};
+use branchbox_virtio::blk::Block;
 use branchbox_virtio::mmio::MmioTransport;
 use branchbox_virtio::testing::*;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};

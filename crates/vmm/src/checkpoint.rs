@@ -204,7 +204,7 @@ impl Vm {
         start: Instant,
         logging: bool,
         cpu: CpuState,
-        disk: Option<(DiskRef, branchbox_layers::FrozenChain)>,
+        disk: Option<(DiskRef, branchbox_disk::FrozenChain)>,
     ) -> Result<Checkpoint> {
         let layer = new_layer_name("layer");
         let crc32 = self.ram().write_layer(dir, &layer)?;
@@ -298,7 +298,7 @@ impl Vm {
         start: Instant,
         state: MachineState,
         (layer, id): (String, u64),
-        disk: Option<(DiskRef, branchbox_layers::FrozenChain)>,
+        disk: Option<(DiskRef, branchbox_disk::FrozenChain)>,
     ) -> Result<Checkpoint> {
         let dir = lineage.dir.clone();
         let (pages, logged) = self.dirty_since_head(lineage)?;
@@ -456,7 +456,7 @@ impl Vm {
 
     /// The disk a checkpoint's snapshot restores from: the chain just frozen, in this VM's
     /// store.
-    fn snapshot_disk(&self, disk: Option<(DiskRef, branchbox_layers::FrozenChain)>) -> Option<SnapshotDisk> {
+    fn snapshot_disk(&self, disk: Option<(DiskRef, branchbox_disk::FrozenChain)>) -> Option<SnapshotDisk> {
         let store = self.disk()?.store().clone();
         disk.map(|(_, frozen)| SnapshotDisk { store, frozen })
     }

@@ -1,5 +1,5 @@
 //! A VM's disk: a virtio-blk device on the MMIO bus whose storage is a copy-on-write chain
-//! in a `branchbox-layers` store (docs/disk-layers.md, "In the VMM").
+//! in a `branchbox-disk` store (docs/disk-layers.md, "In the VMM").
 //!
 //! The device's top layer is this VM's alone. A snapshot freezes it at the pause instant and
 //! records the frozen chain in the store under a name the state file keeps; a restored or
@@ -20,9 +20,9 @@
 use crate::error::Error;
 use crate::memory::GuestRam;
 use branchbox_devices::doorbell::{DOORBELL_BASE, DOORBELL_LEN};
-use branchbox_layers::{FrozenChain, LayerError, LayeredBackend, Store};
+use branchbox_disk::{BlockBackend, FrozenChain, LayerError, LayeredBackend, Store};
 use branchbox_persist::RestoreError;
-use branchbox_virtio::blk::{Block, BlockBackend};
+use branchbox_virtio::blk::Block;
 use branchbox_virtio::mmio::{Interrupt, MmioTransport, MMIO_LEN};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::hypervisor::Hypervisor;
 use crate::snapshot::Snapshot;
 use crate::vm::Vm;
-use branchbox_layers::LayeredBackend;
+use branchbox_disk::LayeredBackend;
 use branchbox_persist::RestoreError;
 use std::path::Path;
 use std::sync::Arc;

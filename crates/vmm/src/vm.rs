@@ -118,7 +118,7 @@ impl Vm {
     pub(crate) fn restore_with(
         mut shell: Vm,
         snapshot: &Snapshot,
-        disk: Option<branchbox_layers::LayeredBackend>,
+        disk: Option<branchbox_disk::LayeredBackend>,
     ) -> Result<Vm> {
         let chain = disk.as_ref().map(|b| b.name().to_string());
         let added = match (snapshot.disk(), disk) {
@@ -145,7 +145,7 @@ impl Vm {
     }
 
     /// Gives this VM a disk: chain `chain` of the layer store at `store` (a directory;
-    /// `branchbox_layers::LayeredBackend::create` makes one, and its handle must be dropped
+    /// `branchbox_disk::LayeredBackend::create` makes one, and its handle must be dropped
     /// first: a chain's top is open in one place at a time). The disk is a virtio-blk device
     /// on virtio-mmio at [`DISK_BASE`]; from now on the VM's snapshots, forks and rollbacks
     /// carry it with the memory. A VM has at most one disk, added before its first snapshot.
@@ -161,8 +161,8 @@ impl Vm {
 
     fn add_disk(
         &mut self,
-        store: branchbox_layers::Store,
-        backend: branchbox_layers::LayeredBackend,
+        store: branchbox_disk::Store,
+        backend: branchbox_disk::LayeredBackend,
     ) -> Result<()> {
         if let Some(d) = &self.disk {
             return Err(DiskError::HasDisk { chain: d.name().to_string() }.at_restore());
@@ -208,7 +208,7 @@ impl Vm {
     }
 
     /// Freezes the disk, if any, at this instant (vCPUs stopped) as a new frozen chain.
-    pub(crate) fn freeze_disk(&self) -> Result<Option<(DiskRef, branchbox_layers::FrozenChain)>> {
+    pub(crate) fn freeze_disk(&self) -> Result<Option<(DiskRef, branchbox_disk::FrozenChain)>> {
         let Some(d) = &self.disk else { return Ok(None) };
         let name = disk::chain_name("snap")?;
         d.freeze(&name).map(Some).map_err(DiskError::at_checkpoint)

@@ -6,7 +6,7 @@ mod common;
 
 use common::{check, fill, ok};
 
-use branchbox_layers::{LayerError, LayeredBackend, Store};
+use branchbox_disk::{LayerError, LayeredBackend, Store};
 use branchbox_virtio::testing::{handshake, notify, DriverQueue};
 use branchbox_vmm::devices::{Action, Bus, BusDevice};
 use branchbox_vmm::disk::DISK_BASE;

@@ -17,8 +17,8 @@
 //! Printed, not asserted. `DIR` (default: a temporary directory under /tmp) holds the
 //! snapshots and the disk store.
 
+use branchbox_disk::{LayeredBackend, Store};
 use branchbox_guest_tests::artifacts;
-use branchbox_layers::{LayeredBackend, Store};
 use branchbox_vmm::linux::{LinuxRestore, LinuxVm, LinuxVmConfig, DEFAULT_SERIAL_LOG_CAP};
 use branchbox_vmm::Hypervisor;
 use std::io::Write;

@@ -11,10 +11,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use branchbox_disk::{BlockBackend, OverlayBackend, SECTOR_SIZE};
 use branchbox_protocol::client::AgentClient;
 use branchbox_protocol::message::{Command as AgentCommand, ExecSpec};
 use branchbox_vhost::{Backend, Counters, ServeError, ServedDevice, VhostServer};
-use branchbox_virtio::blk::{Block, BlockBackend, OverlayBackend, SECTOR_SIZE};
+use branchbox_virtio::blk::Block;
 use branchbox_virtio::rng::Rng;
 use branchbox_virtio::vsock::Vsock;
 

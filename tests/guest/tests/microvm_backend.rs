@@ -184,7 +184,7 @@ fn a_snapshot_restores_through_the_backend_up_to_the_agent() {
         assert!(!log.contains("Linux version"), "the restored guest booted again:\n{log}");
         let pid = vmm_pid(&child).expect("the child's VMM pid file");
         assert!(!process_alive(pid), "a failed restore left the VMM {pid} running");
-        let store = branchbox_layers::Store::open(&child.join("disk")).unwrap();
+        let store = branchbox_disk::Store::open(&child.join("disk")).unwrap();
         assert!(store.has_chain("root").unwrap(), "the child's own disk chain");
     }
     backend.destroy(&plan.id, &source).unwrap();

@@ -1,5 +1,5 @@
 //! Copy-on-write disks under a real Linux kernel: QEMU (software emulation) boots the project's
-//! guest on a layered disk (branchbox-layers) served by our vhost-user block server. The guest
+//! guest on a layered disk (branchbox-disk) served by our vhost-user block server. The guest
 //! writes a file; the host freezes the disk and forks two tops; each child boot sees the
 //! parent's file and only its own later writes.
 //!
@@ -9,9 +9,9 @@
 use std::path::Path;
 use std::time::Duration;
 
+use branchbox_disk::{LayeredBackend, Store};
 use branchbox_guest_tests::artifacts::{guest_files, GuestFiles};
 use branchbox_guest_tests::qemu::{agent, one_guest_at_a_time, sh, Devices, Qemu};
-use branchbox_layers::{LayeredBackend, Store};
 
 /// Boots `files` on `disk`, runs `check` with the agent, powers the guest off and waits for
 /// every server session to end (the backend is dropped, its top closed).

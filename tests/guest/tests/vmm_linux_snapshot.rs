@@ -12,9 +12,9 @@
 //! own top over it), and damaged snapshots (missing, corrupt, truncated, of another format
 //! version) are refused by name with the process left idle.
 
+use branchbox_disk::Store;
 use branchbox_guest_tests::kvm::hardware_kvm;
 use branchbox_guest_tests::vmm::{start_vmm, VmmGuest, MEM};
-use branchbox_layers::Store;
 use branchbox_vmm::linux::state::{self, LINUX_FORMAT_VERSION, LINUX_MEMORY_FILE, LINUX_STATE_FILE};
 use branchbox_vmm::linux::SNAPSHOT_DISK_STORE;
 use branchbox_vmm::process::protocol::{ErrorKind, RestoreLinux, VmState};

@@ -6,10 +6,7 @@
 //! is answered `VIRTIO_BLK_S_IOERR` when the chain has a writable status byte, and returned
 //! with nothing written otherwise.
 
-mod backend;
-
-pub use backend::{cluster_pieces, BackendError, BlockBackend, OverlayBackend, CLUSTER_SIZE, SECTOR_SIZE};
-
+use branchbox_disk::{BlockBackend, SECTOR_SIZE};
 use branchbox_persist::{NoContext, RestoreError, Snapshottable};
 use serde::{Deserialize, Serialize};
 use virtio_bindings::virtio_blk::{

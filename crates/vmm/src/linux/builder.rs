@@ -14,7 +14,7 @@ use branchbox_arch::{BootInfo, KernelCmdline};
 use branchbox_devices::i8042::I8042;
 use branchbox_devices::serial::{CappedLog, Serial};
 use branchbox_devices::{Bus, BusDevice};
-use branchbox_layers::{LayeredBackend, Store};
+use branchbox_disk::{LayeredBackend, Store};
 use branchbox_virtio::blk::Block;
 use branchbox_virtio::mmio::MmioTransport;
 use branchbox_virtio::net::Net;

@@ -4,7 +4,8 @@
 
 use super::error::{LinuxError, LinuxResult};
 use crate::seccomp::{self, ThreadKind};
-use branchbox_virtio::blk::{Block, OverlayBackend};
+use branchbox_disk::OverlayBackend;
+use branchbox_virtio::blk::Block;
 use branchbox_virtio::mmio::MmioTransport;
 use branchbox_virtio::net::{Net, Tap};
 use branchbox_virtio::rng::Rng;

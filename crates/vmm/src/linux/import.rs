@@ -8,12 +8,12 @@
 
 use super::error::{LinuxError, LinuxResult};
 use crate::disk::DiskError;
-use branchbox_layers::Store;
+use branchbox_disk::Store;
 use std::fs::File;
 use std::io::Write;
 use std::path::Path;
 
-fn layers(store: &Path) -> impl FnOnce(branchbox_layers::LayerError) -> LinuxError + '_ {
+fn layers(store: &Path) -> impl FnOnce(branchbox_disk::LayerError) -> LinuxError + '_ {
     move |source| LinuxError::Vmm(DiskError::Layers { store: store.to_owned(), source }.at_restore())
 }
 
@@ -27,7 +27,7 @@ pub(super) fn import_frozen(from: &Store, name: &str, to: &Path) -> LinuxResult<
     let frozen = from.open_frozen(name).map_err(layers(from.root()))?;
     let target = Store::open(to).map_err(layers(to))?;
     if target.has_chain(name).map_err(layers(to))? {
-        return Err(layers(to)(branchbox_layers::LayerError::ChainExists { name: name.to_string() }));
+        return Err(layers(to)(branchbox_disk::LayerError::ChainExists { name: name.to_string() }));
     }
     for id in frozen.layer_ids() {
         let file = format!("{id:016x}.layer");

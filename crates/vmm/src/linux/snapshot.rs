@@ -25,7 +25,7 @@ use crate::hypervisor::Hypervisor;
 use crate::vstate::{restore_vcpu, restore_vm, save_vcpu, save_vm};
 use branchbox_devices::i8042::I8042;
 use branchbox_devices::serial::Serial;
-use branchbox_layers::LayeredBackend;
+use branchbox_disk::LayeredBackend;
 use branchbox_persist::{NoContext, RestoreError, Snapshottable};
 use kvm_ioctls::{VcpuFd, VmFd};
 use std::path::{Path, PathBuf};

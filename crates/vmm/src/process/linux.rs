@@ -8,7 +8,7 @@ use crate::linux::{
     LinuxError, LinuxRestore, LinuxResult, LinuxVm, LinuxVmConfig, RunEnd, Saved, Snapshotter, StopHandle,
     DEFAULT_SERIAL_LOG_CAP,
 };
-use branchbox_layers::{LayeredBackend, Store};
+use branchbox_disk::{LayeredBackend, Store};
 use branchbox_virtio::net::GUEST_MAC;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -156,7 +156,7 @@ impl LinuxGuest {
 
 /// Opens the sandbox's disk chain, creating the store and the chain over the base disk the
 /// first time.
-fn open_disk(boot: &BootLinux) -> LinuxResult<(Store, branchbox_layers::LayeredBackend)> {
+fn open_disk(boot: &BootLinux) -> LinuxResult<(Store, branchbox_disk::LayeredBackend)> {
     let layers = |source| LinuxError::Device {
         what: "the root disk",
         detail: crate::disk::DiskError::Layers { store: boot.disk_store.clone(), source }.to_string(),

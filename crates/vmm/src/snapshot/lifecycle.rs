@@ -129,7 +129,7 @@ impl Snapshot {
     /// manifest in the disk's store; a snapshot that cannot be read has its state file
     /// removed all the same). Its layers stay while other snapshots (or, for the disk, other
     /// chains: children forked from it) name them; [`collect_garbage`] frees the memory
-    /// layers, `branchbox_layers::Store::unreferenced_layers` lists the disk's. VMs already
+    /// layers, `branchbox_disk::Store::unreferenced_layers` lists the disk's. VMs already
     /// restored from it are unaffected.
     pub fn remove(dir: &Path, name: &str) -> Result<()> {
         if !valid_name(name) {
@@ -146,7 +146,7 @@ impl Snapshot {
             // A store that is gone holds nothing to remove.
             let Ok(store) = crate::disk::existing_store(&disk.store) else { return Ok(()) };
             match store.remove_chain(&disk.frozen) {
-                Ok(()) | Err(branchbox_layers::LayerError::NoChain { .. }) => {}
+                Ok(()) | Err(branchbox_disk::LayerError::NoChain { .. }) => {}
                 Err(e) => {
                     return Err(Error::Checkpoint(format!(
                         "snapshot {name} is removed, but its disk's frozen chain {} in {} is not: {e}; \

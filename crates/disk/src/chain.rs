@@ -9,7 +9,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use branchbox_virtio::blk::CLUSTER_SIZE;
+use crate::block::CLUSTER_SIZE;
 
 use crate::format::MAX_DISK_SIZE;
 use crate::layer::{io_err, LayerFile};

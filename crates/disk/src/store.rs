@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use branchbox_virtio::blk::CLUSTER_SIZE;
+use crate::block::CLUSTER_SIZE;
 
 use crate::chain::FrozenChain;
 use crate::format::{encode_entry, slot_offset};

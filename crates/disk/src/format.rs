@@ -7,7 +7,7 @@
 
 use std::collections::HashSet;
 
-use branchbox_virtio::blk::CLUSTER_SIZE;
+use crate::block::CLUSTER_SIZE;
 
 /// First bytes of every layer file.
 pub const MAGIC: [u8; 8] = *b"BBXDLAY\0";

@@ -4,8 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use branchbox_layers::{LayeredBackend, CLUSTER_SIZE};
-use branchbox_virtio::blk::{BlockBackend, SECTOR_SIZE};
+use branchbox_disk::{BlockBackend, LayeredBackend, CLUSTER_SIZE, SECTOR_SIZE};
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 

@@ -9,8 +9,7 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use branchbox_layers::{LayeredBackend, Store, CLUSTER_SIZE};
-use branchbox_virtio::blk::{BlockBackend, SECTOR_SIZE};
+use branchbox_disk::{BlockBackend, LayeredBackend, Store, CLUSTER_SIZE, SECTOR_SIZE};
 use common::{base_disk, random_write, read_all};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

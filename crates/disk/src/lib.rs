@@ -1,29 +1,34 @@
-//! Copy-on-write disks for branchbox sandboxes (docs/disk-layers.md).
+//! Copy-on-write disks for branchbox sandboxes (docs/disk-layers.md), and the disk floor
+//! under the block device: [`BlockBackend`], the storage a virtio-blk device reads and writes
+//! in sectors of [`SECTOR_SIZE`] bytes, with [`OverlayBackend`] (a read-only base file under a
+//! writable overlay file) as its simplest implementation.
 //!
 //! A disk is a chain: a read-only base (a raw ext4 file, as `branchbox guest disk` makes it),
 //! immutable delta layers, and one writable top layer per sandbox, in 4 KiB clusters. A
 //! [`Store`] holds layer files and chain manifests. Opening a chain builds one merged index
 //! (cluster to layer and offset), so a block lookup is one array read at any depth.
-//! [`LayeredBackend`] is the chain as a block device's storage (branchbox-virtio's
-//! `BlockBackend`), with [`freeze`](LayeredBackend::freeze) (a snapshot's disk),
-//! [`rollback`](LayeredBackend::rollback), and through the store, fork, remove, flatten and
-//! the garbage list. The top layer survives a SIGKILL at any instant (see `backend`).
+//! [`LayeredBackend`] is the chain as a block device's storage (a [`BlockBackend`]), with
+//! [`freeze`](LayeredBackend::freeze) (a snapshot's disk), [`rollback`](LayeredBackend::rollback),
+//! and through the store, fork, remove, flatten and the garbage list. The top layer survives a SIGKILL at any instant (see `backend`).
 //!
 //! Layer files and manifests are untrusted input: [`format`] parses them with checked
 //! sizes, offsets and checksums, and never panics.
 
 mod backend;
+mod block;
 mod chain;
 pub mod format;
 mod layer;
 mod manifest;
+mod overlay;
 mod store;
 
 pub use backend::LayeredBackend;
-pub use branchbox_virtio::blk::CLUSTER_SIZE;
+pub use block::{BlockBackend, CLUSTER_SIZE, SECTOR_SIZE};
 pub use chain::FrozenChain;
 pub use format::FormatError;
 pub use manifest::MAX_DEPTH;
+pub use overlay::{BackendError, OverlayBackend};
 pub use store::Store;
 
 /// Why a layer, chain or store operation failed.

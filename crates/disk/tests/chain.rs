@@ -3,8 +3,7 @@
 
 mod common;
 
-use branchbox_layers::{LayerError, LayeredBackend, Store, CLUSTER_SIZE};
-use branchbox_virtio::blk::BlockBackend;
+use branchbox_disk::{BlockBackend, LayerError, LayeredBackend, Store, CLUSTER_SIZE};
 use common::{base_disk, fill_cluster, random_write, read_all, read_at};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -57,7 +56,7 @@ fn fork_children_never_see_each_other_or_the_parent() {
     let mut children = LayeredBackend::fork(&store, &frozen, &["a", "b"]).expect("fork");
     assert_ne!(children[0].top_id(), children[1].top_id(), "children share a writable layer");
     assert_ne!(children[0].top_id(), parent.top_id());
-    let cluster5 = |d: &mut branchbox_layers::LayeredBackend| read_at(d, 5 * CLUSTER_SIZE, 4096);
+    let cluster5 = |d: &mut branchbox_disk::LayeredBackend| read_at(d, 5 * CLUSTER_SIZE, 4096);
     fill_cluster(&mut children[0], 5, 0x0a);
     assert_eq!(cluster5(&mut children[0]), vec![0x0a; 4096]);
     assert_eq!(cluster5(&mut children[1]), vec![0xaa; 4096], "a sibling saw child a's write");

@@ -8,7 +8,7 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use branchbox_virtio::blk::CLUSTER_SIZE;
+use crate::block::CLUSTER_SIZE;
 
 use crate::format::{slot_offset, Header, IndexReader, ENTRY_LEN, HEADER_LEN};
 use crate::LayerError;

@@ -6,9 +6,8 @@ mod common;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use branchbox_layers::format::{slot_offset, HEADER_LEN};
-use branchbox_layers::{FormatError, LayerError, LayeredBackend, Store, CLUSTER_SIZE};
-use branchbox_virtio::blk::BlockBackend;
+use branchbox_disk::format::{slot_offset, HEADER_LEN};
+use branchbox_disk::{BlockBackend, FormatError, LayerError, LayeredBackend, Store, CLUSTER_SIZE};
 use common::{base_disk, fill_cluster, read_at};
 
 const CLUSTERS: u64 = 32;

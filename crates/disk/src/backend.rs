@@ -15,8 +15,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use branchbox_virtio::blk::{cluster_pieces, BlockBackend, CLUSTER_SIZE, SECTOR_SIZE};
-
+use crate::block::{cluster_pieces, BlockBackend, CLUSTER_SIZE, SECTOR_SIZE};
 use crate::chain::FrozenChain;
 use crate::format::{encode_entry, slot_offset};
 use crate::layer::{io_err, lock, unlock, LayerFile};
