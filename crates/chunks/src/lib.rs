@@ -6,16 +6,18 @@
 
 pub mod lease;
 pub mod manifest;
+pub mod peer;
 pub mod s3;
 
 use lease::{Lease, LeaseKind};
 pub use manifest::MAX_MANIFEST_BYTES;
 use manifest::{chunk_key, is_hash, manifest_key, ChunkRef, FileEntry, Fingerprint, Manifest};
+use peer::ChunkSource;
 use s3::Remote;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeSet, HashMap};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Read, Write};
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -116,10 +118,16 @@ pub struct PullReport {
     pub snapshot: String,
     /// Chunks in its manifest.
     pub chunks: usize,
-    /// Bytes downloaded.
+    /// Bytes downloaded: `peer_bytes` + `s3_bytes`.
     pub fetched_bytes: u64,
     /// Bytes copied from snapshots already here.
     pub reused_bytes: u64,
+    /// Bytes fetched from the peer (another node's branchboxd holding the snapshot).
+    pub peer_bytes: u64,
+    /// Bytes fetched from the store.
+    pub s3_bytes: u64,
+    /// Why the pull stopped asking the peer, when it had one and it failed.
+    pub peer_error: Option<String>,
     /// Wall time.
     pub seconds: f64,
 }
@@ -328,10 +336,7 @@ impl LocalChunks {
     /// A chunk's bytes from a local snapshot, when one has it intact.
     fn read(&self, hash: &str) -> Option<Vec<u8>> {
         let (path, off, size) = self.at.get(hash)?;
-        let mut f = std::fs::File::open(path).ok()?;
-        f.seek(SeekFrom::Start(*off)).ok()?;
-        let mut buf = Vec::new();
-        f.take(*size).read_to_end(&mut buf).ok()?;
+        let buf = peer::read_range(path, *off, *size).ok()?;
         (buf.len() as u64 == *size && sha256_hex(&buf) == hash).then_some(buf)
     }
 }
@@ -346,17 +351,68 @@ pub fn materialize(
     local: &LocalChunks,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<PullReport> {
+    materialize_from(remote, None, manifest, dest, local, progress)
+}
+
+/// [`materialize`], asking `peer` for each chunk not found here before the store. The first
+/// time the peer fails (unreachable, an error, a chunk of the wrong size or hash) the pull
+/// says why in [`PullReport::peer_error`] and takes that chunk and every later one from the
+/// store; a peer never makes a pull fail.
+pub fn materialize_from(
+    remote: &Remote,
+    peer: Option<&dyn ChunkSource>,
+    manifest: &Manifest,
+    dest: &Path,
+    local: &LocalChunks,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<PullReport> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new().mode(0o700).create(dest).map_err(|e| io(dest, e))?;
-    let r = materialize_inner(remote, manifest, dest, local, progress);
+    let r = materialize_inner(remote, peer, manifest, dest, local, progress);
     if r.is_err() {
         let _ = std::fs::remove_dir_all(dest);
     }
     r
 }
 
+/// Chunk `c` of `manifest` from the peer while it answers well, else from the store; counted
+/// in `report` by where it came from.
+fn fetch_chunk(
+    remote: &Remote,
+    peer: &mut Option<&dyn ChunkSource>,
+    manifest: &Manifest,
+    c: &ChunkRef,
+    report: &mut PullReport,
+) -> Result<Vec<u8>> {
+    let id = &manifest.snapshot.id;
+    if let Some(p) = *peer {
+        let why = match p.fetch(id, &c.hash, c.size) {
+            Ok(d) if d.len() as u64 == c.size && sha256_hex(&d) == c.hash => {
+                report.peer_bytes += c.size;
+                report.fetched_bytes += c.size;
+                return Ok(d);
+            }
+            Ok(d) => format!("chunk {} from the peer hashes to {}", c.hash, sha256_hex(&d)),
+            Err(e) => e.to_string(),
+        };
+        report.peer_error = Some(why);
+        *peer = None;
+    }
+    let d = remote
+        .get(&chunk_key(&c.hash), c.size)?
+        .ok_or_else(|| Error::Missing { hash: c.hash.clone(), snapshot: id.to_string() })?;
+    let actual = sha256_hex(&d);
+    if actual != c.hash || d.len() as u64 != c.size {
+        return Err(Error::Corrupt { hash: c.hash.clone(), snapshot: id.to_string(), actual });
+    }
+    report.s3_bytes += c.size;
+    report.fetched_bytes += c.size;
+    Ok(d)
+}
+
 fn materialize_inner(
     remote: &Remote,
+    mut peer: Option<&dyn ChunkSource>,
     manifest: &Manifest,
     dest: &Path,
     local: &LocalChunks,
@@ -367,8 +423,16 @@ fn materialize_inner(
     let id = manifest.snapshot.id.to_string();
     let mut lease = Lease::take(remote, LeaseKind::Pull, &id)?;
     let total = manifest.total_bytes();
-    let mut report =
-        PullReport { snapshot: id.clone(), chunks: 0, fetched_bytes: 0, reused_bytes: 0, seconds: 0.0 };
+    let mut report = PullReport {
+        snapshot: id.clone(),
+        chunks: 0,
+        fetched_bytes: 0,
+        reused_bytes: 0,
+        peer_bytes: 0,
+        s3_bytes: 0,
+        peer_error: None,
+        seconds: 0.0,
+    };
     for f in &manifest.files {
         let path = dest.join(manifest::safe_path(&f.path)?);
         if let Some(parent) = path.parent() {
@@ -391,17 +455,7 @@ fn materialize_inner(
                     report.reused_bytes += c.size;
                     d
                 }
-                None => {
-                    let d = remote
-                        .get(&chunk_key(&c.hash), c.size)?
-                        .ok_or_else(|| Error::Missing { hash: c.hash.clone(), snapshot: id.clone() })?;
-                    let actual = sha256_hex(&d);
-                    if actual != c.hash || d.len() as u64 != c.size {
-                        return Err(Error::Corrupt { hash: c.hash.clone(), snapshot: id.clone(), actual });
-                    }
-                    report.fetched_bytes += c.size;
-                    d
-                }
+                None => fetch_chunk(remote, &mut peer, manifest, c, &mut report)?,
             };
             out.write_all(&data).map_err(|e| io(&path, e))?;
             report.chunks += 1;

@@ -28,6 +28,30 @@ pub struct RemoteConfig {
     pub secret_key: String,
 }
 
+impl RemoteConfig {
+    /// The store named by `url` and `endpoint` (a command's flags), each else by its variable
+    /// (`BRANCHBOX_REMOTE`, `BRANCHBOX_S3_ENDPOINT`); the region from `BRANCHBOX_S3_REGION`
+    /// (default `us-east-1`), the credentials from `AWS_ACCESS_KEY_ID` and
+    /// `AWS_SECRET_ACCESS_KEY`. Says which setting is missing.
+    pub fn from_env(url: Option<String>, endpoint: Option<String>) -> Result<RemoteConfig> {
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let need = |v: Option<String>, what: &str| v.ok_or_else(|| Error::Invalid(what.to_string()));
+        Ok(RemoteConfig {
+            url: need(
+                url.or_else(|| env("BRANCHBOX_REMOTE")),
+                "no store named: pass --remote s3://BUCKET/PREFIX or set BRANCHBOX_REMOTE",
+            )?,
+            endpoint: need(
+                endpoint.or_else(|| env("BRANCHBOX_S3_ENDPOINT")),
+                "no S3 endpoint: pass --s3-endpoint http://HOST:PORT or set BRANCHBOX_S3_ENDPOINT",
+            )?,
+            region: env("BRANCHBOX_S3_REGION").unwrap_or_else(|| "us-east-1".into()),
+            access_key: need(env("AWS_ACCESS_KEY_ID"), "AWS_ACCESS_KEY_ID is not set")?,
+            secret_key: need(env("AWS_SECRET_ACCESS_KEY"), "AWS_SECRET_ACCESS_KEY is not set")?,
+        })
+    }
+}
+
 /// One object from a listing.
 #[derive(Debug, Clone)]
 pub struct Listed {

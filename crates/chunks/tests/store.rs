@@ -1,16 +1,21 @@
 //! Push, pull and gc against a real S3 server (SeaweedFS on loopback): dedup against a pushed
 //! parent, a corrupted chunk refused, an interrupted push completed by the next, gc keeping
-//! what manifests name and respecting leases.
+//! what manifests name and respecting leases, a pull from a peer first and the store when the
+//! peer fails.
 
 mod common;
 
 use common::{fingerprint, record};
 
 use branchbox_chunks::manifest::chunk_key;
+use branchbox_chunks::peer::{read_held_chunk, ChunkSource, HeldError};
 use branchbox_chunks::s3::Remote;
-use branchbox_chunks::{fetch_manifest, gc, materialize, push, Error, LocalChunks, Progress};
+use branchbox_chunks::{
+    fetch_manifest, gc, materialize, materialize_from, push, Error, LocalChunks, Progress,
+};
 use branchbox_model::SnapshotId;
 use rand::{Rng, SeedableRng};
+use std::cell::Cell;
 use std::ops::ControlFlow;
 use std::path::Path;
 
@@ -205,4 +210,110 @@ fn gc_sweeps_unreferenced_chunks_keeps_referenced_ones_and_waits_for_leases() {
     let r = gc(&remote, false).unwrap();
     assert!(r.swept && r.manifests == 0 && r.deleted_chunks.len() == referenced, "{r:?}");
     assert!(remote.list("chunks/").unwrap().is_empty());
+}
+
+/// A peer that serves chunks of the snapshot held in `dir` as branchboxd does
+/// ([`read_held_chunk`]), the first `good` of them as they are, then fails; `flip` damages what
+/// it sends.
+struct TestPeer {
+    dir: std::path::PathBuf,
+    good: usize,
+    flip: bool,
+    asked: Cell<usize>,
+}
+
+impl ChunkSource for TestPeer {
+    fn fetch(&self, snapshot: &SnapshotId, hash: &str, _size: u64) -> Result<Vec<u8>, Error> {
+        self.asked.set(self.asked.get() + 1);
+        if self.asked.get() > self.good {
+            return Err(Error::Remote("peer went away".into()));
+        }
+        let mut d = read_held_chunk(&self.dir, snapshot, hash).map_err(|e| Error::Remote(e.to_string()))?;
+        if self.flip {
+            d[0] ^= 1;
+        }
+        Ok(d)
+    }
+}
+
+#[test]
+fn a_pull_takes_chunks_from_a_peer_first_and_from_the_store_once_the_peer_fails() {
+    let Some(weed) = common::Weed::start() else { return };
+    let remote = weed.remote("s3://snaps/peer");
+    let tmp = tempfile::tempdir().unwrap();
+    let a = tmp.path().join("a");
+    let pages = make_snapshot(&a, 5, 12);
+    let snap = record(None);
+    let pushed = push(&remote, &a, &snap, fingerprint(), &mut go).unwrap();
+    let total = pages.len() as u64 + 5;
+    let m = fetch_manifest(&remote, &snap.id).unwrap();
+    let peer = |good, flip| TestPeer { dir: a.clone(), good, flip, asked: Cell::new(0) };
+    let pull = |p: &TestPeer, name: &str| {
+        let dest = tmp.path().join(name);
+        let r = materialize_from(
+            &remote,
+            Some(p as &dyn ChunkSource),
+            &m,
+            &dest,
+            &LocalChunks::default(),
+            &mut |_| {},
+        )
+        .unwrap();
+        assert_eq!(std::fs::read(dest.join("checkpoint/pages.img")).unwrap(), pages, "{name}");
+        assert_eq!(r.fetched_bytes, total, "{name}: {r:?}");
+        assert_eq!(r.peer_bytes + r.s3_bytes, r.fetched_bytes, "{name}: {r:?}");
+        r
+    };
+
+    // A peer that answers everything: nothing from the store.
+    let all = pull(&peer(usize::MAX, false), "all");
+    assert_eq!((all.peer_bytes, all.s3_bytes, all.peer_error.as_deref()), (total, 0, None));
+
+    // One that answers three chunks and then fails: the rest from the store, and it is not
+    // asked again after its failure.
+    let p = peer(3, false);
+    let some = pull(&p, "some");
+    let first3: u64 = m.files.iter().flat_map(|f| &f.chunks).take(3).map(|c| c.size).sum();
+    assert_eq!((some.peer_bytes, some.s3_bytes), (first3, total - first3), "{some:?}");
+    assert!(some.peer_error.as_deref().unwrap().contains("peer went away"), "{some:?}");
+    assert_eq!(p.asked.get(), 4);
+    assert!(pushed.chunks > 4, "the test needs more chunks than the peer answers: {pushed:?}");
+
+    // One that sends damaged chunks: none of its bytes are used.
+    let bad = pull(&peer(usize::MAX, true), "bad");
+    assert_eq!((bad.peer_bytes, bad.s3_bytes), (0, total));
+    assert!(bad.peer_error.as_deref().unwrap().contains("hashes to"), "{bad:?}");
+}
+
+#[test]
+fn a_held_snapshot_serves_only_the_chunks_its_manifest_names_and_only_intact() {
+    let Some(weed) = common::Weed::start() else { return };
+    let remote = weed.remote("s3://snaps/held");
+    let tmp = tempfile::tempdir().unwrap();
+    let a = tmp.path().join("a");
+    make_snapshot(&a, 6, 6);
+    let snap = record(None);
+    push(&remote, &a, &snap, fingerprint(), &mut go).unwrap();
+    let m = fetch_manifest(&remote, &snap.id).unwrap();
+    let pages = m.files.iter().find(|f| f.path == "checkpoint/pages.img").unwrap();
+    let second = &pages.chunks[1];
+    let got = read_held_chunk(&a, &snap.id, &second.hash).unwrap();
+    assert_eq!(got.len() as u64, second.size);
+
+    let other = record(None);
+    assert!(matches!(read_held_chunk(&a, &other.id, &second.hash), Err(HeldError::Local(_))));
+    assert!(matches!(
+        read_held_chunk(&tmp.path().join("none"), &snap.id, &second.hash),
+        Err(HeldError::NoSnapshot(_))
+    ));
+    for hash in ["0".repeat(64), "../../service/token".into(), second.hash.to_uppercase()] {
+        assert!(matches!(read_held_chunk(&a, &snap.id, &hash), Err(HeldError::NotNamed { .. })), "{hash}");
+    }
+    // A local copy that no longer hashes to its name is not served.
+    let path = a.join("checkpoint/pages.img");
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[pages.chunks[0].size as usize + 10] ^= 1;
+    std::fs::write(&path, bytes).unwrap();
+    let err = read_held_chunk(&a, &snap.id, &second.hash).unwrap_err();
+    assert!(matches!(err, HeldError::Local(_)) && err.to_string().contains("damaged"), "{err}");
 }

@@ -76,6 +76,15 @@ fn proof(token: &str, listen: &str, nonce: &str) -> String {
     hex::encode(mac.finalize().into_bytes())
 }
 
+/// Checks that the branchboxd at `url` (`http://HOST:PORT`) holds `token` and listens at that
+/// address, by its proof over a fresh nonce, before the token is sent to it (`remote pull
+/// --peer`).
+pub(crate) fn verify_peer(url: &str, token: &str) -> std::result::Result<(), String> {
+    let agent = ureq::AgentBuilder::new().timeout_connect(Duration::from_secs(3)).build();
+    let svc = Service { url: url.trim_end_matches('/').to_string(), token: None, agent };
+    svc.verify(token, svc.url.strip_prefix("http://"))
+}
+
 impl Service {
     /// Asks the service to prove it holds `token` (an HMAC over a fresh nonce) before the
     /// token is ever sent; with `expect_listen`, the proof must also name that address.

@@ -2,7 +2,8 @@
 //! (docs/remote.md).
 
 use crate::output::print;
-use anyhow::{Context, Result};
+use anyhow::Result;
+use branchbox_chunks::peer::{ChunkSource, Peer};
 use branchbox_chunks::s3::{Remote, RemoteConfig};
 use branchbox_chunks::Progress;
 use branchbox_core::Engine;
@@ -37,6 +38,11 @@ pub enum RemoteCmd {
     Pull {
         /// Snapshot id.
         snapshot: String,
+        /// Ask this branchboxd (http://HOST:PORT, one that holds the snapshot) for each chunk
+        /// before the store; its token is BRANCHBOX_PEER_TOKEN. Any failure of the peer sends
+        /// the pull to the store.
+        #[arg(long)]
+        peer: Option<String>,
     },
     /// Delete a snapshot's manifest from the store; the next gc sweeps the chunks only it named.
     Rm {
@@ -52,23 +58,26 @@ pub enum RemoteCmd {
 }
 
 fn remote(args: &RemoteArgs) -> Result<Remote> {
-    let url = args
-        .remote
-        .clone()
-        .context("no store named: pass --remote s3://BUCKET/PREFIX or set BRANCHBOX_REMOTE")?;
-    let endpoint = args
-        .s3_endpoint
-        .clone()
-        .context("no S3 endpoint: pass --s3-endpoint http://HOST:PORT or set BRANCHBOX_S3_ENDPOINT")?;
-    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let cfg = RemoteConfig {
-        url,
-        endpoint,
-        region: env("BRANCHBOX_S3_REGION").unwrap_or_else(|| "us-east-1".into()),
-        access_key: env("AWS_ACCESS_KEY_ID").context("AWS_ACCESS_KEY_ID is not set")?,
-        secret_key: env("AWS_SECRET_ACCESS_KEY").context("AWS_SECRET_ACCESS_KEY is not set")?,
-    };
+    let cfg = RemoteConfig::from_env(args.remote.clone(), args.s3_endpoint.clone())?;
     Ok(Remote::new(&cfg)?)
+}
+
+/// The peer of `remote pull --peer URL`, once it has proved it holds the token
+/// (BRANCHBOX_PEER_TOKEN) for the address it is asked at; else why it is not used (the pull
+/// then takes every chunk from the store, and says why).
+fn checked_peer(url: &str) -> Result<std::result::Result<Peer, String>> {
+    let token = std::env::var("BRANCHBOX_PEER_TOKEN").ok().filter(|t| !t.is_empty());
+    // A malformed address or token is the caller's mistake, not the peer's.
+    let peer = Peer::new(url, token.clone())?;
+    if let Some(t) = &token {
+        if let Err(why) = crate::remote::verify_peer(peer.url(), t) {
+            return Ok(Err(format!(
+                "peer {} was not asked (its token was not sent to it): {why}",
+                peer.url()
+            )));
+        }
+    }
+    Ok(Ok(peer))
 }
 
 /// A byte progress bar on a terminal (nothing otherwise, and nothing with --json).
@@ -120,15 +129,34 @@ pub fn run(engine: &Engine, args: &RemoteArgs, command: RemoteCmd, json: bool) -
                 )
             });
         }
-        RemoteCmd::Pull { snapshot } => {
-            let r = engine.pull_snapshot(&remote, &snapshot, &mut |p| show(&pb, p));
+        RemoteCmd::Pull { snapshot, peer: peer_url } => {
+            let (peer, unused) = match peer_url.as_deref().map(checked_peer).transpose()? {
+                Some(Ok(p)) => (Some(p), None),
+                Some(Err(why)) => (None, Some(why)),
+                None => (None, None),
+            };
+            let r = engine.pull_snapshot(
+                &remote,
+                &snapshot,
+                peer.as_ref().map(|p| p as &dyn ChunkSource),
+                &mut |p| show(&pb, p),
+            );
             if let Some(b) = &pb {
                 b.finish_and_clear();
             }
-            let r = r?;
+            let mut r = r?;
+            if r.peer_error.is_none() {
+                r.peer_error = unused;
+            }
             print(json, &r, || {
+                let from_peer = match &peer {
+                    Some(p) => format!(" ({:.1} MiB from peer {})", r.peer_bytes as f64 / MIB, p.url()),
+                    None => String::new(),
+                };
+                let why =
+                    r.peer_error.as_deref().map(|w| format!("; the peer failed: {w}")).unwrap_or_default();
                 format!(
-                    "pulled {} from {}: {} chunks, fetched {:.1} MiB, reused {:.1} MiB from snapshots here, {:.1} s",
+                    "pulled {} from {}: {} chunks, fetched {:.1} MiB{from_peer}, reused {:.1} MiB from snapshots here, {:.1} s{why}",
                     r.snapshot,
                     remote.url(),
                     r.chunks,

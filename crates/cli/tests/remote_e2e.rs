@@ -1,6 +1,7 @@
 //! End-to-end: a real gVisor sandbox's snapshot pushed from one data directory to an S3
 //! server (SeaweedFS on loopback), pulled into another data directory and restored there:
-//! files and an in-memory counter continue. A snapshot whose fingerprint differs from the
+//! files and an in-memory counter continue (a peer named for the pull that is not there is
+//! not asked, and the store serves every chunk). A snapshot whose fingerprint differs from the
 //! host's is refused and nothing is recorded. Skips (one line) when the weed binary is missing.
 
 mod common;
@@ -23,6 +24,7 @@ fn remote_cmd(w: &weed::Weed, dir: &Path, args: &[&str]) -> std::process::Output
         .env("AWS_ACCESS_KEY_ID", weed::KEY)
         .env("AWS_SECRET_ACCESS_KEY", weed::SECRET)
         .env("BRANCHBOX_NO_SERVICE", "1")
+        .env("BRANCHBOX_PEER_TOKEN", "peer-token-0123456789")
         .output()
         .expect("run branchbox")
 }
@@ -56,10 +58,15 @@ fn a_snapshot_pushed_from_one_data_directory_restores_in_another_with_files_and_
     assert_eq!(again["sent_bytes"], 0, "{again}");
     assert_eq!(again["skipped_bytes"], sent, "{again}");
 
-    let pull = remote_ok(&w, &b, &["pull", &snap]);
+    // Named as the peer, a branchboxd that is not there: it is not asked (the token is sent
+    // only to a peer that proves it holds it), and every chunk comes from the store.
+    let pull = remote_ok(&w, &b, &["pull", &snap, "--peer", "http://127.0.0.1:1"]);
     assert_eq!(pull["snapshot"], snap.as_str());
     assert_eq!(pull["chunks"].as_u64().unwrap(), chunks);
     assert_eq!(pull["fetched_bytes"].as_u64().unwrap() + pull["reused_bytes"].as_u64().unwrap(), sent);
+    assert_eq!(pull["s3_bytes"], pull["fetched_bytes"], "{pull}");
+    assert_eq!(pull["peer_bytes"], 0, "{pull}");
+    assert!(pull["peer_error"].as_str().unwrap_or("").contains("was not asked"), "{pull}");
     // Recorded under the same id, without the source sandbox (which lives elsewhere).
     let listed: serde_json::Value = serde_json::from_str(&ok_in(&b, &["--json", "snapshots"])).unwrap();
     let rec =

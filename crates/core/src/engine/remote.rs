@@ -4,6 +4,7 @@
 
 use super::Engine;
 use branchbox_chunks::manifest::Fingerprint;
+use branchbox_chunks::peer::ChunkSource;
 use branchbox_chunks::s3::Remote;
 use branchbox_chunks::{LocalChunks, Progress, PullReport, PushReport};
 use branchbox_model::{BackendKind, Error, Result, Snapshot, SnapshotId};
@@ -82,11 +83,13 @@ impl Engine {
     /// Pulls snapshot `id` from `remote` into this data directory and records it under the
     /// same id. Every chunk is checked against its hash; the files are written into a `tmp-`
     /// directory, renamed into place, and only then recorded. A snapshot whose fingerprint
-    /// differs from this host's is refused. One already here is not pulled again.
+    /// differs from this host's is refused. One already here is not pulled again. With `peer`,
+    /// each chunk is asked of it before the store (docs/remote.md, "Pull from a peer").
     pub fn pull_snapshot(
         &self,
         remote: &Remote,
         id: &str,
+        peer: Option<&dyn ChunkSource>,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<PullReport> {
         let started = std::time::Instant::now();
@@ -100,6 +103,9 @@ impl Engine {
                     chunks: manifest.chunk_count(),
                     fetched_bytes: 0,
                     reused_bytes: manifest.total_bytes(),
+                    peer_bytes: 0,
+                    s3_bytes: 0,
+                    peer_error: None,
                     seconds: started.elapsed().as_secs_f64(),
                 });
             }
@@ -120,8 +126,8 @@ impl Engine {
         let snapshots = self.cfg.data_dir.join("snapshots");
         let tmp = snapshots.join(format!("tmp-pull-{id}-{:08x}", rand::random::<u32>()));
         let local = LocalChunks::scan(&snapshots);
-        let report =
-            branchbox_chunks::materialize(remote, &manifest, &tmp, &local, progress).map_err(chunk_error)?;
+        let report = branchbox_chunks::materialize_from(remote, peer, &manifest, &tmp, &local, progress)
+            .map_err(chunk_error)?;
         let dir = self.snapshot_dir(&id);
         if let Err(e) = std::fs::rename(&tmp, &dir) {
             let _ = std::fs::remove_dir_all(&tmp);
