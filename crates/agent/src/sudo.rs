@@ -8,7 +8,9 @@
 //! only for root or an account that the image's root-owned sudoers files give
 //! `NAME ALL=(ALL:ALL) NOPASSWD: ALL`, exactly as passwordless sudo would; the command is
 //! confined and watched like every command the agent starts, and killed when its `sudo` goes
-//! away.
+//! away. Where the agent itself runs with `no_new_privs` (so every process of the sandbox does),
+//! a setuid program at `/usr/bin/sudo` can never work, so that path is made a link to the
+//! stand-in too: scripts that call `/usr/bin/sudo` by its full path reach it as well.
 
 use crate::reaper::Reaper;
 use serde_json::{json, Value};
@@ -26,6 +28,8 @@ use std::sync::Arc;
 pub const SOCKET: &str = "/run/branchbox/sudo.sock";
 /// Where the stand-in is linked.
 const STAND_IN: &str = "/usr/local/bin/sudo";
+/// Where images install sudo itself, replaced by the stand-in where it cannot work.
+const SYSTEM_SUDO: &str = "/usr/bin/sudo";
 /// Largest request (command line, directory and environment).
 const MAX_REQUEST: usize = 256 * 1024;
 /// Commands run through the stand-in at once, at most.
@@ -207,11 +211,44 @@ pub fn serve(reaper: Arc<Reaper>) {
 
 fn install() -> std::io::Result<()> {
     std::fs::create_dir_all("/run/branchbox")?;
+    let me = std::env::current_exe()?;
+    if no_new_privs() {
+        if let Err(e) = take_over(std::path::Path::new(SYSTEM_SUDO), &me) {
+            eprintln!(
+                "branchbox-agent: {SYSTEM_SUDO} stays the image's ({e}); sudo by that path will not work"
+            );
+        }
+    }
     if std::fs::symlink_metadata(STAND_IN).is_ok() {
         return Ok(());
     }
-    let me = std::env::current_exe()?;
     std::os::unix::fs::symlink(me, STAND_IN)
+}
+
+/// Whether this process runs with `no_new_privs`, which it passes to every process it starts
+/// (gVisor sets it on every process of a sandbox, whatever the OCI spec says).
+fn no_new_privs() -> bool {
+    // SAFETY: a getter without pointers.
+    unsafe { libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1 }
+}
+
+/// Replaces the setuid program at `path` (followed through links: sudo, or sudo-rs behind a
+/// link) with a link to the stand-in `me`, in one rename, and answers whether it did. Under
+/// `no_new_privs` a setuid program never changes ids, so nothing that worked is lost; anything
+/// else there (no file, a script the image put there) is left as it is.
+fn take_over(path: &std::path::Path, me: &std::path::Path) -> std::io::Result<bool> {
+    match std::fs::metadata(path) {
+        Ok(md) if md.is_file() && md.mode() & 0o4000 != 0 => {}
+        _ => return Ok(false),
+    }
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let link = path.with_file_name(format!(".{name}.branchbox-{}", std::process::id()));
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(me, &link)?;
+    std::fs::rename(&link, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&link);
+    })?;
+    Ok(true)
 }
 
 /// Answers and ends the connection (a watcher's clone of it included).
@@ -421,6 +458,39 @@ mod tests {
         assert!(parse(&v(&["-i"])).unwrap_err().contains("-i"));
         assert!(parse(&v(&["-n"])).unwrap_err().contains("usage"));
         assert!(parse(&v(&["-u"])).is_err());
+    }
+
+    #[test]
+    fn a_setuid_sudo_is_replaced_by_a_link_to_the_stand_in_and_nothing_else_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = dir.path().join("branchbox-agent");
+        std::fs::write(&me, "agent").unwrap();
+        let sudo = dir.path().join("sudo");
+        std::fs::write(&sudo, "setuid sudo").unwrap();
+        std::fs::set_permissions(&sudo, std::fs::Permissions::from_mode(0o4755)).unwrap();
+        assert!(take_over(&sudo, &me).unwrap());
+        assert_eq!(std::fs::read_link(&sudo).unwrap(), me);
+        assert!(invoked_as_sudo(&sudo.to_string_lossy()), "run by that path, the binary acts as sudo");
+        assert!(!take_over(&sudo, &me).unwrap(), "the stand-in itself is not setuid: left as it is");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2, "no temporary link left");
+
+        // Behind a link, as sudo-rs is installed: the link is replaced, its target kept.
+        let real = dir.path().join("sudo-rs");
+        std::fs::write(&real, "setuid sudo-rs").unwrap();
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o4755)).unwrap();
+        let linked = dir.path().join("linked");
+        std::os::unix::fs::symlink(&real, &linked).unwrap();
+        assert!(take_over(&linked, &me).unwrap());
+        assert_eq!(std::fs::read_link(&linked).unwrap(), me);
+        assert_eq!(std::fs::read_to_string(&real).unwrap(), "setuid sudo-rs");
+
+        let script = dir.path().join("script");
+        std::fs::write(&script, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(!take_over(&script, &me).unwrap());
+        assert_eq!(std::fs::read_to_string(&script).unwrap(), "#!/bin/sh\n");
+        assert!(!take_over(&dir.path().join("missing"), &me).unwrap());
+        assert!(!dir.path().join("missing").exists(), "no sudo is made where the image has none");
     }
 
     #[test]
