@@ -7,22 +7,22 @@
 //! - **Checkpoint**: the first one of a VM writes a full base layer (inline). Later ones
 //!   take the pages dirtied since the previous checkpoint, save CPU and device state, and
 //!   `fork` a writer process that writes the delta layer and state file from memory as it
-//!   was at that instant (`layers::writer`); the VM may run again as soon as this returns.
+//!   was at that instant (`memory::layers::writer`); the VM may run again as soon as this returns.
 //! - **Rollback**: restore CPU/device state (undone if KVM refuses any of it), then drop
-//!   or re-map only the pages that can differ from the target (`layers::rollback_plan`).
+//!   or re-map only the pages that can differ from the target (`memory::layers::plan`).
 //! - **Branch**: a checkpoint of a running VM, then children forked from it.
 
-use crate::dirty;
 use crate::disk::{DiskError, DiskRef, SnapshotDisk};
 use crate::error::{Error, Result};
 use crate::fork::{fork, ShellPool};
-use crate::layers::delta::{data_offset, encode_header, index_bytes, DeltaHeader};
-use crate::layers::plan::{rollback_plan, RemapOp};
-use crate::layers::writer::{WritePlan, Writer};
-use crate::layers::{Chain, LayerKind, LayerRef, OpenLayer};
-use crate::lineage::Lineage;
+use crate::memory::dirty;
+use crate::memory::layers::delta::{data_offset, encode_header, index_bytes, DeltaHeader};
+use crate::memory::layers::plan::{rollback_plan, RemapOp};
+use crate::memory::layers::writer::{WritePlan, Writer};
+use crate::memory::layers::{Chain, LayerKind, LayerRef, OpenLayer};
+use crate::memory::lineage::Lineage;
+use crate::memory::PAGE_SIZE;
 use crate::memory::{new_layer_name, write_atomic};
-use crate::page::PAGE_SIZE;
 use crate::snapshot::lifecycle::DirLock;
 use crate::snapshot::{format, state_file_name, valid_name, MachineState, Snapshot, DEFAULT_NAME};
 use crate::vm::{CpuState, Vm};

@@ -222,7 +222,7 @@ impl Disk {
     /// Guest pages the device (or anything writing through [`memory`](Self::memory)) wrote
     /// since the last call, sorted.
     pub(crate) fn take_dirty(&self) -> Vec<u64> {
-        crate::dirty::bitmap_pages(&self.region.bitmap().get_and_reset())
+        crate::memory::dirty::bitmap_pages(&self.region.bitmap().get_and_reset())
     }
 
     /// Freezes the disk now and records the frozen chain as `frozen` in the store. The

@@ -9,8 +9,8 @@ use crate::devices::{Bus, DeviceStates, Devices};
 use crate::disk::{self, Disk, DiskError, DiskMemory, DiskRef, DISK_BASE, DISK_LEN};
 use crate::error::{kvm, Error, Result};
 use crate::hypervisor::Hypervisor;
-use crate::layers::{Chain, LayerRef};
-use crate::lineage::Lineage;
+use crate::memory::layers::{Chain, LayerRef};
+use crate::memory::lineage::Lineage;
 use crate::memory::GuestRam;
 use crate::snapshot::{format, MachineState, Snapshot};
 use crate::vstate::{PauseHandle, RunOutcome, Vcpu, VcpuState, VmCore, VmState};
@@ -202,7 +202,7 @@ impl Vm {
     pub(crate) fn take_host_dirty(&self) -> Vec<u64> {
         let ram = self.ram.take_host_dirty();
         match &self.disk {
-            Some(d) => crate::dirty::union(&ram, &d.take_dirty()),
+            Some(d) => crate::memory::dirty::union(&ram, &d.take_dirty()),
             None => ram,
         }
     }
@@ -272,7 +272,7 @@ impl Vm {
     pub fn take_dirty_log(&self) -> Result<Vec<u64>> {
         let bitmap = self.dirty_bitmap()?;
         self.clear_dirty_log(&bitmap)?;
-        Ok(crate::dirty::bitmap_pages(&bitmap))
+        Ok(crate::memory::dirty::bitmap_pages(&bitmap))
     }
 
     /// The RAM slot's dirty bitmap (one bit a page). Under manual protection the log keeps
@@ -289,7 +289,7 @@ impl Vm {
         if !self.manual_log {
             return Ok(());
         }
-        let pages = self.config.mem_size / crate::page::PAGE_SIZE as u64;
+        let pages = self.config.mem_size / crate::memory::PAGE_SIZE as u64;
         if (bitmap.len() as u64) * 64 < pages {
             return Err(Error::Config("dirty bitmap shorter than the RAM slot".into()));
         }

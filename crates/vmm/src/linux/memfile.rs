@@ -12,7 +12,7 @@
 
 use super::error::{LinuxError, LinuxResult};
 use crate::error::Error;
-use crate::page::PAGE_SIZE;
+use crate::memory::PAGE_SIZE;
 use branchbox_arch::layout;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -70,8 +70,8 @@ pub(super) fn write(mem: &GuestMemoryMmap, dir: &Path, name: &str) -> LinuxResul
 /// The runs `(offset, length)` of the anonymous mapping at `host` (`len` bytes, page-aligned)
 /// whose pages are in memory or swapped out; the others were never touched and read as zeros.
 fn written_runs(host: usize, len: usize) -> crate::error::Result<Vec<(usize, usize)>> {
-    let pages = crate::dirty::private_pages(host, len)?;
-    Ok(crate::dirty::runs(&pages)
+    let pages = crate::memory::dirty::private_pages(host, len)?;
+    Ok(crate::memory::dirty::runs(&pages)
         .into_iter()
         .map(|(first, n)| (first as usize * PAGE_SIZE, n as usize * PAGE_SIZE))
         .collect())

@@ -207,8 +207,12 @@ impl From<StateV3> for MachineState {
 /// Checks what the decoder cannot: references and sizes that must make sense.
 fn validate(state: &MachineState) -> std::result::Result<(), String> {
     let layers = &state.memory.layers;
-    if layers.is_empty() || layers.len() > crate::layers::MAX_LAYERS {
-        return Err(format!("{} memory layers (1..={} allowed)", layers.len(), crate::layers::MAX_LAYERS));
+    if layers.is_empty() || layers.len() > crate::memory::layers::MAX_LAYERS {
+        return Err(format!(
+            "{} memory layers (1..={} allowed)",
+            layers.len(),
+            crate::memory::layers::MAX_LAYERS
+        ));
     }
     for (i, layer) in layers.iter().enumerate() {
         let name = &layer.name;
@@ -217,13 +221,13 @@ fn validate(state: &MachineState) -> std::result::Result<(), String> {
                 "memory layer name {name:?} is not a plain file name inside the snapshot directory"
             ));
         }
-        let is_base = matches!(layer.kind, crate::layers::LayerKind::Base { .. });
+        let is_base = matches!(layer.kind, crate::memory::layers::LayerKind::Base { .. });
         if is_base != (i == 0) {
             return Err("the first memory layer must be the base and only the first".into());
         }
     }
     let size = state.memory.size;
-    if size == 0 || size > MAX_RAM || size % crate::page::PAGE_SIZE as u64 != 0 {
+    if size == 0 || size > MAX_RAM || size % crate::memory::PAGE_SIZE as u64 != 0 {
         return Err(format!("guest RAM size {size} is not a valid size"));
     }
     if size != state.config.mem_size {
@@ -283,7 +287,7 @@ pub(crate) mod tests {
     use crate::config::VmConfig;
     use crate::devices::{doorbell::DoorbellState, DeviceStates, Placed};
     use crate::disk::DiskRef;
-    use crate::layers::{LayerKind, LayerRef};
+    use crate::memory::layers::{LayerKind, LayerRef};
     use crate::memory::MemoryState;
     use crate::vstate::{VcpuState, VmState};
     use proptest::prelude::*;

@@ -16,7 +16,7 @@
 
 use super::{format, state_file_name, valid_name, Snapshot, STATE_EXT};
 use crate::error::{Error, Result};
-use crate::layers::{LayerKind, LayerRef};
+use crate::memory::layers::{LayerKind, LayerRef};
 use crate::memory::{new_layer_name, sync_dir, write_atomic, GuestRam};
 use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};

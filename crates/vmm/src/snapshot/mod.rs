@@ -19,7 +19,7 @@ pub use state::MachineState;
 
 use crate::disk::{DiskError, SnapshotDisk};
 use crate::error::{Error, Result};
-use crate::layers::Chain;
+use crate::memory::layers::Chain;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 

@@ -2,8 +2,8 @@
 //! extends, and the pages it dirtied since. The VM holds it; checkpoints and rollbacks
 //! (`checkpoint`) read and advance it.
 
-use crate::layers::writer::Writer;
-use crate::layers::Chain;
+use super::layers::writer::Writer;
+use super::layers::Chain;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 

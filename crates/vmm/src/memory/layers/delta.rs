@@ -24,7 +24,7 @@
 //! spawn path. `docs/microvm.md` is the spec page.
 
 use crate::error::{Error, Result};
-use crate::page::PAGE_SIZE;
+use crate::memory::PAGE_SIZE;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;

@@ -3,8 +3,8 @@
 //! from KVM's dirty log (`KVM_GET_DIRTY_LOG`, see `Vm`). Both are measured by
 //! `bench_checkpoint`; `docs/microvm.md` says which is used where and why.
 
+use super::page::PAGE_SIZE;
 use crate::error::{mem, Result};
-use crate::page::PAGE_SIZE;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;

@@ -13,7 +13,7 @@ pub(crate) mod plan;
 pub(crate) mod writer;
 
 use crate::error::{Error, Result};
-use crate::page::PAGE_SIZE;
+use crate::memory::PAGE_SIZE;
 use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::os::unix::fs::FileExt;

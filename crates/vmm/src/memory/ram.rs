@@ -10,8 +10,9 @@
 //!
 //! Layer files are written once (temp file, fsync, rename) and never modified afterwards.
 
+use super::layers::{Chain, LayerKind, LayerRef};
+use super::page::PAGE_SIZE;
 use crate::error::{mem, Error, Result};
-use crate::layers::{Chain, LayerKind, LayerRef};
 use branchbox_persist::Snapshottable;
 use std::fs::File;
 use std::io::Write;
@@ -19,8 +20,6 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::sync::Mutex;
-
-pub use crate::page::PAGE_SIZE;
 
 /// Runs of at least this many pages are moved out of guest RAM to be freed off the VM's
 /// path; freeing fewer in place costs less than the move's system call and mapping.
@@ -148,7 +147,7 @@ impl GuestRam {
 
     /// Drops the private copies of `len` pages from guest page `page`: their next access
     /// sees the layer file again. Runs of at least [`MOVE_OUT_PAGES`] are moved out of the
-    /// mapping and freed by the reaper thread (see [`crate::reaper`]); shorter ones, and
+    /// mapping and freed by the reaper thread (see [`super::reaper`]); shorter ones, and
     /// runs `mremap` cannot move (one spanning two mappings), are freed here
     /// (`MADV_DONTNEED`).
     pub fn drop_pages(&self, page: u64, len: u64) -> Result<()> {
@@ -201,7 +200,7 @@ impl GuestRam {
             unsafe { libc::munmap(area, span) };
             return Ok(false);
         }
-        crate::reaper::free(area as usize, span);
+        super::reaper::free(area as usize, span);
         Ok(true)
     }
 
@@ -253,7 +252,7 @@ impl GuestRam {
     /// Guest pages that hold a private copy (written since the range was last mapped from
     /// its layers), sorted, from `/proc/self/pagemap`.
     pub fn private_pages(&self) -> Result<Vec<u64>> {
-        crate::dirty::private_pages(self.addr as usize, self.size)
+        super::dirty::private_pages(self.addr as usize, self.size)
     }
 
     /// Host address of guest-physical address 0 (what the KVM slot is registered with).
@@ -547,7 +546,7 @@ mod tests {
         assert_eq!(ram.private_pages().unwrap(), vec![3, 4, 40]);
         let addr = ram.host_addr() as usize;
         let pagemap = std::fs::File::open("/proc/self/pagemap").unwrap();
-        assert_eq!(crate::dirty::scan_read(&pagemap, addr, 64 * PAGE_SIZE).unwrap(), vec![3, 4, 40]);
+        assert_eq!(crate::memory::dirty::scan_read(&pagemap, addr, 64 * PAGE_SIZE).unwrap(), vec![3, 4, 40]);
         ram.map_layer(&file).unwrap();
         assert!(ram.private_pages().unwrap().is_empty());
     }
