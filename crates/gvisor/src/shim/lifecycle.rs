@@ -1,133 +1,26 @@
-//! The per-sandbox shim: a small host process that owns the runsc container's stdio pipes
-//! (the agent's transport), multiplexes any number of client connections on a Unix socket
-//! onto that one agent, and performs checkpoints that keep the sandbox running.
-//!
-//! Why a shim: the agent's pipes must outlive each CLI invocation, and runsc re-attaches a
-//! restored container to whatever stdio the restoring process holds, so the process that owns
-//! the pipes is the one that can swap them when a rollback replaces the container.
+//! The shim's container side: starting each container generation (`runsc run`, `restore` or,
+//! for a shell, `create`) with the agent's pipes, the control requests (checkpoint, rollback,
+//! a shell's restore, pause, resume, stop), a shell's wait for its claim, and the shim's end.
 
+use super::{lock, Container, Routes, Shell, Shim, ShimConfig, Start};
 use crate::control::{ShimRequest, ShimResponse};
-use crate::runsc::Runsc;
-use branchbox_protocol::frame::{encode_header, read_raw, write_raw, RawFrame};
 use branchbox_protocol::{Request, PROTOCOL_VERSION};
 use std::collections::HashMap;
-use std::io::Write;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
-
-/// How the shim starts its container.
-#[derive(Debug, Clone)]
-pub enum Start {
-    /// `runsc run` of the bundle.
-    Fresh,
-    /// `runsc restore` from a checkpoint image directory.
-    Restore(PathBuf),
-    /// `runsc create` only: a shell, a sandbox process with nothing in it yet, waiting for a
-    /// [`ShimRequest::ShimRestore`] (docs/architecture.md, "Restore shells").
-    Shell(Shell),
-}
-
-/// A shell's place in the engine's list of ready shells.
-#[derive(Debug, Clone)]
-pub struct Shell {
-    /// The ready marker the shim publishes (renaming `<marker>.starting` to it) once the
-    /// container is created; whoever renames it away owns the shell from then on.
-    pub marker: PathBuf,
-    /// How long the shell waits unclaimed before it removes itself.
-    pub idle: Duration,
-}
-
-/// Suffix of the marker of a shell still being created (see [`Shell::starting`]).
-pub const SHELL_STARTING: &str = ".starting";
-
-impl Shell {
-    /// The marker of a shell still being created.
-    pub fn starting(marker: &Path) -> PathBuf {
-        let mut s = marker.as_os_str().to_owned();
-        s.push(SHELL_STARTING);
-        PathBuf::from(s)
-    }
-}
 
 /// Niceness of a shell's runtime processes until a restore claims them: shells are made ahead
 /// of time and must not take CPU from running sandboxes (first of all the children of the
 /// fork that asked for them). The restore puts them back to 0 first.
 const SHELL_NICE: libc::c_int = 10;
 
-/// What a shell's marker is renamed to by a claim, inside the shell's sandbox directory.
-pub const SHELL_CLAIMED: &str = "shell-claimed";
 /// What a shell renames its own marker to when it expires unclaimed.
 const SHELL_EXPIRED: &str = "shell-expired";
-
-/// Shim configuration (its command line).
-#[derive(Debug, Clone)]
-pub struct ShimConfig {
-    /// Sandbox runtime directory (holds `bundle/`, `agent.sock`, `shim.log`).
-    pub dir: PathBuf,
-    /// Sandbox id (container ids are `<id>-g<generation>`).
-    pub id: String,
-    /// runsc invocation.
-    pub runsc: Runsc,
-    /// How to start.
-    pub start: Start,
-}
-
-/// Longest the shim waits for the agent's answer to its own requests.
-const AGENT_WAIT: Duration = Duration::from_secs(60);
-/// Frames queued for one client before the agent's reader waits for it: at most this many
-/// frames of at most 1 MiB each (256 KiB from an honest agent) per client.
-const CLIENT_QUEUE: usize = 8;
-/// Longest the agent's reader waits for room in one client's queue. One pipe carries every
-/// answer, so while it waits every other client of the sandbox waits too; a client that
-/// takes no frame for this long is disconnected and its requests are cancelled.
-const CLIENT_STALL: Duration = Duration::from_secs(15);
-
-enum Route {
-    Client { conn: u64, orig: u64 },
-    Internal(SyncSender<RawFrame>),
-}
-
-#[derive(Default)]
-struct Routes {
-    by_gid: HashMap<u64, Route>,
-    by_client: HashMap<(u64, u64), u64>,
-}
-
-struct Container {
-    cid: String,
-    generation: u64,
-    /// The `runsc run`/`restore` process; `None` once handed to a reaper thread.
-    child: Option<Child>,
-    stdin: ChildStdin,
-}
-
-struct Shim {
-    cfg: ShimConfig,
-    container: Mutex<Container>,
-    routes: Mutex<Routes>,
-    writers: Mutex<HashMap<u64, Writer>>,
-    next_id: AtomicU64,
-    /// Forwarding holds it shared; a checkpoint holds it exclusively, so no client frame can
-    /// reach the agent between freeze and thaw.
-    gate: RwLock<()>,
-    swapping: AtomicBool,
-    paused: AtomicBool,
-    /// False only in a shell that no restore has reached yet: its container runs nothing, so
-    /// agent frames are refused instead of waiting in the pipe for whatever comes.
-    restored: AtomicBool,
-    /// Set by the first [`ShimRequest::ShimRestore`]; a shell takes one.
-    restore_taken: AtomicBool,
-    /// Where a shell's marker lives (`None` for a sandbox started any other way).
-    shell: Option<Shell>,
-    /// A shell's runtime processes ([`runtime_pids`]), niced until its restore.
-    shell_pids: Mutex<Vec<i32>>,
-}
 
 /// Sets the niceness of every thread of process `pid` (niceness is per thread on Linux).
 fn renice(pid: i32, nice: libc::c_int) {
@@ -170,34 +63,6 @@ fn runtime_pids(cid: &str, sandbox: i32) -> Vec<i32> {
     }
     pids.extend(gofer);
     pids
-}
-
-/// The sending side of one client connection.
-struct Writer {
-    queue: SyncSender<Vec<u8>>,
-    /// Shut down to disconnect a client that stalled.
-    socket: UnixStream,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn header_fields(header: &[u8]) -> Option<(serde_json::Map<String, serde_json::Value>, u64)> {
-    let map: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(header).ok()?;
-    let id = map.get("id")?.as_u64()?;
-    Some((map, id))
-}
-
-fn with_id(mut map: serde_json::Map<String, serde_json::Value>, id: u64) -> Vec<u8> {
-    map.insert("id".into(), id.into());
-    serde_json::to_vec(&map).unwrap_or_default()
-}
-
-fn encode(header: &[u8], body: &[u8]) -> Vec<u8> {
-    let mut buf = Vec::with_capacity(8 + header.len() + body.len());
-    let _ = write_raw(&mut buf, header, body);
-    buf
 }
 
 /// The bundle of one container generation: the sandbox's bundle with a cgroup of its own. Two
@@ -274,93 +139,6 @@ fn exit_after_answer(code: i32) {
 }
 
 impl Shim {
-    fn start_reader(self: &Arc<Self>, stdout: ChildStdout, generation: u64) {
-        let me = Arc::clone(self);
-        std::thread::spawn(move || me.read_agent(stdout, generation));
-    }
-
-    /// Routes every frame from the agent to the connection that asked for it.
-    fn read_agent(&self, mut stdout: ChildStdout, generation: u64) {
-        while let Ok(Some(raw)) = read_raw(&mut stdout) {
-            let Some((map, gid)) = header_fields(&raw.header) else { continue };
-            let terminal =
-                !matches!(map.get("reply").and_then(|v| v.as_str()), Some("stdout" | "stderr" | "data"));
-            let mut routes = lock(&self.routes);
-            let route = if terminal { routes.by_gid.remove(&gid) } else { None };
-            let (conn, orig) = match route.as_ref().or_else(|| routes.by_gid.get(&gid)) {
-                Some(Route::Client { conn, orig }) => (*conn, *orig),
-                Some(Route::Internal(tx)) => {
-                    let _ = tx.try_send(raw);
-                    continue;
-                }
-                None => continue,
-            };
-            if terminal {
-                routes.by_client.remove(&(conn, orig));
-            }
-            drop(routes);
-            self.deliver(conn, encode(&with_id(map, orig), &raw.body));
-        }
-        let current = lock(&self.container).generation == generation;
-        if current && !self.swapping.load(Ordering::SeqCst) {
-            let ended = crate::hostcg::verdict(&lock(&self.container).cid);
-            if let Err(e) = crate::hostcg::record(&self.cfg.dir, &ended) {
-                eprintln!("branchbox-shim: cannot record why the sandbox ended: {e}");
-            }
-            eprintln!(
-                "branchbox-shim: the sandbox ended ({}): {}; shutting down",
-                ended.reason, ended.detail
-            );
-            self.shutdown(0);
-        }
-    }
-
-    fn send_to_agent(&self, header: &[u8], body: &[u8]) -> std::io::Result<()> {
-        let mut c = lock(&self.container);
-        write_raw(&mut c.stdin, header, body).map_err(|e| std::io::Error::other(e.to_string()))
-    }
-
-    /// Sends a request of the shim's own to the current agent and waits for its terminal answer.
-    fn internal(&self, req: &Request, body: &[u8]) -> Result<RawFrame, String> {
-        let gid = self.next_id.fetch_add(1, Ordering::SeqCst);
-        let (tx, rx) = sync_channel(4);
-        lock(&self.routes).by_gid.insert(gid, Route::Internal(tx));
-        let r = self
-            .send_to_agent(&encode_header(gid, req), body)
-            .map_err(|e| format!("agent pipe: {e}"))
-            .and_then(|()| rx.recv_timeout(AGENT_WAIT).map_err(|_| "the agent did not answer".to_string()));
-        lock(&self.routes).by_gid.remove(&gid);
-        r
-    }
-
-    /// Sends a request to a container that is not current yet and waits for the answer, giving
-    /// up as soon as that container's runsc process exits (a bad image fails fast).
-    fn internal_to(&self, req: &Request, target: &mut Container) -> Result<RawFrame, String> {
-        let gid = self.next_id.fetch_add(1, Ordering::SeqCst);
-        let (tx, rx) = sync_channel(4);
-        lock(&self.routes).by_gid.insert(gid, Route::Internal(tx));
-        let result = (|| {
-            write_raw(&mut target.stdin, &encode_header(gid, req), &[])
-                .map_err(|e| format!("agent pipe: {e}"))?;
-            let deadline = std::time::Instant::now() + AGENT_WAIT;
-            loop {
-                match rx.recv_timeout(Duration::from_millis(50)) {
-                    Ok(frame) => return Ok(frame),
-                    Err(_) if std::time::Instant::now() > deadline => {
-                        return Err("the agent did not answer".into())
-                    }
-                    Err(_) => {
-                        if let Some(Ok(Some(status))) = target.child.as_mut().map(|c| c.try_wait()) {
-                            return Err(format!("runsc exited ({status}); see shim.log"));
-                        }
-                    }
-                }
-            }
-        })();
-        lock(&self.routes).by_gid.remove(&gid);
-        result
-    }
-
     /// Stops a container the shim started. Its `runsc run` process lingers for seconds after
     /// the container is gone, so it is reaped on a thread of its own instead of waited for.
     fn retire(&self, c: &mut Container) {
@@ -378,6 +156,23 @@ impl Shim {
         std::thread::spawn(move || crate::hostcg::remove(&cid));
     }
 
+    /// After the agent's pipe of container `generation` closed: when that is the current
+    /// container and no swap is under way, the sandbox ended, so the shim records why and ends.
+    pub(super) fn agent_pipe_closed(&self, generation: u64) {
+        let current = lock(&self.container).generation == generation;
+        if current && !self.swapping.load(Ordering::SeqCst) {
+            let ended = crate::hostcg::verdict(&lock(&self.container).cid);
+            if let Err(e) = crate::hostcg::record(&self.cfg.dir, &ended) {
+                eprintln!("branchbox-shim: cannot record why the sandbox ended: {e}");
+            }
+            eprintln!(
+                "branchbox-shim: the sandbox ended ({}): {}; shutting down",
+                ended.reason, ended.detail
+            );
+            self.shutdown(0);
+        }
+    }
+
     fn shutdown(&self, code: i32) -> ! {
         if let Some(shell) = self.shell.as_ref().filter(|_| !self.restore_taken.load(Ordering::SeqCst)) {
             // A shell that ended unclaimed: no claim may pick it any more.
@@ -389,119 +184,8 @@ impl Shim {
         std::process::exit(code);
     }
 
-    fn serve(self: &Arc<Self>, listener: UnixListener) {
-        let mut next_conn = 0u64;
-        for conn in listener.incoming() {
-            let Ok(conn) = conn else { continue };
-            if let Err(why) = crate::control::peer_allowed(&conn) {
-                eprintln!("branchbox-shim: refused a connection: {why}");
-                continue;
-            }
-            next_conn += 1;
-            let me = Arc::clone(self);
-            let id = next_conn;
-            std::thread::spawn(move || me.client(conn, id));
-        }
-    }
-
-    /// Queues `frame` for client `conn`, waiting at most [`CLIENT_STALL`] for room; a client
-    /// that stays full that long is disconnected (its reader then cancels its requests).
-    fn deliver(&self, conn: u64, frame: Vec<u8>) {
-        let Some(queue) = lock(&self.writers).get(&conn).map(|w| w.queue.clone()) else { return };
-        let deadline = Instant::now() + CLIENT_STALL;
-        let mut frame = frame;
-        loop {
-            match queue.try_send(frame) {
-                Ok(()) | Err(TrySendError::Disconnected(_)) => return,
-                Err(TrySendError::Full(back)) if Instant::now() < deadline => {
-                    frame = back;
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-                Err(TrySendError::Full(_)) => break,
-            }
-        }
-        if let Some(w) = lock(&self.writers).remove(&conn) {
-            eprintln!(
-                "branchbox-shim: client {conn} took nothing for {} s; disconnecting it and cancelling its requests",
-                CLIENT_STALL.as_secs()
-            );
-            let _ = w.socket.shutdown(std::net::Shutdown::Both);
-        }
-    }
-
-    fn client(self: &Arc<Self>, mut conn: UnixStream, conn_id: u64) {
-        let (Ok(mut out), Ok(socket)) = (conn.try_clone(), conn.try_clone()) else { return };
-        let (tx, rx) = sync_channel::<Vec<u8>>(CLIENT_QUEUE);
-        lock(&self.writers).insert(conn_id, Writer { queue: tx, socket });
-        std::thread::spawn(move || {
-            while let Ok(buf) = rx.recv() {
-                if out.write_all(&buf).is_err() {
-                    let _ = out.shutdown(std::net::Shutdown::Both);
-                    break;
-                }
-            }
-        });
-        while let Ok(Some(raw)) = read_raw(&mut conn) {
-            let Some((map, orig)) = header_fields(&raw.header) else { break };
-            let op = map.get("op").and_then(|v| v.as_str()).unwrap_or_default().to_string();
-            if op.starts_with("shim_") {
-                let reply = match serde_json::from_slice::<ShimRequest>(&raw.header) {
-                    Ok(req) => self.control(req),
-                    Err(e) => ShimResponse::ShimError { message: format!("bad shim request: {e}") },
-                };
-                self.deliver(conn_id, encode(&encode_header(orig, &reply), &[]));
-                continue;
-            }
-            if !self.restored.load(Ordering::SeqCst) {
-                let msg = branchbox_protocol::Response::Error {
-                    code: branchbox_protocol::ErrorCode::Io,
-                    message: "this sandbox is an empty shell: nothing was restored into it yet".into(),
-                };
-                self.deliver(conn_id, encode(&encode_header(orig, &msg), &[]));
-                continue;
-            }
-            let gid = {
-                let mut routes = lock(&self.routes);
-                match routes.by_client.get(&(conn_id, orig)) {
-                    Some(gid) => *gid,
-                    None => {
-                        let gid = self.next_id.fetch_add(1, Ordering::SeqCst);
-                        routes.by_gid.insert(gid, Route::Client { conn: conn_id, orig });
-                        routes.by_client.insert((conn_id, orig), gid);
-                        gid
-                    }
-                }
-            };
-            let _open = self.gate.read().unwrap_or_else(|e| e.into_inner());
-            if self.send_to_agent(&with_id(map, gid), &raw.body).is_err() {
-                break;
-            }
-        }
-        lock(&self.writers).remove(&conn_id);
-        self.cancel_requests_of(conn_id);
-    }
-
-    /// Forgets the open requests of a closed connection and tells the agent to stop them, so
-    /// nothing keeps streaming (or running) for a reader that is gone.
-    fn cancel_requests_of(&self, conn_id: u64) {
-        let gids: Vec<u64> = {
-            let mut routes = lock(&self.routes);
-            let keys: Vec<(u64, u64)> =
-                routes.by_client.keys().filter(|(c, _)| *c == conn_id).copied().collect();
-            let gids: Vec<u64> = keys.iter().filter_map(|k| routes.by_client.remove(k)).collect();
-            for gid in &gids {
-                routes.by_gid.remove(gid);
-            }
-            gids
-        };
-        let _open = self.gate.read().unwrap_or_else(|e| e.into_inner());
-        for gid in gids {
-            let _ = self.send_to_agent(&encode_header(gid, &Request::Cancel), &[]);
-        }
-    }
-
     /// Performs a control request.
-    fn control(self: &Arc<Self>, req: ShimRequest) -> ShimResponse {
+    pub(super) fn control(self: &Arc<Self>, req: ShimRequest) -> ShimResponse {
         let r =
             match req {
                 ShimRequest::ShimCheckpoint { image } => crate::control::confine_image(&self.cfg.dir, &image)
@@ -700,34 +384,6 @@ impl Shim {
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while !is_zombie(pid) && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    /// Answers every client request still waiting on a retired container with an error.
-    fn abandon_client_requests(&self, why: &str) {
-        let pending: Vec<(u64, u64)> = {
-            let mut routes = lock(&self.routes);
-            let clients: Vec<u64> = routes
-                .by_gid
-                .iter()
-                .filter(|(_, r)| matches!(r, Route::Client { .. }))
-                .map(|(gid, _)| *gid)
-                .collect();
-            let mut out = Vec::new();
-            for gid in clients {
-                if let Some(Route::Client { conn, orig }) = routes.by_gid.remove(&gid) {
-                    routes.by_client.remove(&(conn, orig));
-                    out.push((conn, orig));
-                }
-            }
-            out
-        };
-        let msg = branchbox_protocol::Response::Error {
-            code: branchbox_protocol::ErrorCode::Io,
-            message: why.to_string(),
-        };
-        for (conn, orig) in pending {
-            self.deliver(conn, encode(&encode_header(orig, &msg), &[]));
         }
     }
 }
