@@ -1,10 +1,8 @@
 //! One function per subcommand.
 
-use crate::args::{BackendArg, BenchCmd, Cli, Cmd, CreateArgs, ExecArgs, FilesCmd, RefCmd, TravelArgs};
+use crate::args::{BackendArg, Cli, Cmd, CreateArgs, ExecArgs, RefCmd};
 use crate::output::{clean, each_target, print, progress_fn};
 use anyhow::{anyhow, bail, Context, Result};
-use branchbox_bench::sandbox as bench;
-use branchbox_bench::travel::{self as bench_travel, Travel};
 use branchbox_core::{host, BackendChoice, Config, Engine, SnapshotOptions};
 use branchbox_model::{BackendKind, Limits, SandboxId, SnapshotKind};
 use branchbox_protocol::{Command, ExecSpec, ExitStatus, OutStream, MAX_EXEC_OUTPUT};
@@ -104,7 +102,7 @@ fn run_local(engine: &Engine, command: Cmd, json: bool) -> Result<i32> {
             });
             Ok(0)
         }
-        Cmd::Files { command } => files(engine, command, json),
+        Cmd::Files { command } => crate::files::run(engine, command, json),
         Cmd::Fork { id, count } => fork(engine, &parse_id(&id)?, count, json),
         Cmd::Host { id, port } => crate::network::host_cmd(engine, &parse_id(&id)?, port, json),
         Cmd::Egress { id, internet, allow, deny_all } => {
@@ -234,7 +232,7 @@ fn run_local(engine: &Engine, command: Cmd, json: bool) -> Result<i32> {
             engine.kill(&parse_id(id)?)?;
             Ok(vec![id.to_string()])
         }),
-        Cmd::Bench { command } => bench_cmd(engine, command, json),
+        Cmd::Bench { command } => crate::bench::run(engine, command, json),
         Cmd::Pool { .. } => bail!(
             "pools are kept by the branchbox service and none answers for this data directory; start branchboxd \
              (or set BRANCHBOX_URL and BRANCHBOX_TOKEN to reach one)"
@@ -442,59 +440,6 @@ fn refs(engine: &Engine, cmd: RefCmd, json: bool) -> Result<i32> {
     Ok(0)
 }
 
-fn files(engine: &Engine, cmd: FilesCmd, json: bool) -> Result<i32> {
-    match cmd {
-        FilesCmd::Get { id, path, local } => {
-            let mut conn = engine.connect(&parse_id(&id)?)?;
-            let size =
-                crate::download::get(&mut conn, &path, local.as_deref().filter(|l| l.as_os_str() != "-"))?;
-            if json {
-                print(true, &serde_json::json!({"path": path, "size": size}), String::new);
-            }
-            Ok(0)
-        }
-        FilesCmd::Put { id, local, path, mode } => {
-            let mode = match mode {
-                Some(m) => {
-                    Some(u32::from_str_radix(&m, 8).map_err(|_| anyhow!("--mode {m:?} is not octal"))?)
-                }
-                None => None,
-            };
-            let mut conn = engine.connect(&parse_id(&id)?)?;
-            let size = if local.as_os_str() == "-" {
-                conn.write_file(&path, &mut std::io::stdin(), mode, false, false)?
-            } else {
-                let mut f =
-                    std::fs::File::open(&local).with_context(|| format!("opening {}", local.display()))?;
-                conn.write_file(&path, &mut f, mode, false, false)?
-            };
-            print(json, &serde_json::json!({"path": path, "size": size}), || {
-                format!("{size} bytes -> {path}")
-            });
-            Ok(0)
-        }
-        FilesCmd::Ls { id, path } => {
-            let entries = engine.connect(&parse_id(&id)?)?.list_dir(&path)?;
-            print(json, &entries, || {
-                entries
-                    .iter()
-                    .map(|e| {
-                        format!(
-                            "{:>4o} {:>10}  {}{}",
-                            e.mode,
-                            e.size,
-                            clean(&e.name),
-                            if e.kind == branchbox_protocol::FileKind::Dir { "/" } else { "" }
-                        )
-                    })
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            });
-            Ok(0)
-        }
-    }
-}
-
 fn fork(engine: &Engine, id: &SandboxId, n: usize, json: bool) -> Result<i32> {
     let outcome = engine.fork(id, n)?;
     let children: Vec<serde_json::Value> = outcome
@@ -585,138 +530,4 @@ fn exposed_data_dir(dir: &std::path::Path) -> Option<String> {
             dir.display()
         )
     })
-}
-
-/// A time-travel benchmark on the chosen backend.
-fn travel(engine: &Engine, which: Travel, t: &TravelArgs) -> Result<branchbox_bench::report::Report> {
-    use branchbox_bench::vmm;
-    fn pick<T: Default>(short: bool, s: fn() -> T) -> T {
-        if short {
-            s()
-        } else {
-            T::default()
-        }
-    }
-    Ok(match (t.backend, which) {
-        (BackendArg::Microvm, Travel::Checkpoint) => {
-            vmm::bench_checkpoint(&pick(t.short, vmm::CheckpointBenchOptions::short))?
-        }
-        (BackendArg::Microvm, Travel::Rollback) => {
-            vmm::bench_rollback(&pick(t.short, vmm::RollbackBenchOptions::short))?
-        }
-        (BackendArg::Microvm, Travel::Branch) => {
-            vmm::bench_branch(&pick(t.short, vmm::BranchBenchOptions::short))?
-        }
-        (BackendArg::Microvm, Travel::Chain) => {
-            vmm::bench_chain(&pick(t.short, vmm::ChainBenchOptions::short))?
-        }
-        (_, which) => bench_travel::run(engine, which, if t.short { 1 } else { t.runs.max(1) }, t.short)?,
-    })
-}
-
-fn bench_cmd(engine: &Engine, cmd: BenchCmd, json: bool) -> Result<i32> {
-    let report = match cmd {
-        BenchCmd::Exec { runs } => bench::exec(engine, runs.max(1))?,
-        BenchCmd::Fork { backend: BackendArg::Microvm, mib, children, runs, short, processes: true } => {
-            let mut o = if short {
-                branchbox_bench::vmm::ProcessForkBenchOptions::short()
-            } else {
-                Default::default()
-            };
-            if let Some(m) = mib {
-                o.mem_mib = m;
-            }
-            if let Some(n) = children {
-                o.counts = [10, n].into_iter().filter(|c| *c <= n).collect();
-                o.counts.dedup();
-            }
-            if !short {
-                o.rounds = runs.max(1);
-            }
-            branchbox_bench::vmm::bench_fork_processes(&o)?
-        }
-        BenchCmd::Fork { backend: BackendArg::Gvisor | BackendArg::Auto, processes: true, .. } => {
-            bail!("--processes measures the microvm engine's VMM processes; add --backend microvm")
-        }
-        BenchCmd::Fork {
-            backend: BackendArg::Gvisor | BackendArg::Auto,
-            mib,
-            children,
-            runs,
-            short,
-            processes: false,
-        } => {
-            let (mib, wide, runs) =
-                if short { (16, 3, 1) } else { (mib.unwrap_or(50), children.unwrap_or(10), runs) };
-            bench::fork(engine, mib, wide.max(1), runs.max(1))?
-        }
-        BenchCmd::Fork { backend: BackendArg::Microvm, mib, children, runs, short, processes: false } => {
-            let mut o =
-                if short { branchbox_bench::vmm::ForkBenchOptions::short() } else { Default::default() };
-            if let Some(m) = mib {
-                o.mem_mib = m;
-            }
-            if let Some(n) = children {
-                o.counts = [1, 10, n].into_iter().filter(|c| *c <= n).collect();
-                o.counts.dedup();
-            }
-            if !short {
-                o.rounds = runs.max(1);
-            }
-            branchbox_bench::vmm::bench_fork(&o)?
-        }
-        BenchCmd::Checkpoint(t) => travel(engine, Travel::Checkpoint, &t)?,
-        BenchCmd::Rollback(t) => travel(engine, Travel::Rollback, &t)?,
-        BenchCmd::Branch(t) => travel(engine, Travel::Branch, &t)?,
-        BenchCmd::Chain(t) => travel(engine, Travel::Chain, &t)?,
-        BenchCmd::Soak { sandboxes, seconds, seed, short } => {
-            let seed = seed.unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_secs())
-                    .unwrap_or(0)
-            });
-            let o = if short {
-                branchbox_bench::soak::SoakOptions::short(seed)
-            } else {
-                branchbox_bench::soak::SoakOptions {
-                    sandboxes: sandboxes.max(1),
-                    duration: std::time::Duration::from_secs(seconds),
-                    seed,
-                }
-            };
-            branchbox_bench::soak::soak(engine, &o)?
-        }
-        BenchCmd::Net { runs, connects, mib, transfers, short } => {
-            let o = if short {
-                branchbox_bench::net::NetBenchOptions::short()
-            } else {
-                branchbox_bench::net::NetBenchOptions { runs, connects, mib, transfers }
-            };
-            branchbox_bench::net::net(engine, &o)?
-        }
-        BenchCmd::Claim { mib, pool, claims, short } => {
-            let o = if short {
-                branchbox_bench::vmm::ClaimBenchOptions::short()
-            } else {
-                branchbox_bench::vmm::ClaimBenchOptions { mem_mib: mib, pool_size: pool, claims }
-            };
-            branchbox_bench::vmm::bench_claim(&o)?
-        }
-        BenchCmd::Density { mib, children, short } => {
-            let o = if short {
-                branchbox_bench::vmm::DensityBenchOptions::short()
-            } else {
-                branchbox_bench::vmm::DensityBenchOptions { mem_mib: mib, children }
-            };
-            branchbox_bench::vmm::bench_density(&o)?
-        }
-    };
-    if json {
-        print(true, &report, String::new);
-    } else {
-        println!("{}", serde_json::to_string(&report)?);
-        eprintln!("{}", report.summary);
-    }
-    Ok(0)
 }

@@ -1,8 +1,10 @@
 //! The `branchbox` command line: a thin layer over `branchbox-core`.
 
 mod args;
+mod bench;
 mod commands;
 mod download;
+mod files;
 mod guest;
 mod image;
 mod network;
