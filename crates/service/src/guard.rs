@@ -14,12 +14,21 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::net::IpAddr;
 
+/// The guard's state: the service's settings, and the path prefix whose requests are exempt
+/// from the rule on POST bodies (a surface that takes other bodies and authenticates only by
+/// headers a cross-site form cannot send, never by cookie; the router assembly names it).
+#[derive(Clone)]
+pub struct Guard {
+    /// The shared state (its settings: allowed hosts).
+    pub st: AppState,
+    /// Requests under this prefix may POST bodies other than JSON.
+    pub other_bodies_under: &'static str,
+}
+
 /// The middleware: refuses a request that fails [`check`].
-pub async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response {
-    // E2B's API (`/e2b/`) takes Connect and multipart bodies; it authenticates by headers a
-    // cross-site form cannot send (X-API-Key, X-Access-Token), never by cookie.
-    let json_posts = !req.uri().path().starts_with(crate::e2b::GUARDED_ELSEWHERE);
-    match check_posts(&st.cfg, req.method(), req.headers(), json_posts) {
+pub async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response {
+    let json_posts = !req.uri().path().starts_with(g.other_bodies_under);
+    match check_posts(&g.st.cfg, req.method(), req.headers(), json_posts) {
         Ok(()) => next.run(req).await,
         Err(e) => e.into_response(),
     }

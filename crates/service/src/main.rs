@@ -3,7 +3,7 @@
 use anyhow::Context;
 use branchbox_service::auth::Tokens;
 use branchbox_service::serve::{self, ServeLimits};
-use branchbox_service::{api, backups, ttl, AppState, ServiceConfig};
+use branchbox_service::{backups, ttl, AppState, ServiceConfig};
 use clap::Parser;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -124,10 +124,12 @@ async fn serve(st: AppState, listener: std::net::TcpListener) -> anyhow::Result<
     std::fs::rename(&tmp, &url_file)?;
     tracing::info!("branchboxd serving {} at {url}", st.cfg.engine.data_dir.display());
     tokio::spawn(ttl::run(st.clone()));
-    tokio::spawn(branchbox_service::pool::run(st.clone()));
+    // The warm pools' run-time state, shared by their refill loop and their routes.
+    let pools = std::sync::Arc::new(branchbox_service::pool::Pools::default());
+    tokio::spawn(branchbox_service::pool::run(st.clone(), pools.clone()));
     let dbs = backups::databases(&st.cfg.engine.data_dir, &st.cfg.service_dir());
     tokio::spawn(backups::run(dbs.clone()));
-    let (router, _) = api::router(st.clone());
+    let (router, _) = serve::router(st.clone(), pools);
     let limits =
         ServeLimits { header_timeout: st.cfg.header_timeout, max_connections: st.cfg.max_connections };
     // Streams end as soon as the stop comes, so the drain waits only for ordinary requests.

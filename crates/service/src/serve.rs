@@ -1,7 +1,24 @@
-//! The HTTP server loop: HTTP/1.1 connections with a header-read timeout and a cap on open
-//! connections. `axum::serve` has neither, so a client could hold any number of connections
-//! open by never finishing its headers.
+//! The top of the service: the one place its router is assembled (every surface with its own
+//! state, and the layers every request passes), and the HTTP server loop, with a header-read
+//! timeout and a cap on open connections (`axum::serve` has neither, so a client could hold any
+//! number of connections open by never finishing its headers).
+//!
+//! ```text
+//! serve (router assembly, server loop)
+//!   api (native /v1, proxy, /mcp) | e2b (E2B REST + envd) | ui (console) | fleet, guard
+//!     ops (create, info, fork, snapshots, exec spec, template defaults, files, lineage) | pool
+//!       layers (auth, audit, time limit, metrics), extract, streams
+//!         state (AppState), auth, db, config, error, metrics
+//! ```
 
+use crate::api::ApiState;
+use crate::error::ApiError;
+use crate::guard::Guard;
+use crate::layers::count;
+use crate::pool::Pools;
+use crate::state::AppState;
+use axum::http::StatusCode;
+use axum::middleware::from_fn_with_state;
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
@@ -10,6 +27,38 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+
+/// The service's router: the native API (with its OpenAPI document, also returned), E2B's
+/// adapter and the console, each with its own state, then what every request passes: the
+/// answers to unknown routes and methods, the JSON body limit, fleet forwarding, the guard,
+/// metrics and `Connection: close` after an unread body. `pools` is the warm pools' run-time
+/// state, which the refill loop (`crate::pool::run`) shares.
+pub fn router(st: AppState, pools: Arc<Pools>) -> (Router, utoipa::openapi::OpenApi) {
+    let (api, doc) = crate::api::router(ApiState { app: st.clone(), pools, files: Default::default() });
+    let router = api
+        .merge(crate::e2b::router(st.clone()))
+        .merge(crate::ui::router().with_state(st.clone()))
+        .merge(crate::fleet::remote::router(st.clone()))
+        .fallback(|| async { ApiError::not_found("no such route; GET /openapi.json lists them") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this route does not take that method; GET /openapi.json lists what it takes",
+            )
+        })
+        .layer(axum::extract::DefaultBodyLimit::max(st.cfg.max_json_bytes))
+        .layer(from_fn_with_state(crate::fleet::Fleet::new(&st), crate::fleet::forward))
+        // E2B's API takes Connect and multipart bodies; it authenticates by headers a
+        // cross-site form cannot send (X-API-Key, X-Access-Token), never by cookie.
+        .layer(from_fn_with_state(
+            Guard { st: st.clone(), other_bodies_under: crate::e2b::GUARDED_ELSEWHERE },
+            crate::guard::guard,
+        ))
+        .layer(from_fn_with_state(st, count))
+        .layer(axum::middleware::from_fn(crate::unread::close_if_unread));
+    (router, doc)
+}
 
 /// The answer to a connection over the cap, written before it is closed.
 fn busy_answer() -> Vec<u8> {
@@ -110,5 +159,98 @@ mod tests {
         let (head, body) = text.split_once("\r\n\r\n").unwrap();
         assert!(head.contains(&format!("content-length: {}", body.len())), "{head}");
         serde_json::from_str::<serde_json::Value>(body).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod route_tests {
+    use super::*;
+    use crate::config::ServiceConfig;
+    use axum::body::Body;
+    use tower::ServiceExt;
+    use utoipa::openapi::OpenApi as OpenApiDoc;
+
+    fn app() -> (tempfile::TempDir, Router, OpenApiDoc) {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = ServiceConfig::new(branchbox_core::Config::from_env(Some(dir.path())));
+        let st = AppState::open(cfg, Some(crate::auth::Tokens::new(["test-token-0123456789"]))).unwrap();
+        let (r, d) = router(st, Default::default());
+        (dir, r, d)
+    }
+
+    fn ops(d: &OpenApiDoc) -> Vec<(String, &'static str, String)> {
+        let mut out = Vec::new();
+        for (path, item) in &d.paths.paths {
+            for (m, op) in [
+                ("GET", &item.get),
+                ("PUT", &item.put),
+                ("POST", &item.post),
+                ("DELETE", &item.delete),
+                ("PATCH", &item.patch),
+            ] {
+                if let Some(op) = op {
+                    out.push((path.clone(), m, op.operation_id.clone().unwrap_or_default()));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn operation_ids_are_unique() {
+        let (_d, _r, doc) = app();
+        let ids: Vec<String> = ops(&doc).into_iter().map(|o| o.2).collect();
+        let unique: std::collections::BTreeSet<&String> = ids.iter().collect();
+        assert_eq!(unique.len(), ids.len(), "{ids:?}");
+    }
+
+    #[tokio::test]
+    async fn every_documented_operation_is_routed_and_needs_a_token() {
+        let (_d, router, doc) = app();
+        for (path, method, _) in ops(&doc) {
+            let uri = path
+                .replace("{id}", "sbx-0000000000000000")
+                .replace("{snapshot}", "x")
+                .replace("{pid}", "1")
+                .replace("{pool}", "p");
+            let req = axum::http::Request::builder()
+                .method(method)
+                .uri(&uri)
+                .header("host", "127.0.0.1")
+                .body(Body::empty())
+                .unwrap();
+            let r = router.clone().oneshot(req).await.unwrap();
+            let want = match path.as_str() {
+                "/healthz" => 200,
+                "/v1/auth/challenge" => 400,
+                _ => 401,
+            };
+            assert_eq!(r.status().as_u16(), want, "{method} {path}");
+        }
+        let req = axum::http::Request::builder()
+            .uri("/v1/nope")
+            .header("host", "127.0.0.1")
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(router.oneshot(req).await.unwrap().status().as_u16(), 404);
+    }
+
+    #[tokio::test]
+    async fn the_udp_relay_checks_its_port_before_it_wants_a_websocket() {
+        let (_d, router, _) = app();
+        for (port, status, code) in
+            [("0", 400, "invalid_port"), ("dns", 400, "invalid_port"), ("53", 426, "websocket_required")]
+        {
+            let req = axum::http::Request::builder()
+                .uri(format!("/v1/sandboxes/sbx-0000000000000000/udp/{port}"))
+                .header("host", "127.0.0.1")
+                .header("authorization", "Bearer test-token-0123456789")
+                .body(Body::empty())
+                .unwrap();
+            let r = router.clone().oneshot(req).await.unwrap();
+            assert_eq!(r.status().as_u16(), status, "port {port}");
+            let body = axum::body::to_bytes(r.into_body(), 4096).await.unwrap();
+            assert!(String::from_utf8_lossy(&body).contains(code), "port {port}: {body:?}");
+        }
     }
 }

@@ -1,5 +1,8 @@
-//! Shared state of the running service: configuration, tokens, a pool of engines, the service
-//! database, admission (the sandbox cap) and metrics.
+//! Shared state of the running service, below every surface: configuration, tokens, a pool of
+//! engines, the service database, admission (the sandbox cap), metrics and the bounds of
+//! long-lived streams. What only one part of the service needs (warm pools' run-time state,
+//! the diff cache, E2B's terminals, watchers and uploads) is that part's own state, beside
+//! this one (axum substates: `crate::api::ApiState`, `crate::e2b::E2bState`).
 //!
 //! An `Engine` holds a SQLite connection, which may move between threads but not be shared, so
 //! engine work runs on the blocking pool with an engine taken from a small pool (opening one
@@ -29,14 +32,6 @@ pub struct Inner {
     pub tokens: Option<Tokens>,
     /// Metrics.
     pub metrics: Metrics,
-    /// Warm pools at run time (their definitions are in the database).
-    pub pools: crate::pool::Pools,
-    /// File contents read from snapshots for text diffs (bounded).
-    pub files: crate::api::diff::FileCache,
-    /// Terminals and polling watchers opened through E2B's envd API.
-    pub e2b: crate::e2b::follow::Registry,
-    /// envd uploads running now, bounded per sandbox and per token.
-    pub uploads: crate::e2b::uploads::Uploads,
     /// Long-lived streams: their bounds, and the signal that ends them when the service stops.
     pub streams: crate::streams::Streams,
     engines: Mutex<Vec<Engine>>,
@@ -87,10 +82,6 @@ impl AppState {
             cfg,
             tokens,
             metrics: Metrics::default(),
-            pools: crate::pool::Pools::default(),
-            files: Default::default(),
-            e2b: Default::default(),
-            uploads: Default::default(),
             streams: Default::default(),
             engines: Mutex::new(vec![engine]),
             db: Mutex::new(db),

@@ -1,71 +1,22 @@
 //! Commands: run to completion (collected, or streamed as server-sent events), background
 //! processes (start, list, signal, wait).
 
-use super::extract::{account_name, check_map, sandbox_id, sandbox_path, seconds, ApiJson};
-use super::types::*;
+use super::follow::{error_event, exit_event};
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult, ErrorBody};
+use crate::extract::{pid, sandbox_id, seconds, ApiJson};
+use crate::ops::commands::{run_time, spec, with_defaults};
+use crate::ops::types::*;
 use crate::state::AppState;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::{Extension, Json};
 use base64::Engine as _;
-use branchbox_model::SandboxId;
-use branchbox_protocol::{Command, ExecSpec, ExitStatus, OutStream};
+use branchbox_protocol::{Command, OutStream};
 use futures_util::Stream;
 use std::convert::Infallible;
 use std::time::Duration;
-
-/// Largest command description (argv, shell line, environment, cwd); the agent protocol's
-/// frame header is 64 KiB and the spec travels in it.
-const MAX_SPEC_BYTES: usize = 48 * 1024;
-
-/// Builds the agent's spec from a request and the sandbox's environment.
-pub(crate) fn spec(st: &AppState, id: &SandboxId, req: &RunCommand) -> ApiResult<ExecSpec> {
-    let cmd = match (&req.cmd, &req.argv) {
-        (Some(line), None) if !line.trim().is_empty() => Command::Shell(line.clone()),
-        (None, Some(argv)) if argv.first().is_some_and(|a| !a.is_empty()) => Command::Argv(argv.clone()),
-        _ => {
-            return Err(ApiError::invalid(
-                "give exactly one of cmd (a non-empty shell line) or argv (a non-empty list)",
-            ))
-        }
-    };
-    let extra = req.envs.clone().unwrap_or_default();
-    check_map("envs", &extra, true)?;
-    let mut s = ExecSpec::new(cmd);
-    s.env = st.db().get(id)?.map(|m| m.envs).unwrap_or_default();
-    s.env.extend(extra);
-    s.cwd = req.cwd.as_deref().map(sandbox_path).transpose()?;
-    s.user = req.user.as_deref().map(|u| account_name("user", u)).transpose()?;
-    let t = seconds(
-        "timeout",
-        req.timeout.unwrap_or(st.cfg.default_exec_timeout_s as f64),
-        st.cfg.max_exec_timeout_s,
-    )?;
-    s.timeout_ms = Some(t.as_millis().max(1) as u64);
-    s.output_cap = Some(st.cfg.max_output_bytes);
-    if serde_json::to_vec(&s).map(|v| v.len()).unwrap_or(usize::MAX) > MAX_SPEC_BYTES {
-        return Err(ApiError::too_large(format!(
-            "the command, its environment and cwd take more than {MAX_SPEC_BYTES} bytes; put long scripts in a file"
-        )));
-    }
-    let has_nul = match &s.cmd {
-        Command::Argv(a) => a.iter().any(|x| x.contains('\0')),
-        Command::Shell(l) => l.contains('\0'),
-    };
-    if has_nul {
-        return Err(ApiError::invalid("commands must not contain NUL bytes"));
-    }
-    Ok(s)
-}
-
-/// How long a command may run, beyond which its agent connection counts as stalled (the
-/// agent answers at the command's timeout, when it kills it).
-pub(crate) fn run_time(spec: &ExecSpec) -> Duration {
-    Duration::from_millis(spec.timeout_ms.unwrap_or(0))
-}
 
 /// Runs a command to completion and returns its output.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/commands", tag = "commands",
@@ -80,7 +31,7 @@ pub async fn run(
     let id = sandbox_id(&id)?;
     let out = st
         .blocking(move |engine, st| {
-            let spec = super::templates::with_defaults(engine, &id, spec(st, &id, &req)?)?;
+            let spec = with_defaults(engine, &id, spec(st, &id, &req)?)?;
             let mut conn = st.agent(engine, &id, run_time(&spec))?;
             let cmd = spec.cmd.clone();
             let out = conn.exec(spec, req.stdin.as_deref().map(str::as_bytes))?;
@@ -91,35 +42,6 @@ pub async fn run(
         })
         .await?;
     Ok(Json(out))
-}
-
-/// How a streamed command ended (the `exit` event).
-#[derive(serde::Serialize)]
-struct ExitEvent {
-    exit_code: Option<i32>,
-    signal: Option<i32>,
-    timed_out: bool,
-    truncated: bool,
-    oom_killed: bool,
-    duration_ms: u64,
-    checkpoint: Option<String>,
-}
-
-pub(super) fn exit_event(s: &ExitStatus, checkpoint: Option<String>) -> Event {
-    let e = ExitEvent {
-        exit_code: s.code,
-        signal: s.signal,
-        timed_out: s.timed_out,
-        truncated: s.truncated,
-        oom_killed: s.oom_killed,
-        duration_ms: s.duration_ms,
-        checkpoint,
-    };
-    Event::default().event("exit").data(serde_json::to_string(&e).unwrap_or_default())
-}
-
-pub(super) fn error_event(e: &ApiError) -> Event {
-    Event::default().event("error").data(serde_json::to_string(&e.body()).unwrap_or_default())
 }
 
 /// Runs a command and streams its output as server-sent events: `stdout` and `stderr` events
@@ -144,7 +66,7 @@ pub async fn run_stream(
     let sandbox = id.clone();
     let (mut conn, spec) = st
         .blocking(move |engine, st| {
-            let spec = super::templates::with_defaults(engine, &id, spec(st, &id, &req)?)?;
+            let spec = with_defaults(engine, &id, spec(st, &id, &req)?)?;
             Ok((st.agent(engine, &id, run_time(&spec))?, (spec, req.stdin)))
         })
         .await?;
@@ -200,7 +122,7 @@ pub async fn start_process(
     let id = sandbox_id(&id)?;
     let pid = st
         .blocking(move |engine, st| {
-            let mut spec = super::templates::with_defaults(engine, &id, spec(st, &id, &req)?)?;
+            let mut spec = with_defaults(engine, &id, spec(st, &id, &req)?)?;
             // A background process lives until killed; the command timeout applies only when asked.
             if req.timeout.is_none() {
                 spec.timeout_ms = None;
@@ -244,12 +166,6 @@ pub async fn list_processes(
             })
             .collect(),
     ))
-}
-
-pub(super) fn pid(s: &str) -> ApiResult<i32> {
-    s.parse::<i32>().ok().filter(|p| *p > 0).ok_or_else(|| {
-        ApiError::bad_request("invalid_id", format!("{s:?} is not a process id (a positive integer)"))
-    })
 }
 
 /// Sends a signal to a background process (or its process group).

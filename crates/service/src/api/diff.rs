@@ -1,8 +1,8 @@
 //! The files that differ between two snapshots, as `branchbox diff` lists them, and the text
 //! diff of one small file between them.
 
-use super::extract::{sandbox_path, snapshot_ref, ApiQuery};
 use crate::error::{ApiError, ApiResult, ErrorBody};
+use crate::extract::{sandbox_path, snapshot_ref, ApiQuery};
 use crate::state::AppState;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -167,6 +167,7 @@ pub struct FileDiffInfo {
               (status = "4XX", body = ErrorBody, description = "bad reference or path, not found, deleted or no parent (409)")))]
 pub async fn file(
     State(st): State<AppState>,
+    State(files): State<Arc<FileCache>>,
     Path(snapshot): Path<String>,
     ApiQuery(q): ApiQuery<FileDiffQuery>,
 ) -> ApiResult<Json<FileDiffInfo>> {
@@ -174,7 +175,7 @@ pub async fn file(
     let against = q.against.as_deref().map(snapshot_ref).transpose()?;
     let path = sandbox_path(&q.path)?;
     let out = st
-        .blocking(move |engine, st| {
+        .blocking(move |engine, _| {
             let from = older_side(engine, &to, against)?;
             let (a, b) = (engine.find_snapshot(&from)?, engine.find_snapshot(&to)?);
             for s in [&a, &b] {
@@ -186,8 +187,8 @@ pub async fn file(
                     .into());
                 }
             }
-            let old = st.files.read(engine, &a, &path)?;
-            let new = st.files.read(engine, &b, &path)?;
+            let old = files.read(engine, &a, &path)?;
+            let new = files.read(engine, &b, &path)?;
             let d = branchbox_core::diff::text_diff(a.id, b.id, &path, &old, &new);
             Ok(FileDiffInfo {
                 from: d.from.to_string(),

@@ -20,7 +20,7 @@ fn app() -> (tempfile::TempDir, Router) {
     let dir = tempfile::tempdir().unwrap();
     let cfg = ServiceConfig::new(branchbox_core::Config::from_env(Some(dir.path())));
     let st = AppState::open(cfg, None).unwrap();
-    (dir, crate::api::router(st).0)
+    (dir, crate::serve::router(st, Default::default()).0)
 }
 
 async fn get(r: &Router, uri: &str) -> (u16, Value) {

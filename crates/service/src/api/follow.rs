@@ -3,10 +3,9 @@
 //! stream ends as soon as its client goes or the service stops, and streams are bounded per
 //! sandbox, per token and in the service (`crate::streams`).
 
-use super::commands::{self, error_event, exit_event};
-use super::extract::{sandbox_id, sandbox_path, ApiJson, ApiQuery};
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult, ErrorBody};
+use crate::extract::{sandbox_id, sandbox_path, ApiJson, ApiQuery};
 use crate::state::AppState;
 use crate::streams::{self, Detach, Place};
 use axum::extract::{Path, State};
@@ -15,7 +14,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::Extension;
 use base64::Engine as _;
 use branchbox_model::AgentConn;
-use branchbox_protocol::{FileKind, OutStream};
+use branchbox_protocol::{ExitStatus, FileKind, OutStream};
 use futures_util::Stream;
 use serde::Deserialize;
 use std::convert::Infallible;
@@ -62,6 +61,37 @@ pub struct WatchQuery {
 /// Where a follower's events go.
 pub(super) type Events = mpsc::Sender<Result<Event, Infallible>>;
 
+/// How a streamed command ended (the `exit` event).
+#[derive(serde::Serialize)]
+struct ExitEvent {
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+    timed_out: bool,
+    truncated: bool,
+    oom_killed: bool,
+    duration_ms: u64,
+    checkpoint: Option<String>,
+}
+
+/// The `exit` event of a command followed to its end, with the checkpoint step-history mode took.
+pub(super) fn exit_event(s: &ExitStatus, checkpoint: Option<String>) -> Event {
+    let e = ExitEvent {
+        exit_code: s.code,
+        signal: s.signal,
+        timed_out: s.timed_out,
+        truncated: s.truncated,
+        oom_killed: s.oom_killed,
+        duration_ms: s.duration_ms,
+        checkpoint,
+    };
+    Event::default().event("exit").data(serde_json::to_string(&e).unwrap_or_default())
+}
+
+/// The `error` event that ends a stream.
+pub(super) fn error_event(e: &ApiError) -> Event {
+    Event::default().event("error").data(serde_json::to_string(&e.body()).unwrap_or_default())
+}
+
 /// Writes to the stdin of a background process that was started with `stdin` (its stdin then
 /// stays open until `eof`).
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/stdin", tag = "commands",
@@ -74,7 +104,7 @@ pub async fn input(
     Path((id, pid)): Path<(String, String)>,
     ApiJson(req): ApiJson<ProcessInput>,
 ) -> ApiResult<StatusCode> {
-    let (id, pid) = (sandbox_id(&id)?, commands::pid(&pid)?);
+    let (id, pid) = (sandbox_id(&id)?, crate::extract::pid(&pid)?);
     let bytes = match (req.data, req.data_base64) {
         (Some(_), Some(_)) => return Err(ApiError::invalid("give data or data_base64, not both")),
         (Some(text), None) => text.into_bytes(),
@@ -138,7 +168,7 @@ pub(super) fn follower(st: &AppState, conn: &mut AgentConn) -> ApiResult<(Events
 /// when it has ended), or `error`. Its output so far is in `wait`'s tails.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/processes/{pid}/output", tag = "commands",
     params(("id" = String, Path, description = "sandbox id"), ("pid" = String, Path, description = "process id"), OutputQuery),
-    responses((status = 200, content_type = "text/event-stream", body = super::types::StreamEvent, description = "stdout/stderr events, then exit"),
+    responses((status = 200, content_type = "text/event-stream", body = crate::ops::types::StreamEvent, description = "stdout/stderr events, then exit"),
               (status = "4XX", body = ErrorBody, description = "no such process (404), paused (409), too many streams open in the sandbox, with the token or in the service (429)")))]
 pub async fn output(
     State(st): State<AppState>,
@@ -146,7 +176,7 @@ pub async fn output(
     caller: Option<Extension<Caller>>,
     ApiQuery(q): ApiQuery<OutputQuery>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
-    let (id, pid) = (sandbox_id(&id)?, commands::pid(&pid)?);
+    let (id, pid) = (sandbox_id(&id)?, crate::extract::pid(&pid)?);
     let place = place(&st, &id, &caller)?;
     let replay = q.replay;
     let mut conn = st

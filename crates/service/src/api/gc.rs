@@ -1,8 +1,8 @@
 //! Garbage collection through the service: a report of what `gc` would free (GET), and the
 //! collection itself (POST), which reconciles first (see `branchbox_core::gc`).
 
-use super::AuditNote;
 use crate::error::{ApiResult, ErrorBody};
+use crate::layers::AuditNote;
 use crate::state::AppState;
 use axum::extract::State;
 use axum::http::StatusCode;

@@ -2,9 +2,9 @@
 //! `branchbox mcp` (crates/mcp, docs/mcp.md), with the sandboxes they start held to the
 //! service's capacity limit and given its default timeout, as `POST /v1/sandboxes` does.
 
-use crate::api::sandboxes::client_meta;
 use crate::auth::Caller;
 use crate::db::SandboxMeta;
+use crate::ops::sandboxes::client_meta;
 use crate::state::AppState;
 use axum::Router;
 use branchbox_core::Engine;

@@ -1,13 +1,13 @@
 //! Warm pools: create, list, get, delete, and claim a sandbox from one (`docs/pools.md`).
 
-use super::extract::{sandbox_path, seconds, snapshot_ref, ApiJson};
-use super::sandboxes::client_meta;
-use super::AuditNote;
 use crate::auth::Caller;
 use crate::db::OnTimeout;
 use crate::error::{ApiError, ApiResult, ErrorBody};
+use crate::extract::{sandbox_path, seconds, snapshot_ref, ApiJson};
+use crate::layers::AuditNote;
+use crate::ops::sandboxes::client_meta;
 use crate::pool::claim::{ClaimSpec, Claimed, FileData};
-use crate::pool::{self, PoolDef};
+use crate::pool::{self, PoolDef, Pools};
 use crate::state::AppState;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -16,6 +16,7 @@ use base64::Engine as _;
 use branchbox_model::{now_ms, Name};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 use utoipa::ToSchema;
 
@@ -126,10 +127,10 @@ pub struct ClaimRequest {
     pub allow_cold: Option<bool>,
 }
 
-fn info(st: &AppState, def: PoolDef) -> ApiResult<PoolInfo> {
+fn info(st: &AppState, pools: &Pools, def: PoolDef) -> ApiResult<PoolInfo> {
     let members = st.db().members(&def.name)?;
     let mem: Vec<u64> = members.iter().filter_map(|m| pool::sandbox_memory(&m.id)).collect();
-    let s = st.pools.stats(&def.name);
+    let s = pools.stats(&def.name);
     Ok(PoolInfo {
         ready: members.len(),
         members: members.iter().map(|m| m.id.clone()).collect(),
@@ -172,6 +173,7 @@ fn note(pool: &str) -> AuditNote {
               (status = "4XX", body = ErrorBody, description = "bad request, unknown snapshot, name taken (409)")))]
 pub async fn create(
     State(st): State<AppState>,
+    State(pools): State<Arc<Pools>>,
     Extension(caller): Extension<Caller>,
     ApiJson(req): ApiJson<CreatePool>,
 ) -> ApiResult<(StatusCode, Extension<AuditNote>, Json<PoolInfo>)> {
@@ -193,6 +195,7 @@ pub async fn create(
         created_ms: now_ms(),
         created_by: caller.0,
     };
+    let p = pools.clone();
     let out = st
         .blocking(move |engine, st| {
             if let Some(s) = &def.snapshot {
@@ -215,21 +218,24 @@ pub async fn create(
                     ),
                 ));
             }
-            info(st, def)
+            info(st, &p, def)
         })
         .await?;
-    st.pools.wake();
+    pools.wake();
     Ok((StatusCode::CREATED, Extension(note(&name)), Json(out)))
 }
 
 /// Every pool.
 #[utoipa::path(get, path = "/v1/pools", tag = "pools",
     responses((status = 200, body = Vec<PoolInfo>), (status = "4XX", body = ErrorBody, description = "unauthorized")))]
-pub async fn list(State(st): State<AppState>) -> ApiResult<Json<Vec<PoolInfo>>> {
+pub async fn list(
+    State(st): State<AppState>,
+    State(pools): State<Arc<Pools>>,
+) -> ApiResult<Json<Vec<PoolInfo>>> {
     let out = st
-        .blocking(|_, st| {
+        .blocking(move |_, st| {
             let defs = st.db().pools()?;
-            defs.into_iter().map(|d| info(st, d)).collect()
+            defs.into_iter().map(|d| info(st, &pools, d)).collect()
         })
         .await?;
     Ok(Json(out))
@@ -246,9 +252,13 @@ fn find(st: &AppState, name: &str) -> ApiResult<PoolDef> {
 /// One pool.
 #[utoipa::path(get, path = "/v1/pools/{pool}", tag = "pools", params(("pool" = String, Path, description = "pool name")),
     responses((status = 200, body = PoolInfo), (status = "4XX", body = ErrorBody, description = "bad name or not found")))]
-pub async fn get(State(st): State<AppState>, Path(name): Path<String>) -> ApiResult<Json<PoolInfo>> {
+pub async fn get(
+    State(st): State<AppState>,
+    State(pools): State<Arc<Pools>>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<PoolInfo>> {
     let name = pool_name(&name)?;
-    Ok(Json(st.blocking(move |_, st| info(st, find(st, &name)?)).await?))
+    Ok(Json(st.blocking(move |_, st| info(st, &pools, find(st, &name)?)).await?))
 }
 
 /// Deletes a pool and destroys its ready sandboxes (claimed ones are the claimers' and stay).
@@ -256,6 +266,7 @@ pub async fn get(State(st): State<AppState>, Path(name): Path<String>) -> ApiRes
     responses((status = 204, description = "deleted"), (status = "4XX", body = ErrorBody, description = "bad name or not found")))]
 pub async fn delete(
     State(st): State<AppState>,
+    State(pools): State<Arc<Pools>>,
     Path(name): Path<String>,
 ) -> ApiResult<(StatusCode, Extension<AuditNote>)> {
     let name = pool_name(&name)?;
@@ -270,7 +281,7 @@ pub async fn delete(
             members
         };
         pool::destroy_members(engine, st, &members);
-        st.pools.forget(&name);
+        pools.forget(&name);
         Ok(())
     })
     .await?;
@@ -286,6 +297,7 @@ pub async fn delete(
               (status = "4XX", body = ErrorBody, description = "bad size or idle age (nothing changed), or no such pool")))]
 pub async fn update(
     State(st): State<AppState>,
+    State(pools): State<Arc<Pools>>,
     Path(name): Path<String>,
     ApiJson(req): ApiJson<UpdatePool>,
 ) -> ApiResult<(StatusCode, Extension<AuditNote>, Json<PoolInfo>)> {
@@ -299,17 +311,18 @@ pub async fn update(
         detail: Some(format!("pool {name}: size {size:?}, max_idle_ms {max_idle:?}")),
         ..Default::default()
     };
+    let p = pools.clone();
     let out = st
         .blocking(move |engine, st| {
             if !st.db().pool_update(&name, size, max_idle)? {
                 return Err(missing(&name));
             }
             let def = find(st, &name)?;
-            pool::prune(engine, st, &def, &pool::liveness(engine)?)?;
-            info(st, def)
+            pool::prune(engine, st, &p, &def, &pool::liveness(engine)?)?;
+            info(st, &p, def)
         })
         .await?;
-    st.pools.wake();
+    pools.wake();
     Ok((StatusCode::OK, Extension(n), Json(out)))
 }
 
@@ -351,6 +364,7 @@ fn files(req: Option<Vec<ClaimFile>>) -> ApiResult<Vec<FileData>> {
               (status = 503, body = ErrorBody, description = "pool_empty: nothing ready within the wait; or at capacity")))]
 pub async fn claim(
     State(st): State<AppState>,
+    State(pools): State<Arc<Pools>>,
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
     ApiJson(req): ApiJson<ClaimRequest>,
@@ -371,7 +385,7 @@ pub async fn claim(
         wait,
         allow_cold: req.allow_cold.unwrap_or(false),
     };
-    let out = crate::pool::claim::claim(&st, spec).await?;
+    let out = crate::pool::claim::claim(&st, &pools, spec).await?;
     let n = AuditNote {
         sandbox: Some(out.sandbox.id.clone()),
         parent: out.sandbox.parent_snapshot.clone(),

@@ -96,7 +96,7 @@ async fn pass(
     caller: Option<Extension<Caller>>,
     req: Request,
 ) -> Result<Response, ApiError> {
-    let id = super::extract::sandbox_id(&id)?;
+    let id = crate::extract::sandbox_id(&id)?;
     let port = super::network::port_number(&port)?;
     let lifetime = if wants_websocket(req.headers()) {
         let token = caller.as_ref().map_or("anonymous", |c| c.0 .0.as_str());

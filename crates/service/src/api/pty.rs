@@ -9,10 +9,10 @@
 //! Terminals are bounded per sandbox, per token and in the service (`crate::streams`, shared
 //! with envd's terminals); one ends when its socket closes or the service stops.
 
-use super::extract::{account_name, sandbox_id, sandbox_path, ApiQuery};
 use super::places::upgrade;
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult, ErrorBody};
+use crate::extract::{account_name, sandbox_id, sandbox_path, ApiQuery};
 use crate::state::AppState;
 use crate::streams::{self, Place};
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
@@ -111,7 +111,7 @@ pub async fn open(
     // Start the terminal before answering, so a missing or paused sandbox gets its status code.
     let (input, output) = st
         .blocking(move |engine, _| {
-            let spec = super::templates::with_defaults(engine, &id, spec)?;
+            let spec = crate::ops::commands::with_defaults(engine, &id, spec)?;
             Ok(engine.connect(&id)?.open_pty(spec, size)?)
         })
         .await?;

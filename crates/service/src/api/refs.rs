@@ -1,8 +1,8 @@
 //! Refs: movable names for snapshots (`branchbox ref`), listed, pointed and removed.
 
-use super::extract::{snapshot_ref, ApiJson};
-use super::AuditNote;
 use crate::error::{ApiError, ApiResult, ErrorBody};
+use crate::extract::{snapshot_ref, ApiJson};
+use crate::layers::AuditNote;
 use crate::state::AppState;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;

@@ -1,27 +1,18 @@
 //! Snapshots and checkpoints: take, list, get, delete; roll a sandbox back to a checkpoint.
 
-use super::extract::{sandbox_id, snapshot_ref, ApiJson, ApiQuery};
-use super::sandboxes::info;
-use super::types::*;
-use super::AuditNote;
 use crate::error::{ApiResult, ErrorBody};
+use crate::extract::{sandbox_id, snapshot_ref, ApiJson, ApiQuery};
+use crate::layers::AuditNote;
+use crate::ops::sandboxes::info;
+use crate::ops::snapshots as ops;
+use crate::ops::types::*;
 use crate::state::AppState;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
-use branchbox_core::SnapshotOptions;
 use branchbox_model::SnapshotKind;
 
 type Noted<T> = ApiResult<(StatusCode, Extension<AuditNote>, Json<T>)>;
-
-fn noted(sandbox: &str, snap: &SnapshotInfo) -> AuditNote {
-    AuditNote {
-        sandbox: Some(sandbox.to_string()),
-        snapshot: Some(snap.id.clone()),
-        parent: snap.parent.clone(),
-        ..Default::default()
-    }
-}
 
 /// Captures a running sandbox's full state (processes, memory, files); it keeps running.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/snapshots", tag = "snapshots",
@@ -47,17 +38,10 @@ pub async fn checkpoint(
     capture(st, &id, SnapshotKind::Checkpoint, req.name).await
 }
 
-/// Takes a snapshot of `kind` under the sandbox's lock and notes it for the audit log.
+/// Takes a snapshot of `kind` and answers it with its note for the audit log.
 async fn capture(st: AppState, id: &str, kind: SnapshotKind, name: Option<String>) -> Noted<SnapshotInfo> {
-    let id = sandbox_id(id)?;
-    let src = id.clone();
-    let snap = st
-        .blocking(move |engine, st| {
-            let opts = SnapshotOptions { kind, name: name.as_deref(), ttl: None };
-            st.exclusive(&id, || Ok(SnapshotInfo::from(&engine.snapshot(&id, &opts)?)))
-        })
-        .await?;
-    Ok((StatusCode::CREATED, Extension(noted(src.as_str(), &snap)), Json(snap)))
+    let (snap, n) = ops::capture(&st, sandbox_id(id)?, kind, name).await?;
+    Ok((StatusCode::CREATED, Extension(n), Json(snap)))
 }
 
 /// The checkpoints taken of a sandbox, oldest first.
@@ -113,9 +97,7 @@ pub async fn rollback(
 #[utoipa::path(get, path = "/v1/snapshots", tag = "snapshots",
     responses((status = 200, body = Vec<SnapshotInfo>), (status = "4XX", body = ErrorBody, description = "unauthorized")))]
 pub async fn list(State(st): State<AppState>) -> ApiResult<Json<Vec<SnapshotInfo>>> {
-    let out =
-        st.blocking(|engine, _| Ok(engine.snapshots()?.iter().map(SnapshotInfo::from).collect())).await?;
-    Ok(Json(out))
+    Ok(Json(ops::list(&st).await?))
 }
 
 /// One snapshot, by id or name.
@@ -136,10 +118,6 @@ pub async fn delete(
     Path(snapshot): Path<String>,
     ApiQuery(q): ApiQuery<DeleteSnapshot>,
 ) -> ApiResult<(StatusCode, Extension<AuditNote>)> {
-    let r = snapshot_ref(&snapshot)?;
-    let deleted =
-        st.blocking(move |engine, _| Ok(engine.delete_snapshot(&r, q.cascade.unwrap_or(false))?)).await?;
-    let ids: Vec<String> = deleted.iter().map(ToString::to_string).collect();
-    let n = AuditNote { detail: Some(format!("deleted: {}", ids.join(","))), ..Default::default() };
+    let n = ops::delete(&st, snapshot_ref(&snapshot)?, q.cascade.unwrap_or(false)).await?;
     Ok((StatusCode::NO_CONTENT, Extension(n)))
 }

@@ -5,18 +5,16 @@
 //! Over HTTP a template's files travel inline (`file` steps): an `upload` step names a path on
 //! the service's host, which a client must not be able to read into a sandbox.
 
-use super::extract::ApiJson;
-use super::AuditNote;
 use crate::error::{ApiError, ApiResult, ErrorBody};
+use crate::extract::ApiJson;
+use crate::layers::AuditNote;
 use crate::state::AppState;
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::IntoResponse;
 use axum::{Extension, Json};
-use branchbox_core::{BuildEvent, Engine, Template, TemplateStatus};
-use branchbox_model::SandboxId;
-use branchbox_protocol::ExecSpec;
+use branchbox_core::{BuildEvent, Template, TemplateStatus};
 use branchbox_template::{Step, TemplateSpec};
 use futures_util::Stream;
 use serde::{Deserialize, Serialize};
@@ -90,14 +88,6 @@ pub struct BuildStreamEvent {
     /// `{index, snapshot, cached, ms}` for `step_done`; the template for `done`;
     /// `{"error": {code, message}}` for `error`.
     pub data: String,
-}
-
-/// A template's commands' defaults applied to a command for one of its sandboxes.
-pub(crate) fn with_defaults(engine: &Engine, id: &SandboxId, mut spec: ExecSpec) -> ApiResult<ExecSpec> {
-    if let Some(d) = engine.exec_defaults(id)? {
-        d.apply(&mut spec);
-    }
-    Ok(spec)
 }
 
 fn spec_of(req: BuildTemplate) -> ApiResult<TemplateSpec> {

@@ -1,9 +1,9 @@
 //! A sandbox's timeline: the snapshots taken of it in time order, each checkpoint of
 //! step-history mode with the command it followed.
 
-use super::extract::sandbox_id;
-use super::types::SnapshotInfo;
 use crate::error::{ApiResult, ErrorBody};
+use crate::extract::sandbox_id;
+use crate::ops::types::SnapshotInfo;
 use crate::state::AppState;
 use axum::extract::{Path, State};
 use axum::Json;

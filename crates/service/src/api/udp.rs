@@ -8,9 +8,9 @@
 //! A text message, or one over [`MAX_DATAGRAM`] bytes, ends the relay with a policy-violation
 //! close (1008) and the reason; so does [`IDLE`] without a datagram either way (a normal close).
 
-use super::extract::{sandbox_id, ApiQuery};
 use super::places::{upgrade, Cap};
 use crate::error::{ApiError, ApiResult, ErrorBody};
+use crate::extract::{sandbox_id, ApiQuery};
 use crate::state::AppState;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{close_code, CloseFrame, Message, WebSocket, WebSocketUpgrade};

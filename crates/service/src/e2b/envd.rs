@@ -5,29 +5,33 @@
 //! `GET /files` (read), `POST /files` (write: `multipart/form-data` or a raw body) and
 //! `GET /health`. Each maps onto the sandbox's agent through the engine, as the service's own
 //! routes do. Other methods answer Connect's `unimplemented`.
+//!
+//! This file holds the data plane's authentication, `/health`, and what its calls share
+//! (requests, answers, streams and their bounds); the calls are in `follow.rs` (processes),
+//! `terminals.rs`, `files.rs` and `watch.rs`, and the routes in `mod.rs`.
 
 use super::connect::{self, Codec, Kind, RpcError, MAX_MESSAGE};
 use super::pb::{self, process_event, process_selector};
-use crate::api::extract::{account_name, sandbox_id};
-use crate::api::types::StateName;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorCodeTag};
+use crate::extract::{account_name, sandbox_id};
+use crate::ops::types::StateName;
 use crate::state::AppState;
+use crate::streams::{self, Detach, Place, Refused};
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Extension, Router};
+use axum::Extension;
 use base64::Engine as _;
 use branchbox_model::SandboxId;
-use branchbox_protocol::Command;
+use branchbox_protocol::ExitStatus;
 use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::future::Future;
-use std::time::Duration;
+use std::sync::{Mutex, MutexGuard};
 
 /// The sandbox a data-plane request addresses, and who sent it.
 #[derive(Debug, Clone)]
@@ -78,31 +82,6 @@ pub async fn authenticate(State(st): State<AppState>, mut req: Request, next: Ne
     req.extensions_mut().insert(caller);
     req.extensions_mut().insert(Target { sandbox });
     next.run(req).await
-}
-
-/// The data plane's routes (relative to `/e2b/envd`).
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/health", get(health))
-        .route("/files", get(super::files::read_file).post(super::files::write_file))
-        .route("/process.Process/Start", post(super::follow::start))
-        .route("/process.Process/List", post(list))
-        .route("/process.Process/SendSignal", post(send_signal))
-        .route("/process.Process/Connect", post(super::follow::connect_to))
-        .route("/process.Process/SendInput", post(super::follow::send_input))
-        .route("/process.Process/StreamInput", post(super::follow::stream_input))
-        .route("/process.Process/CloseStdin", post(super::follow::close_stdin))
-        .route("/process.Process/Update", post(super::follow::update))
-        .route("/filesystem.Filesystem/Stat", post(super::files::stat))
-        .route("/filesystem.Filesystem/ListDir", post(super::files::list_dir))
-        .route("/filesystem.Filesystem/MakeDir", post(super::files::make_dir))
-        .route("/filesystem.Filesystem/Move", post(super::files::move_path))
-        .route("/filesystem.Filesystem/Remove", post(super::files::remove))
-        .route("/filesystem.Filesystem/WatchDir", post(super::watch::watch_dir))
-        .route("/filesystem.Filesystem/CreateWatcher", post(super::watch::create_watcher))
-        .route("/filesystem.Filesystem/GetWatcherEvents", post(super::watch::get_watcher_events))
-        .route("/filesystem.Filesystem/RemoveWatcher", post(super::watch::remove_watcher))
-        .fallback(|| async { error_response(&RpcError::unimplemented("no such envd method or route")) })
 }
 
 /// The account a request acts as: envd's `Authorization: Basic base64(<user>:)`, else `user`
@@ -191,9 +170,10 @@ pub(super) fn api(e: ApiError) -> RpcError {
     RpcError::from(e)
 }
 
-async fn health(State(st): State<AppState>, Extension(t): Extension<Target>) -> Response {
+/// `GET /health`: 204 while the sandbox runs, as envd answers.
+pub(super) async fn health(State(st): State<AppState>, Extension(t): Extension<Target>) -> Response {
     let id = t.sandbox.clone();
-    let info = st.blocking(move |engine, st| crate::api::sandboxes::info(engine, st, &id)).await;
+    let info = st.blocking(move |engine, st| crate::ops::sandboxes::info(engine, st, &id)).await;
     // As E2B's proxy answers for a sandbox that is gone ("... was not found", the words the SDKs
     // look for): `is_running` reads false, and a call that failed as its sandbox was killed
     // probes this and says the sandbox "was killed or reached its end of life".
@@ -270,43 +250,6 @@ pub(super) fn message(codec: Codec, m: &pb::StartResponse) -> Bytes {
     Bytes::from(connect::envelope(0, &connect::encode(codec, m)))
 }
 
-async fn list(
-    State(st): State<AppState>,
-    Extension(t): Extension<Target>,
-    h: HeaderMap,
-    body: Body,
-) -> Response {
-    unary(&h, body, |_: pb::ListRequest| async move {
-        let id = t.sandbox.clone();
-        let procs = st
-            .blocking(move |engine, st| Ok(st.agent(engine, &id, Duration::ZERO)?.list_procs()?))
-            .await
-            .map_err(api)?;
-        let processes = procs
-            .into_iter()
-            .filter(|p| p.exit.is_none() && p.pid > 0)
-            .map(|p| {
-                let (cmd, args) = match p.cmd {
-                    Command::Argv(mut a) if !a.is_empty() => {
-                        let first = a.remove(0);
-                        (first, a)
-                    }
-                    Command::Argv(_) => (String::new(), Vec::new()),
-                    Command::Shell(s) => ("/bin/sh".to_string(), vec!["-c".to_string(), s]),
-                };
-                pb::ProcessInfo {
-                    config: Some(pb::ProcessConfig { cmd, args, ..Default::default() }),
-                    pid: p.pid as u32,
-                    tag: None,
-                }
-            })
-            .chain(super::follow::terminals(&st, &t.sandbox))
-            .collect();
-        Ok(pb::ListResponse { processes })
-    })
-    .await
-}
-
 pub(super) fn selected_pid(sel: Option<pb::ProcessSelector>) -> Result<i32, RpcError> {
     match sel.and_then(|s| s.selector) {
         Some(process_selector::Selector::Pid(p)) if p > 0 && p <= i32::MAX as u32 => Ok(p as i32),
@@ -320,42 +263,78 @@ pub(super) fn selected_pid(sel: Option<pb::ProcessSelector>) -> Result<i32, RpcE
     }
 }
 
-async fn send_signal(
-    State(st): State<AppState>,
-    Extension(t): Extension<Target>,
-    h: HeaderMap,
-    body: Body,
-) -> Response {
-    unary(&h, body, |req: pb::SendSignalRequest| async move {
-        let pid = selected_pid(req.process)?;
-        let sig = match req.signal {
-            pb::SIGNAL_SIGKILL | pb::SIGNAL_SIGTERM => req.signal,
-            other => {
-                return Err(RpcError::invalid(format!(
-                    "signal {other} is not SIGNAL_SIGKILL or SIGNAL_SIGTERM"
-                )))
-            }
-        };
-        if super::follow::kill_terminal(&st, &t.sandbox, pid) {
-            return Ok(pb::Empty {});
-        }
-        let id = t.sandbox;
-        st.blocking(move |engine, st| {
-            let mut conn = st.agent(engine, &id, Duration::ZERO)?;
-            // A process that has ended is no longer there to signal (envd forgets it).
-            if !conn.list_procs()?.iter().any(|p| p.pid == pid && p.exit.is_none()) {
-                return Err(ApiError::not_found(format!("no running process with pid {pid}")));
-            }
-            Ok(conn.signal(pid, sig, true)?)
-        })
-        .await
-        .map_err(api)?;
-        Ok(pb::Empty {})
-    })
-    .await
+// ---- streams ----
+
+/// A lock, whatever a thread that panicked holding it left.
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-// ---- filesystem ----
+/// What follows a terminal or a command: output, then how it ended.
+pub(super) enum Ev {
+    /// Output.
+    Data(process_event::Output),
+    /// How it ended, or the error that ends its stream.
+    End(Result<ExitStatus, RpcError>),
+}
+
+/// The call's keepalive period, seconds (`Keepalive-Ping-Interval`, 1 to 3600).
+pub(super) fn keepalive_of(h: &HeaderMap) -> Option<u64> {
+    h.get("keepalive-ping-interval")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|s| (1..=3600).contains(s))
+}
+
+/// The call's `Connect-Timeout-Ms`, when one is given and not 0.
+pub(super) fn deadline_of(h: &HeaderMap) -> Result<Option<u64>, RpcError> {
+    Ok(connect::timeout_ms(h.get("connect-timeout-ms").and_then(|v| v.to_str().ok()))?.filter(|ms| *ms > 0))
+}
+
+/// One enveloped message of a stream.
+pub(super) fn envelope<M: prost::Message + serde::Serialize>(codec: Codec, m: &M) -> Bytes {
+    Bytes::from(connect::envelope(0, &connect::encode(codec, m)))
+}
+
+/// The detacher of an agent connection (see `crate::streams`).
+pub(super) fn detach_of(conn: &mut branchbox_model::AgentConn) -> Result<Detach, RpcError> {
+    Detach::of(conn).map_err(api)
+}
+
+/// The token a data-plane call came with, which its streams count against.
+pub(super) fn token_of(caller: &Option<Extension<Caller>>) -> &str {
+    caller.as_ref().map_or("anonymous", |c| c.0 .0.as_str())
+}
+
+/// envd's answer past a stream bound.
+pub(super) fn exhausted(r: Refused) -> RpcError {
+    RpcError::new("resource_exhausted", r.to_string())
+}
+
+/// A place for a stream of `kind` in the call's sandbox, or envd's `resource_exhausted`.
+pub(super) fn place(
+    st: &AppState,
+    kind: streams::Kind,
+    id: &SandboxId,
+    caller: &Option<Extension<Caller>>,
+) -> Result<Place, RpcError> {
+    st.streams.take(kind, id, token_of(caller)).map_err(exhausted)
+}
+
+/// The stream content type a streaming call must come with, or the answer refusing it.
+pub(super) fn stream_kind(h: &HeaderMap, what: &str) -> Result<Kind, Box<Response>> {
+    match kind_of(h) {
+        Some(k @ Kind::Stream(_)) => Ok(k),
+        _ => {
+            let e = RpcError::invalid(format!(
+                "{what} streams: send Content-Type application/connect+json or application/connect+proto"
+            ));
+            let mut r = error_response(&e);
+            *r.status_mut() = axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE;
+            Err(Box::new(r))
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

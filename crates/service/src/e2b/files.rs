@@ -7,10 +7,10 @@
 use super::connect::RpcError;
 use super::envd::{api, error_response, resolve, unary, user_of, Target};
 use super::pb;
-use super::uploads::{HeaderCap, HeadersTooLong};
-use crate::api::extract::account_name;
+use super::uploads::{HeaderCap, HeadersTooLong, Uploads};
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult};
+use crate::extract::account_name;
 use crate::state::AppState;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -277,7 +277,7 @@ pub(super) async fn read_file(
         Ok(p) => p,
         Err(e) => return error_response(&e),
     };
-    match crate::api::files::read_as(st, t.sandbox, path, Some(user)).await {
+    match crate::ops::files::read_as(&st, t.sandbox, path, Some(user)).await {
         Ok(r) => r,
         Err(e) => error_response(&api(e)),
     }
@@ -299,13 +299,14 @@ fn written(path: &str) -> WriteInfo {
 
 pub(super) async fn write_file(
     State(st): State<AppState>,
+    State(uploads): State<Arc<Uploads>>,
     Extension(t): Extension<Target>,
     Extension(caller): Extension<Caller>,
     uri: axum::http::Uri,
     h: HeaderMap,
     body: Body,
 ) -> Response {
-    let _slot = match st.uploads.take(&t.sandbox, &caller.0) {
+    let _slot = match uploads.take(&t.sandbox, &caller.0) {
         Ok(s) => s,
         Err(e) => return error_response(&e),
     };

@@ -1,5 +1,6 @@
-//! envd's calls that follow something over time: commands started with `process.Process/Start`
-//! (their pid, stdin, output to late readers, signals) and terminals; directory watches are in
+//! envd's `process.Process` service: commands started with `Start` (their pid, stdin, output to
+//! late readers, signals), `Connect`, `List`, `SendSignal`, input and `Update`, for processes
+//! and terminals alike (a terminal itself is `terminals.rs`'s); directory watches are in
 //! `watch.rs`.
 //!
 //! - A command is a background process of the agent (`spawn`), read through `attach`. As in
@@ -14,142 +15,30 @@
 //!   sends what the command printed before the attach (up to its kept 1 MiB of each stream),
 //!   then the rest, with nothing lost or repeated in between. Without `stdin` in the request
 //!   the command's stdin is empty (end of file at once).
-//! - A terminal (`Start` with `pty`) is an agent `exec` on a pseudo-terminal, held by the
-//!   service: its reader thread hands the output to the stream of the moment (Start, then any
-//!   `Connect`) and ends with the command. The agent reports no pid for it, so the service
-//!   numbers terminals above Linux's largest pid (`PID_MAX_LIMIT`, 2^22): they never name a
-//!   process of the sandbox. `SendInput` types, `Update` resizes, `SendSignal` ends the session
-//!   (the agent kills the terminal's whole session).
 
-use super::connect::{self, Codec, Kind, RpcError, MAX_MESSAGE};
+use super::connect::{self, Kind, RpcError, MAX_MESSAGE};
 use super::envd::{
-    api, error_response, event, kind_of, message, resolve, selected_pid, stream_error, stream_response,
-    unary, user_of, Target,
+    api, deadline_of, detach_of, envelope, event, keepalive_of, message, place, read_body, resolve,
+    selected_pid, stream_error, stream_kind, stream_response, unary, user_of, Ev, Target,
 };
 use super::pb::{self, process_event, process_input};
-use crate::api::types::RunCommand;
+use super::terminals::{pty_size, Terminals};
 use crate::auth::Caller;
 use crate::error::ApiError;
+use crate::ops::types::RunCommand;
 use crate::state::AppState;
-use crate::streams::{self, Detach, Place, Refused};
+use crate::streams::{self, Detach, Place};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::Extension;
 use branchbox_model::SandboxId;
-use branchbox_protocol::{
-    ClientError, Command, ExitStatus, OutStream, PtyEvent, PtyInput, PtyOutput, PtySize,
-};
+use branchbox_protocol::{Command, OutStream};
 use futures_util::StreamExt;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
-
-use super::watch::Watcher;
-
-/// Linux's largest possible pid (`PID_MAX_LIMIT` on 64-bit); terminals are numbered above it.
-pub const PID_MAX_LIMIT: u32 = 1 << 22;
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// What follows a terminal or a command: output, then how it ended.
-enum Ev {
-    Data(process_event::Output),
-    End(Result<ExitStatus, RpcError>),
-}
-
-struct Terminal {
-    sandbox: SandboxId,
-    config: pb::ProcessConfig,
-    input: Mutex<PtyInput>,
-    reader: Mutex<Option<mpsc::Sender<Ev>>>,
-    killed: AtomicBool,
-    /// Its place under the terminals' bounds, held until the command ends.
-    _place: Place,
-}
-
-/// The service's terminals and polling watchers opened through envd's API.
-pub struct Registry {
-    terminals: Mutex<HashMap<u32, Arc<Terminal>>>,
-    pub(super) watchers: Mutex<HashMap<String, Arc<Watcher>>>,
-    next_pid: AtomicU32,
-}
-
-impl Default for Registry {
-    fn default() -> Self {
-        Registry {
-            terminals: Mutex::default(),
-            watchers: Mutex::default(),
-            next_pid: AtomicU32::new(PID_MAX_LIMIT + 1),
-        }
-    }
-}
-
-impl Registry {
-    fn terminal(&self, sandbox: &SandboxId, pid: i32) -> Option<Arc<Terminal>> {
-        let t = lock(&self.terminals).get(&(pid as u32)).cloned()?;
-        (t.sandbox == *sandbox).then_some(t)
-    }
-
-    pub(super) fn watcher(&self, sandbox: &SandboxId, id: &str) -> Result<Arc<Watcher>, RpcError> {
-        lock(&self.watchers)
-            .get(id)
-            .filter(|w| w.sandbox == *sandbox)
-            .cloned()
-            .ok_or_else(|| RpcError::new("not_found", format!("no watcher {id:?} in this sandbox")))
-    }
-
-    pub(super) fn drop_watcher(&self, id: &str) {
-        if let Some(w) = lock(&self.watchers).remove(id) {
-            w.detach.shut();
-        }
-    }
-}
-
-pub(super) fn keepalive_of(h: &HeaderMap) -> Option<u64> {
-    h.get("keepalive-ping-interval")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .filter(|s| (1..=3600).contains(s))
-}
-
-/// The call's `Connect-Timeout-Ms`, when one is given and not 0.
-pub(super) fn deadline_of(h: &HeaderMap) -> Result<Option<u64>, RpcError> {
-    Ok(connect::timeout_ms(h.get("connect-timeout-ms").and_then(|v| v.to_str().ok()))?.filter(|ms| *ms > 0))
-}
-
-pub(super) fn envelope<M: prost::Message + serde::Serialize>(codec: Codec, m: &M) -> Bytes {
-    Bytes::from(connect::envelope(0, &connect::encode(codec, m)))
-}
-
-/// The detacher of an agent connection (see `crate::streams`).
-pub(super) fn detach_of(conn: &mut branchbox_model::AgentConn) -> Result<Detach, RpcError> {
-    Detach::of(conn).map_err(api)
-}
-
-/// The token a data-plane call came with, which its streams count against.
-pub(super) fn token_of(caller: &Option<Extension<Caller>>) -> &str {
-    caller.as_ref().map_or("anonymous", |c| c.0 .0.as_str())
-}
-
-/// envd's answer past a stream bound.
-pub(super) fn exhausted(r: Refused) -> RpcError {
-    RpcError::new("resource_exhausted", r.to_string())
-}
-
-/// A place for a stream of `kind` in the call's sandbox, or envd's `resource_exhausted`.
-pub(super) fn place(
-    st: &AppState,
-    kind: streams::Kind,
-    id: &SandboxId,
-    caller: &Option<Extension<Caller>>,
-) -> Result<Place, RpcError> {
-    st.streams.take(kind, id, token_of(caller)).map_err(exhausted)
-}
 
 /// Reads an attached process into `tx` on a blocking thread (which holds `place`): output, then
 /// its end. The stream holds the returned detacher: when it ends (its client gone, the service
@@ -278,20 +167,6 @@ fn serve(st: &AppState, kind: Kind, s: Served) -> Response {
     stream_response(kind, body)
 }
 
-pub(super) fn stream_kind(h: &HeaderMap, what: &str) -> Result<Kind, Box<Response>> {
-    match kind_of(h) {
-        Some(k @ Kind::Stream(_)) => Ok(k),
-        _ => {
-            let e = RpcError::invalid(format!(
-                "{what} streams: send Content-Type application/connect+json or application/connect+proto"
-            ));
-            let mut r = error_response(&e);
-            *r.status_mut() = axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE;
-            Err(Box::new(r))
-        }
-    }
-}
-
 async fn write_input(
     st: &AppState,
     id: &SandboxId,
@@ -308,6 +183,7 @@ async fn write_input(
 /// `process.Process/Start`.
 pub async fn start(
     State(st): State<AppState>,
+    State(terms): State<Arc<Terminals>>,
     Extension(t): Extension<Target>,
     caller: Option<Extension<Caller>>,
     h: HeaderMap,
@@ -318,7 +194,7 @@ pub async fn start(
         Err(r) => return *r,
     };
     let req = match async {
-        let bytes = super::envd::read_body(body).await?;
+        let bytes = read_body(body).await?;
         connect::decode_request::<pb::StartRequest>(kind, &bytes)
     }
     .await
@@ -328,7 +204,7 @@ pub async fn start(
     };
     let r = if req.pty.is_some() {
         match place(&st, streams::Kind::Terminal, &t.sandbox, &caller) {
-            Ok(p) => start_terminal(&st, &t.sandbox, &h, kind, req, p).await,
+            Ok(p) => start_terminal(&st, &terms, &t.sandbox, &h, kind, req, p).await,
             Err(e) => Err(e),
         }
     } else {
@@ -368,7 +244,7 @@ async fn spec_of(
     let id = id.clone();
     let mut spec = st
         .blocking(move |engine, st| {
-            crate::api::templates::with_defaults(engine, &id, crate::api::commands::spec(st, &id, &run)?)
+            crate::ops::commands::with_defaults(engine, &id, crate::ops::commands::spec(st, &id, &run)?)
         })
         .await
         .map_err(api)?;
@@ -408,83 +284,25 @@ async fn start_process(
 
 async fn start_terminal(
     st: &AppState,
+    terms: &Arc<Terminals>,
     id: &SandboxId,
     h: &HeaderMap,
     kind: Kind,
     req: pb::StartRequest,
     place: Place,
 ) -> Result<Response, RpcError> {
-    let size = req.pty.and_then(|p| p.size).unwrap_or(pb::PtySize { cols: 80, rows: 24 });
-    let size = u16::try_from(size.cols)
-        .ok()
-        .zip(u16::try_from(size.rows).ok())
-        .ok_or_else(|| RpcError::invalid("pty.size is out of range"))
-        .and_then(|(c, r)| PtySize::new(c, r).map_err(RpcError::invalid))?;
+    let size = pty_size(req.pty.and_then(|p| p.size).unwrap_or(pb::PtySize { cols: 80, rows: 24 }))?;
     let keepalive = keepalive_of(h);
     let config = req.process.clone().unwrap_or_default();
     let spec = spec_of(st, id, h, req.process.unwrap_or_default()).await?;
-    let reg = &st.e2b;
-    let sid = id.clone();
-    let (input, output) =
-        st.blocking(move |engine, _| Ok(engine.connect(&sid)?.open_pty(spec, size)?)).await.map_err(api)?;
-    let pid = reg.next_pid.fetch_add(1, Ordering::Relaxed);
-    let (tx, rx) = mpsc::channel::<Ev>(64);
-    let term = Arc::new(Terminal {
-        sandbox: id.clone(),
-        config,
-        input: Mutex::new(input),
-        reader: Mutex::new(Some(tx)),
-        killed: AtomicBool::new(false),
-        _place: place,
-    });
-    lock(&reg.terminals).insert(pid, term.clone());
-    let st2 = st.clone();
-    std::thread::spawn(move || {
-        read_terminal(&term, output);
-        lock(&st2.e2b.terminals).remove(&pid);
-    });
+    let (pid, rx) = terms.open(st, id, spec, size, config, place).await?;
     Ok(serve(st, kind, Served { pid, rx, keepalive, deadline: None, after: None, detach: None }))
-}
-
-/// Hands a terminal's output to its reader of the moment until the command ends.
-fn read_terminal(term: &Terminal, mut output: PtyOutput) {
-    let end = loop {
-        match output.recv() {
-            Ok(PtyEvent::Output(bytes)) => {
-                let reader = lock(&term.reader).clone();
-                if let Some(r) = reader {
-                    if r.blocking_send(Ev::Data(process_event::Output::Pty(bytes))).is_err() {
-                        let mut slot = lock(&term.reader);
-                        if slot.as_ref().is_some_and(|s| s.same_channel(&r)) {
-                            *slot = None;
-                        }
-                    }
-                }
-            }
-            Ok(PtyEvent::Exited(s)) => break Ok(s),
-            Err(_) if term.killed.load(Ordering::SeqCst) => {
-                break Ok(ExitStatus {
-                    code: None,
-                    signal: Some(9),
-                    timed_out: false,
-                    truncated: false,
-                    duration_ms: 0,
-                    oom_killed: false,
-                })
-            }
-            Err(ClientError::Agent { message, .. }) => break Err(RpcError::new("internal", message)),
-            Err(e) => break Err(RpcError::new("unavailable", format!("the terminal ended: {e}"))),
-        }
-    };
-    let reader = lock(&term.reader).take();
-    if let Some(r) = reader {
-        let _ = r.blocking_send(Ev::End(end));
-    }
 }
 
 /// `process.Process/Connect`: a command's output from now on (or a terminal's), then its end.
 pub async fn connect_to(
     State(st): State<AppState>,
+    State(terms): State<Arc<Terminals>>,
     Extension(t): Extension<Target>,
     caller: Option<Extension<Caller>>,
     h: HeaderMap,
@@ -495,15 +313,14 @@ pub async fn connect_to(
         Err(r) => return *r,
     };
     let r = async {
-        let bytes = super::envd::read_body(body).await?;
+        let bytes = read_body(body).await?;
         let req: pb::SelectRequest = connect::decode_request(kind, &bytes)?;
         let pid = selected_pid(req.process)?;
         let deadline = deadline_of(&h)?;
         let keepalive = keepalive_of(&h);
-        if let Some(term) = st.e2b.terminal(&t.sandbox, pid) {
-            let (tx, rx) = mpsc::channel::<Ev>(64);
+        if let Some(term) = terms.get(&t.sandbox, pid) {
             // The previous reader's stream ends; this one reads from now on.
-            *lock(&term.reader) = Some(tx);
+            let rx = term.follow();
             let served = Served { pid: pid as u32, rx, keepalive, deadline, after: None, detach: None };
             return Ok(serve(&st, kind, served));
         }
@@ -528,16 +345,10 @@ pub async fn connect_to(
     r.unwrap_or_else(|e: RpcError| stream_error(kind, &e))
 }
 
-async fn type_into(term: Arc<Terminal>, bytes: Vec<u8>) -> Result<(), RpcError> {
-    tokio::task::spawn_blocking(move || lock(&term.input).write(&bytes))
-        .await
-        .map_err(|e| RpcError::new("internal", format!("a worker failed: {e}")))?
-        .map_err(|e| RpcError::new("unavailable", format!("the terminal is gone: {e}")))
-}
-
 /// Sends one `ProcessInput` to process `pid` of the sandbox.
 async fn send(
     st: &AppState,
+    terms: &Terminals,
     id: &SandboxId,
     pid: i32,
     input: Option<pb::ProcessInput>,
@@ -546,8 +357,8 @@ async fn send(
         Some(process_input::Input::Stdin(b)) | Some(process_input::Input::Pty(b)) => b,
         None => return Err(RpcError::invalid("input must carry stdin or pty bytes")),
     };
-    match st.e2b.terminal(id, pid) {
-        Some(term) => type_into(term, bytes).await,
+    match terms.get(id, pid) {
+        Some(term) => term.type_into(bytes).await,
         None => write_input(st, id, pid, bytes, false).await,
     }
 }
@@ -555,12 +366,13 @@ async fn send(
 /// `process.Process/SendInput`.
 pub async fn send_input(
     State(st): State<AppState>,
+    State(terms): State<Arc<Terminals>>,
     Extension(t): Extension<Target>,
     h: HeaderMap,
     body: Body,
 ) -> Response {
     unary(&h, body, |req: pb::SendInputRequest| async move {
-        send(&st, &t.sandbox, selected_pid(req.process)?, req.input).await?;
+        send(&st, &terms, &t.sandbox, selected_pid(req.process)?, req.input).await?;
         Ok(pb::Empty {})
     })
     .await
@@ -569,13 +381,14 @@ pub async fn send_input(
 /// `process.Process/CloseStdin`.
 pub async fn close_stdin(
     State(st): State<AppState>,
+    State(terms): State<Arc<Terminals>>,
     Extension(t): Extension<Target>,
     h: HeaderMap,
     body: Body,
 ) -> Response {
     unary(&h, body, |req: pb::SelectRequest| async move {
         let pid = selected_pid(req.process)?;
-        if st.e2b.terminal(&t.sandbox, pid).is_some() {
+        if terms.get(&t.sandbox, pid).is_some() {
             return Err(RpcError::new(
                 "failed_precondition",
                 "a terminal has no stdin to close; type Ctrl-D (\\x04) into it, or kill it",
@@ -589,56 +402,28 @@ pub async fn close_stdin(
 
 /// `process.Process/Update`: a terminal's new size.
 pub async fn update(
-    State(st): State<AppState>,
+    State(terms): State<Arc<Terminals>>,
     Extension(t): Extension<Target>,
     h: HeaderMap,
     body: Body,
 ) -> Response {
     unary(&h, body, |req: pb::UpdateRequest| async move {
         let pid = selected_pid(req.process)?;
-        let size = req.pty.and_then(|p| p.size).ok_or_else(|| RpcError::invalid("give pty.size"))?;
-        let size = u16::try_from(size.cols)
-            .ok()
-            .zip(u16::try_from(size.rows).ok())
-            .ok_or_else(|| RpcError::invalid("pty.size is out of range"))
-            .and_then(|(c, r)| PtySize::new(c, r).map_err(RpcError::invalid))?;
-        let term = st.e2b.terminal(&t.sandbox, pid).ok_or_else(|| {
+        let size = pty_size(req.pty.and_then(|p| p.size).ok_or_else(|| RpcError::invalid("give pty.size"))?)?;
+        let term = terms.get(&t.sandbox, pid).ok_or_else(|| {
             RpcError::new("not_found", format!("no terminal with pid {pid}; only terminals can be resized"))
         })?;
-        tokio::task::spawn_blocking(move || lock(&term.input).resize(size))
-            .await
-            .map_err(|e| RpcError::new("internal", format!("a worker failed: {e}")))?
-            .map_err(|e| RpcError::new("unavailable", format!("the terminal is gone: {e}")))?;
+        term.resize(size).await?;
         Ok(pb::Empty {})
     })
     .await
-}
-
-/// Ends a terminal when `pid` names one of the sandbox's (true), else leaves it to the agent.
-pub fn kill_terminal(st: &AppState, id: &SandboxId, pid: i32) -> bool {
-    match st.e2b.terminal(id, pid) {
-        Some(term) => {
-            term.killed.store(true, Ordering::SeqCst);
-            lock(&term.input).close();
-            true
-        }
-        None => false,
-    }
-}
-
-/// The sandbox's open terminals, for `List`.
-pub fn terminals(st: &AppState, id: &SandboxId) -> Vec<pb::ProcessInfo> {
-    lock(&st.e2b.terminals)
-        .iter()
-        .filter(|(_, t)| t.sandbox == *id)
-        .map(|(pid, t)| pb::ProcessInfo { config: Some(t.config.clone()), pid: *pid, tag: None })
-        .collect()
 }
 
 /// `process.Process/StreamInput`: a client stream of input for one process (a start event
 /// naming it, then data events), answered once the client ends it.
 pub async fn stream_input(
     State(st): State<AppState>,
+    State(terms): State<Arc<Terminals>>,
     Extension(t): Extension<Target>,
     h: HeaderMap,
     body: Body,
@@ -679,7 +464,7 @@ pub async fn stream_input(
                             return Err(RpcError::invalid("one start event per stream"))
                         }
                         (Some(pb::stream_input::Event::Data(d)), Some(p)) => {
-                            send(&st, &t.sandbox, p, d.input).await?
+                            send(&st, &terms, &t.sandbox, p, d.input).await?
                         }
                         (Some(pb::stream_input::Event::Data(_)), None) => {
                             return Err(RpcError::invalid(
@@ -718,15 +503,79 @@ pub async fn stream_input(
     }
 }
 
-// ---- watches ----
+/// `process.Process/List`: the sandbox's running processes and open terminals.
+pub async fn list(
+    State(st): State<AppState>,
+    State(terms): State<Arc<Terminals>>,
+    Extension(t): Extension<Target>,
+    h: HeaderMap,
+    body: Body,
+) -> Response {
+    unary(&h, body, |_: pb::ListRequest| async move {
+        let id = t.sandbox.clone();
+        let procs = st
+            .blocking(move |engine, st| Ok(st.agent(engine, &id, Duration::ZERO)?.list_procs()?))
+            .await
+            .map_err(api)?;
+        let processes = procs
+            .into_iter()
+            .filter(|p| p.exit.is_none() && p.pid > 0)
+            .map(|p| {
+                let (cmd, args) = match p.cmd {
+                    Command::Argv(mut a) if !a.is_empty() => {
+                        let first = a.remove(0);
+                        (first, a)
+                    }
+                    Command::Argv(_) => (String::new(), Vec::new()),
+                    Command::Shell(s) => ("/bin/sh".to_string(), vec!["-c".to_string(), s]),
+                };
+                pb::ProcessInfo {
+                    config: Some(pb::ProcessConfig { cmd, args, ..Default::default() }),
+                    pid: p.pid as u32,
+                    tag: None,
+                }
+            })
+            .chain(terms.list(&t.sandbox))
+            .collect();
+        Ok(pb::ListResponse { processes })
+    })
+    .await
+}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn terminal_pids_are_above_any_linux_pid() {
-        let r = Registry::default();
-        assert!(r.next_pid.load(Ordering::Relaxed) > PID_MAX_LIMIT);
-    }
+/// `process.Process/SendSignal`: SIGKILL or SIGTERM to a process (its group), or the end of a
+/// terminal.
+pub async fn send_signal(
+    State(st): State<AppState>,
+    State(terms): State<Arc<Terminals>>,
+    Extension(t): Extension<Target>,
+    h: HeaderMap,
+    body: Body,
+) -> Response {
+    unary(&h, body, |req: pb::SendSignalRequest| async move {
+        let pid = selected_pid(req.process)?;
+        let sig = match req.signal {
+            pb::SIGNAL_SIGKILL | pb::SIGNAL_SIGTERM => req.signal,
+            other => {
+                return Err(RpcError::invalid(format!(
+                    "signal {other} is not SIGNAL_SIGKILL or SIGNAL_SIGTERM"
+                )))
+            }
+        };
+        if terms.kill(&t.sandbox, pid) {
+            return Ok(pb::Empty {});
+        }
+        let id = t.sandbox;
+        st.blocking(move |engine, st| {
+            let mut conn = st.agent(engine, &id, Duration::ZERO)?;
+            // A process that has ended is no longer there to signal (envd forgets it).
+            if !conn.list_procs()?.iter().any(|p| p.pid == pid && p.exit.is_none()) {
+                return Err(ApiError::not_found(format!("no running process with pid {pid}")));
+            }
+            Ok(conn.signal(pid, sig, true)?)
+        })
+        .await
+        .map_err(api)?;
+        Ok(pb::Empty {})
+    })
+    .await
 }

@@ -13,25 +13,27 @@
 //! (`X-Access-Token`, E2B's `envdAccessToken`, derived from the key that created or connected
 //! it: see [`crate::auth::Tokens::sandbox_token`]) or the API key itself. `docs/e2b.md`
 //! lists what is served and what is not.
+//!
+//! `routes.rs` assembles both planes with the adapter's own state ([`E2bState`]: terminals,
+//! polling watchers, uploads); `rest.rs` is the control plane; `envd.rs` the data plane's
+//! authentication and what its calls share, which are in `follow.rs` (processes),
+//! `terminals.rs`, `files.rs`, `watch.rs` and `uploads.rs`. Every file here may use this one;
+//! this one uses none of them. Operations are `crate::ops`'s, never the native API's handlers.
 
 pub mod envd;
 pub mod files;
 pub mod follow;
 pub mod rest;
+mod routes;
+pub mod terminals;
 pub mod uploads;
 pub mod watch;
 
 pub use branchbox_e2b_wire::{connect, pb};
+pub use routes::{router, E2bState};
 
-use crate::api::AuditNote;
-use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::state::AppState;
-use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::middleware::{from_fn_with_state, Next};
-use axum::response::{IntoResponse, Response};
-use axum::Router;
+use axum::http::HeaderMap;
 
 /// The envd version branchboxd reports. The SDKs gate features on it: 0.4.0 and later let the
 /// server pick the default user (`user`); 0.5.2 and later may close a command's stdin
@@ -51,78 +53,9 @@ pub struct PresentedKey(pub Option<String>);
 
 pub use crate::error::E2bError;
 
-fn unauthorized(why: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::UNAUTHORIZED,
-        "unauthorized",
-        format!("{why}; send the token from <data>/service/token as E2B_API_KEY (the X-API-Key header)"),
-    )
-}
-
+/// A request header's value, trimmed; `None` when absent, empty or not text.
 fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok()).map(str::trim).filter(|v| !v.is_empty())
-}
-
-/// Control-plane authentication: `X-API-Key: <token>` (or `Authorization: Bearer <token>`).
-async fn api_key(State(st): State<AppState>, mut req: Request, next: Next) -> Response {
-    let key = header(req.headers(), "x-api-key").map(str::to_string);
-    let caller = match (&st.tokens, &key) {
-        (None, _) => Caller("anonymous".into()),
-        (Some(t), Some(k)) => match (k.len() <= 512).then(|| t.check(k)).flatten() {
-            Some(c) => c,
-            None => return E2bError(unauthorized("the API key is not valid")).into_response(),
-        },
-        (Some(t), None) => match t.authenticate(req.headers()) {
-            Ok(c) => c,
-            Err(_) => return E2bError(unauthorized("no API key")).into_response(),
-        },
-    };
-    let presented = key.or_else(|| {
-        header(req.headers(), "authorization")
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(|t| t.trim().to_string())
-    });
-    req.extensions_mut().insert(caller);
-    req.extensions_mut().insert(PresentedKey(st.tokens.as_ref().and(presented)));
-    next.run(req).await
-}
-
-/// The routes under [`PREFIX`], with their authentication and the audit log. As on `/v1`, the
-/// audit layer runs inside authentication, so each record names the caller's token.
-pub fn router(st: AppState) -> Router<AppState> {
-    let audit = from_fn_with_state(st.clone(), crate::api::audit);
-    let control = rest::router()
-        .layer(axum::middleware::from_fn(note_sandbox))
-        .layer(audit.clone())
-        .layer(from_fn_with_state(st.clone(), api_key));
-    let data = envd::router()
-        .layer(axum::middleware::from_fn(note_sandbox))
-        .layer(audit)
-        .layer(from_fn_with_state(st, envd::authenticate));
-    Router::new().nest(PREFIX, control.merge(Router::new().nest("/envd", data)))
-}
-
-/// Names the sandbox a request acted on for its audit record, where its handler did not: the
-/// data plane's `E2b-Sandbox-Id`, or the control plane's `/sandboxes/{id}` (the path as seen
-/// here, under the prefix).
-async fn note_sandbox(req: Request, next: Next) -> Response {
-    let named = match req.extensions().get::<envd::Target>() {
-        Some(t) => Some(t.sandbox.to_string()),
-        None => {
-            let p = req.uri().path();
-            let rest = p.strip_prefix("/v2/sandboxes/").or_else(|| p.strip_prefix("/sandboxes/"));
-            rest.and_then(|r| r.split('/').next())
-                .filter(|id| branchbox_model::SandboxId::parse(id).is_ok())
-                .map(str::to_string)
-        }
-    };
-    let mut r = next.run(req).await;
-    if let Some(id) = named {
-        let mut note = r.extensions().get::<AuditNote>().cloned().unwrap_or_default();
-        note.sandbox.get_or_insert(id);
-        r.extensions_mut().insert(note);
-    }
-    r
 }
 
 /// A service error as a Connect error: the code the protocol has for its status.
@@ -148,6 +81,7 @@ impl From<ApiError> for connect::RpcError {
 #[cfg(test)]
 mod wire_tests {
     use super::*;
+    use axum::http::StatusCode;
 
     #[test]
     fn service_errors_map_to_connect_codes_and_statuses() {

@@ -6,12 +6,14 @@
 //! of any other shape names no sandbox (404).
 
 use super::{E2bError, PresentedKey, ENVD_VERSION};
-use crate::api::extract::ApiQuery;
-use crate::api::sandboxes;
-use crate::api::types::{ConnectSandbox, CreateSandbox, ListSandboxes, SandboxInfo, SetTimeout, StateName};
 use crate::auth::{Caller, Tokens};
 use crate::db::OnTimeout;
 use crate::error::ApiError;
+use crate::extract::ApiQuery;
+use crate::ops::sandboxes as ops;
+use crate::ops::types::{
+    ConnectSandbox, CreateSandbox, ForkSandbox, ListSandboxes, SandboxInfo, SetTimeout, StateName,
+};
 use crate::state::AppState;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -227,8 +229,8 @@ async fn create(
         allow_internet_access,
         ..Default::default()
     };
-    let (_, note, Json(info)) =
-        sandboxes::create(State(st.clone()), Extension(caller), crate::api::extract::ApiJson(ours)).await?;
+    let (info, note) = ops::create(&st, caller, ours).await?;
+    let note = Extension(note);
     let (st2, id, t) = (st.clone(), info.id.clone(), asked);
     st.blocking(move |_, _| Ok(st2.db().set_e2b_template(&id, &t)?)).await?;
     Ok((StatusCode::CREATED, note, Json(created(&st, &info, &key))).into_response())
@@ -303,9 +305,7 @@ async fn listing(st: AppState, q: ListQuery, default_states: &[&str]) -> E2bResu
         return Err(bad_query(format!("limit {limit} is not between 1 and {MAX_PAGE}")));
     }
     let from = q.next_token.as_deref().filter(|t| !t.is_empty()).map(page_token).transpose()?;
-    let Json(all) =
-        sandboxes::list(State(st.clone()), ApiQuery(ListSandboxes { metadata: q.metadata, state: None }))
-            .await?;
+    let all = ops::list(&st, ListSandboxes { metadata: q.metadata, state: None }).await?;
     let mut found: Vec<(i64, String, E2bListed)> = all
         .iter()
         .filter(|i| i.state != StateName::Lost)
@@ -346,8 +346,7 @@ async fn detail(
     Extension(key): Extension<PresentedKey>,
     Path(id): Path<String>,
 ) -> E2bResult<Json<E2bListed>> {
-    e2b_id(&id)?;
-    let Json(info) = sandboxes::get(State(st.clone()), Path(id)).await?;
+    let info = ops::get(&st, e2b_id(&id)?).await?;
     if info.state == StateName::Lost {
         return Err(E2bError(ApiError::not_found(format!(
             "sandbox {} is lost (its runtime is gone); DELETE it to remove its record",
@@ -359,8 +358,8 @@ async fn detail(
 }
 
 async fn kill(State(st): State<AppState>, Path(id): Path<String>) -> E2bResult<StatusCode> {
-    e2b_id(&id)?;
-    Ok(sandboxes::kill(State(st), Path(id)).await?)
+    ops::kill(&st, e2b_id(&id)?).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -378,13 +377,11 @@ async fn set_timeout(State(st): State<AppState>, Path(id): Path<String>, raw: By
     let Some(timeout) = req.timeout else {
         return Err(E2bError(ApiError::bad_request("bad_body", "give timeout: the seconds from now")));
     };
-    e2b_id(&id)?;
+    let sid = e2b_id(&id)?;
     // As on E2B's server, 0 or less ends the sandbox now; /v1 takes 0 to mean that.
     let timeout = timeout.max(0.0);
-    let (_, note, _) =
-        sandboxes::set_timeout(State(st), Path(id), crate::api::extract::ApiJson(SetTimeout { timeout }))
-            .await?;
-    Ok((StatusCode::NO_CONTENT, note).into_response())
+    let (_, note) = ops::set_timeout(&st, sid, SetTimeout { timeout }).await?;
+    Ok((StatusCode::NO_CONTENT, Extension(note)).into_response())
 }
 
 /// `refreshes`: keeps a sandbox alive for `duration` seconds (default 60) from now. As on E2B's
@@ -393,15 +390,10 @@ async fn refresh(State(st): State<AppState>, Path(id): Path<String>, raw: Bytes)
     let req: TimeoutBody = body(&raw)?;
     let sid = e2b_id(&id)?;
     let timeout = req.duration.unwrap_or(60.0);
-    let before = sandboxes::get(State(st.clone()), Path(id.clone())).await?.0;
-    let (_, note, Json(info)) = sandboxes::set_timeout(
-        State(st.clone()),
-        Path(id),
-        crate::api::extract::ApiJson(SetTimeout { timeout }),
-    )
-    .await?;
+    let before = ops::get(&st, sid.clone()).await?;
+    let (info, note) = ops::set_timeout(&st, sid.clone(), SetTimeout { timeout }).await?;
     never_earlier(&st, sid, &before, &info).await?;
-    Ok((StatusCode::NO_CONTENT, note).into_response())
+    Ok((StatusCode::NO_CONTENT, Extension(note)).into_response())
 }
 
 /// Connect and refresh only ever extend on E2B's server: when the renewal just made (`after`)
@@ -442,8 +434,9 @@ async fn pause(State(st): State<AppState>, Path(id): Path<String>, raw: Bytes) -
         ));
     }
     if req.require_healthy_guest == Some(true) {
-        let _found = sandboxes::get(State(st.clone()), Path(id.clone())).await?;
-        st.blocking(move |engine, st| Ok(st.agent(engine, &sid, Duration::ZERO)?.ping()?)).await.map_err(
+        let _found = ops::get(&st, sid.clone()).await?;
+        let s2 = sid.clone();
+        st.blocking(move |engine, st| Ok(st.agent(engine, &s2, Duration::ZERO)?.ping()?)).await.map_err(
             |e| {
                 E2bError(ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -456,8 +449,8 @@ async fn pause(State(st): State<AppState>, Path(id): Path<String>, raw: Bytes) -
             },
         )?;
     }
-    let (_, note, _) = sandboxes::pause(State(st), Path(id)).await?;
-    Ok((StatusCode::NO_CONTENT, note).into_response())
+    let (_, note) = ops::pause(&st, sid).await?;
+    Ok((StatusCode::NO_CONTENT, Extension(note)).into_response())
 }
 
 /// `connect` (v1 and v2) and the older `resume`: resumes a paused sandbox (201) or extends a
@@ -472,13 +465,9 @@ async fn connect(
 ) -> E2bResult<Response> {
     let req: TimeoutBody = body(&raw)?;
     let sid = e2b_id(&id)?;
-    let before = sandboxes::get(State(st.clone()), Path(id.clone())).await?.0;
-    let (_, note, Json(info)) = sandboxes::connect(
-        State(st.clone()),
-        Path(id),
-        crate::api::extract::ApiJson(ConnectSandbox { timeout: req.timeout }),
-    )
-    .await?;
+    let before = ops::get(&st, sid.clone()).await?;
+    let (info, note) = ops::connect(&st, sid.clone(), ConnectSandbox { timeout: req.timeout }).await?;
+    let note = Extension(note);
     never_earlier(&st, sid, &before, &info).await?;
     let status = if before.state == StateName::Paused { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, note, Json(created(&st, &info, &key))).into_response())
@@ -538,13 +527,8 @@ async fn fork(
             format!("timeout {t} must be above 0 seconds"),
         )));
     }
-    let (_, note, Json(out)) = sandboxes::fork(
-        State(st.clone()),
-        Extension(caller),
-        Path(id),
-        crate::api::extract::ApiJson(crate::api::types::ForkSandbox { count: req.count }),
-    )
-    .await?;
+    let (out, note) = ops::fork(&st, caller, sid.clone(), ForkSandbox { count: req.count }).await?;
+    let note = Extension(note);
     let (st2, parent) = (st.clone(), sid.to_string());
     let template = st.blocking(move |_, _| Ok(st2.db().e2b_template(&parent)?)).await?;
     let mut answers = Vec::new();
@@ -566,12 +550,8 @@ async fn fork(
             continue;
         };
         if let Some(timeout) = req.timeout {
-            let _set = sandboxes::set_timeout(
-                State(st.clone()),
-                Path(info.id.clone()),
-                crate::api::extract::ApiJson(SetTimeout { timeout }),
-            )
-            .await?;
+            let _set =
+                ops::set_timeout(&st, crate::extract::sandbox_id(&info.id)?, SetTimeout { timeout }).await?;
         }
         if let Some(t) = template.clone() {
             let (st2, id) = (st.clone(), info.id.clone());
@@ -598,7 +578,7 @@ struct E2bSnapshot {
     names: Vec<String>,
 }
 
-fn e2b_snapshot(s: &crate::api::types::SnapshotInfo) -> E2bSnapshot {
+fn e2b_snapshot(s: &crate::ops::types::SnapshotInfo) -> E2bSnapshot {
     E2bSnapshot { snapshot_id: s.id.clone(), names: s.name.iter().cloned().collect() }
 }
 
@@ -610,19 +590,14 @@ async fn take_snapshot(
     raw: Bytes,
 ) -> E2bResult<Response> {
     let req: SnapshotBody = body(&raw)?;
-    e2b_id(&id)?;
+    let sid = e2b_id(&id)?;
     if req.memory == Some(false) {
         return Err(not_served(
             "a snapshot without memory (memory: false): branchbox's snapshots keep the memory",
         ));
     }
-    let (_, note, Json(snap)) = crate::api::snapshots::take(
-        State(st),
-        Path(id),
-        crate::api::extract::ApiJson(crate::api::types::TakeSnapshot { name: req.name }),
-    )
-    .await?;
-    Ok((StatusCode::CREATED, note, Json(e2b_snapshot(&snap))).into_response())
+    let (snap, note) = crate::ops::snapshots::capture(&st, sid, SnapshotKind::Snapshot, req.name).await?;
+    Ok((StatusCode::CREATED, Extension(note), Json(e2b_snapshot(&snap))).into_response())
 }
 
 /// The query of E2B's snapshot listing.
@@ -648,7 +623,7 @@ async fn list_snapshots(
         return Err(bad_query(format!("limit {limit} is not between 1 and {MAX_PAGE}")));
     }
     let from = q.next_token.as_deref().filter(|t| !t.is_empty()).map(page_token_snapshot).transpose()?;
-    let Json(all) = crate::api::snapshots::list(State(st)).await?;
+    let all = crate::ops::snapshots::list(&st).await?;
     let mut found: Vec<_> = all
         .iter()
         .filter(|s| s.kind == "snapshot" && !s.deleted)
@@ -697,13 +672,8 @@ async fn delete_snapshot(State(st): State<AppState>, Path(id): Path<String>) -> 
     match kind {
         None => Err(not_served("deleting a template (DELETE /templates/{id})")),
         Some(Some(SnapshotKind::Snapshot)) => {
-            let (_, note) = crate::api::snapshots::delete(
-                State(st),
-                Path(id),
-                ApiQuery(crate::api::types::DeleteSnapshot { cascade: None }),
-            )
-            .await?;
-            Ok((StatusCode::NO_CONTENT, note).into_response())
+            let note = crate::ops::snapshots::delete(&st, crate::extract::snapshot_ref(&id)?, false).await?;
+            Ok((StatusCode::NO_CONTENT, Extension(note)).into_response())
         }
         Some(_) => Err(missing()),
     }

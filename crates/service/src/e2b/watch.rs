@@ -9,8 +9,10 @@
 //! are bounded per sandbox, per token and in the service (`crate::streams::Kind`).
 
 use super::connect::{self, Kind, RpcError};
-use super::envd::{api, resolve, stream_error, stream_response, unary, user_of, Target};
-use super::follow::{deadline_of, detach_of, envelope, keepalive_of, lock, place, stream_kind};
+use super::envd::{
+    api, deadline_of, detach_of, envelope, keepalive_of, lock, place, resolve, stream_error, stream_kind,
+    stream_response, unary, user_of, Target,
+};
 use super::pb;
 use crate::auth::Caller;
 use crate::error::ApiError;
@@ -23,7 +25,7 @@ use axum::response::Response;
 use axum::Extension;
 use branchbox_model::SandboxId;
 use branchbox_protocol::{FileKind, WatchKind};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -35,15 +37,39 @@ pub const MAX_WATCH_EVENTS: usize = 10_000;
 pub const WATCHER_IDLE: Duration = Duration::from_secs(600);
 
 /// A polling watcher: its buffered events and the agent connection that feeds them.
-pub(super) struct Watcher {
-    pub(super) sandbox: SandboxId,
+pub struct Watcher {
+    sandbox: SandboxId,
     events: Mutex<VecDeque<pb::FilesystemEvent>>,
     polled: Mutex<Instant>,
     ended: AtomicBool,
     /// Shuts its agent connection when the watcher is dropped from the registry.
-    pub(super) detach: Detach,
+    detach: Detach,
     /// Its place under the watchers' bounds.
     _place: Place,
+}
+
+/// The polling watchers opened through envd's API, by id: the E2B adapter's own state.
+#[derive(Default)]
+pub struct Watchers {
+    by_id: Mutex<HashMap<String, Arc<Watcher>>>,
+}
+
+impl Watchers {
+    /// The watcher `id` of the sandbox, or envd's `not_found`.
+    fn get(&self, sandbox: &SandboxId, id: &str) -> Result<Arc<Watcher>, RpcError> {
+        lock(&self.by_id)
+            .get(id)
+            .filter(|w| w.sandbox == *sandbox)
+            .cloned()
+            .ok_or_else(|| RpcError::new("not_found", format!("no watcher {id:?} in this sandbox")))
+    }
+
+    /// Drops a watcher, shutting its agent connection.
+    fn remove(&self, id: &str) {
+        if let Some(w) = lock(&self.by_id).remove(id) {
+            w.detach.shut();
+        }
+    }
 }
 
 fn event_type(k: WatchKind) -> i32 {
@@ -185,6 +211,7 @@ pub async fn watch_dir(
 /// `filesystem.Filesystem/CreateWatcher`.
 pub async fn create_watcher(
     State(st): State<AppState>,
+    State(watchers): State<Arc<Watchers>>,
     Extension(t): Extension<Target>,
     caller: Option<Extension<Caller>>,
     h: HeaderMap,
@@ -204,8 +231,8 @@ pub async fn create_watcher(
             detach,
             _place: place,
         });
-        lock(&st.e2b.watchers).insert(id.clone(), w.clone());
-        let (st2, id2, w2, recursive) = (st.clone(), id.clone(), w.clone(), req.recursive);
+        lock(&watchers.by_id).insert(id.clone(), w.clone());
+        let (all, id2, w2, recursive) = (watchers.clone(), id.clone(), w.clone(), req.recursive);
         // Answered once the agent's watch is in place, so no change made after it is missed.
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<()>();
         let mut ready_tx = Some(ready_tx);
@@ -228,15 +255,15 @@ pub async fn create_watcher(
             w2.ended.store(true, Ordering::SeqCst);
             // The sandbox went (or the watch failed): nothing more comes; drop the watcher.
             if r.is_err() {
-                st2.e2b.drop_watcher(&id2);
+                all.remove(&id2);
             }
         });
         if tokio::time::timeout(Duration::from_secs(60), ready_rx).await.map_or(true, |r| r.is_err()) {
-            st.e2b.drop_watcher(&id);
+            watchers.remove(&id);
             return Err(RpcError::new("unavailable", "the watch could not be set up in the sandbox"));
         }
         // Idle watchers go, and every watcher when the service stops.
-        let (st3, id3, sandbox) = (st.clone(), id.clone(), t.sandbox.clone());
+        let (all, id3, sandbox) = (watchers.clone(), id.clone(), t.sandbox.clone());
         let stopping = st.streams.stopping();
         tokio::spawn(async move {
             tokio::pin!(stopping);
@@ -244,13 +271,13 @@ pub async fn create_watcher(
                 tokio::select! {
                     () = tokio::time::sleep(WATCHER_IDLE / 10) => {}
                     () = &mut stopping => {
-                        st3.e2b.drop_watcher(&id3);
+                        all.remove(&id3);
                         return;
                     }
                 }
-                let Ok(w) = st3.e2b.watcher(&sandbox, &id3) else { return };
+                let Ok(w) = all.get(&sandbox, &id3) else { return };
                 if lock(&w.polled).elapsed() > WATCHER_IDLE {
-                    st3.e2b.drop_watcher(&id3);
+                    all.remove(&id3);
                     return;
                 }
             }
@@ -262,17 +289,17 @@ pub async fn create_watcher(
 
 /// `filesystem.Filesystem/GetWatcherEvents`: the events since the last call.
 pub async fn get_watcher_events(
-    State(st): State<AppState>,
+    State(watchers): State<Arc<Watchers>>,
     Extension(t): Extension<Target>,
     h: HeaderMap,
     body: Body,
 ) -> Response {
     unary(&h, body, |req: pb::WatcherId| async move {
-        let w = st.e2b.watcher(&t.sandbox, &req.watcher_id)?;
+        let w = watchers.get(&t.sandbox, &req.watcher_id)?;
         *lock(&w.polled) = Instant::now();
         let events: Vec<_> = lock(&w.events).drain(..).collect();
         if w.ended.load(Ordering::SeqCst) && events.is_empty() {
-            st.e2b.drop_watcher(&req.watcher_id);
+            watchers.remove(&req.watcher_id);
             return Err(RpcError::new("not_found", "the watch ended: its directory was removed or moved"));
         }
         Ok(pb::GetWatcherEventsResponse { events })
@@ -282,14 +309,14 @@ pub async fn get_watcher_events(
 
 /// `filesystem.Filesystem/RemoveWatcher`.
 pub async fn remove_watcher(
-    State(st): State<AppState>,
+    State(watchers): State<Arc<Watchers>>,
     Extension(t): Extension<Target>,
     h: HeaderMap,
     body: Body,
 ) -> Response {
     unary(&h, body, |req: pb::WatcherId| async move {
-        st.e2b.watcher(&t.sandbox, &req.watcher_id)?;
-        st.e2b.drop_watcher(&req.watcher_id);
+        watchers.get(&t.sandbox, &req.watcher_id)?;
+        watchers.remove(&req.watcher_id);
         Ok(pb::Empty {})
     })
     .await

@@ -31,7 +31,7 @@ fn node(dir: &Path, token: &str, peers: &Path) -> Router {
     let mut cfg = ServiceConfig::new(branchbox_core::Config::from_env(Some(&dir.join("data"))));
     cfg.peers = Some(peers.to_path_buf());
     let st = AppState::open(cfg, Some(crate::auth::Tokens::new([token]))).unwrap();
-    crate::api::router(st).0
+    crate::serve::router(st, Default::default()).0
 }
 
 fn counted(r: Router, n: Arc<AtomicUsize>) -> Router {

@@ -7,10 +7,10 @@
 //! and a sandbox is started from the pool's snapshot only when the caller allows it, which the
 //! result says (`source: cold`).
 
-use super::{start, PoolDef};
-use crate::api::types::SandboxInfo;
+use super::{start, PoolDef, Pools};
 use crate::db::SandboxMeta;
 use crate::error::{ApiError, ApiResult};
+use crate::ops::types::SandboxInfo;
 use crate::state::AppState;
 use axum::http::StatusCode;
 use branchbox_core::Engine;
@@ -158,15 +158,15 @@ fn pool_def(st: &AppState, name: &str) -> ApiResult<PoolDef> {
 }
 
 /// Takes ready members until one is handed out; `None` when the pool has none ready.
-fn from_pool(engine: &Engine, st: &AppState, spec: &ClaimSpec) -> ApiResult<Option<Claimed>> {
+fn from_pool(engine: &Engine, st: &AppState, pools: &Pools, spec: &ClaimSpec) -> ApiResult<Option<Claimed>> {
     pool_def(st, &spec.pool)?;
     loop {
         let Some(m) = st.db().member_take(&spec.pool)? else { return Ok(None) };
-        st.pools.wake();
+        pools.wake();
         let Ok(id) = SandboxId::parse(&m.id) else { continue };
         match hand_out(engine, st, &id, spec) {
             Ok(c) => {
-                st.pools.with(&spec.pool, |s| s.claims_pool += 1);
+                pools.with(&spec.pool, |s| s.claims_pool += 1);
                 return Ok(Some(c));
             }
             Err(Failure::Claim(e)) => return Err(e),
@@ -175,14 +175,14 @@ fn from_pool(engine: &Engine, st: &AppState, spec: &ClaimSpec) -> ApiResult<Opti
                     "pooled sandbox {id} of {} could not be handed out ({e}); trying the next",
                     spec.pool
                 );
-                st.pools.with(&spec.pool, |s| s.discarded += 1);
+                pools.with(&spec.pool, |s| s.discarded += 1);
             }
         }
     }
 }
 
 /// Starts a sandbox from the pool's snapshot at claim time.
-fn cold(engine: &Engine, st: &AppState, spec: &ClaimSpec) -> ApiResult<Claimed> {
+fn cold(engine: &Engine, st: &AppState, pools: &Pools, spec: &ClaimSpec) -> ApiResult<Claimed> {
     let def = pool_def(st, &spec.pool)?;
     let id = {
         let _held = st.reserve(engine, 1)?;
@@ -191,31 +191,31 @@ fn cold(engine: &Engine, st: &AppState, spec: &ClaimSpec) -> ApiResult<Claimed> 
     let c = hand_out(engine, st, &id, spec).map_err(|f| match f {
         Failure::Sandbox(e) | Failure::Claim(e) => e,
     })?;
-    st.pools.with(&spec.pool, |s| s.claims_cold += 1);
+    pools.with(&spec.pool, |s| s.claims_cold += 1);
     Ok(Claimed { source: ClaimSource::Cold, ..c })
 }
 
 /// Claims a sandbox from a pool (see the module's description).
-pub async fn claim(st: &AppState, spec: ClaimSpec) -> ApiResult<Claimed> {
+pub async fn claim(st: &AppState, pools: &Arc<Pools>, spec: ClaimSpec) -> ApiResult<Claimed> {
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + spec.wait;
     let spec = Arc::new(spec);
     loop {
         // Registered before looking, so a refill that lands in between still wakes us.
-        let notified = st.pools.ready.notified();
+        let notified = pools.ready.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let s = spec.clone();
-        if let Some(c) = st.blocking(move |engine, st| from_pool(engine, st, &s)).await? {
+        let (s, p) = (spec.clone(), pools.clone());
+        if let Some(c) = st.blocking(move |engine, st| from_pool(engine, st, &p, &s)).await? {
             return Ok(Claimed { waited_ms: started.elapsed().as_millis() as u64, ..c });
         }
         if spec.allow_cold {
-            let s = spec.clone();
-            let c = st.blocking(move |engine, st| cold(engine, st, &s)).await?;
+            let (s, p) = (spec.clone(), pools.clone());
+            let c = st.blocking(move |engine, st| cold(engine, st, &p, &s)).await?;
             return Ok(Claimed { waited_ms: 0, ..c });
         }
         if tokio::time::Instant::now() >= deadline {
-            let stats = st.pools.stats(&spec.pool);
+            let stats = pools.stats(&spec.pool);
             let why = stats.last_error.map(|e| format!("; its last refill failed: {e}")).unwrap_or_default();
             return Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -15,7 +15,7 @@ use branchbox_core::Engine;
 use branchbox_model::{now_ms, SandboxId};
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 pub use store::{Member, PoolDef};
 
@@ -146,6 +146,7 @@ fn surplus(members: &[Member], size: u32) -> &[Member] {
 pub fn prune(
     engine: &Engine,
     st: &AppState,
+    pools: &Pools,
     def: &PoolDef,
     alive: &BTreeMap<String, bool>,
 ) -> ApiResult<u32> {
@@ -160,7 +161,7 @@ pub fn prune(
             kept.push(m);
         } else {
             discard(engine, st, &m.id)?;
-            st.pools.with(&def.name, |s| s.discarded += 1);
+            pools.with(&def.name, |s| s.discarded += 1);
         }
     }
     let extra = surplus(&kept, def.size);
@@ -172,7 +173,7 @@ pub fn prune(
 
 /// One pass over every pool: discards members that died, idled too long or stand beyond the
 /// pool's size ([`prune`]), and adds at most one sandbox to each pool that is short. Returns true while some pool is still short.
-pub fn refill_pass(engine: &Engine, st: &AppState) -> ApiResult<bool> {
+pub fn refill_pass(engine: &Engine, st: &AppState, pools: &Pools) -> ApiResult<bool> {
     let defs = st.db().pools()?;
     if defs.is_empty() {
         return Ok(false);
@@ -180,26 +181,26 @@ pub fn refill_pass(engine: &Engine, st: &AppState) -> ApiResult<bool> {
     let alive = liveness(engine)?;
     let mut short = false;
     for def in defs {
-        if st.pools.with(&def.name, |s| s.retry_at.is_some_and(|t| Instant::now() < t)) {
+        if pools.with(&def.name, |s| s.retry_at.is_some_and(|t| Instant::now() < t)) {
             continue;
         }
-        let ready = prune(engine, st, &def, &alive)?;
+        let ready = prune(engine, st, pools, &def, &alive)?;
         if ready >= def.size {
             continue;
         }
         match fill_one(engine, st, &def) {
             Ok(()) => {
-                st.pools.with(&def.name, |s| {
+                pools.with(&def.name, |s| {
                     s.refills += 1;
                     s.last_error = None;
                     s.retry_at = None;
                 });
-                st.pools.ready.notify_waiters();
+                pools.ready.notify_waiters();
                 short |= ready + 1 < def.size;
             }
             Err(e) => {
                 tracing::warn!("refilling pool {} failed: {e}", def.name);
-                st.pools.with(&def.name, |s| {
+                pools.with(&def.name, |s| {
                     s.last_error = Some(e.message.clone());
                     s.retry_at = Some(Instant::now() + RETRY_AFTER);
                 });
@@ -211,15 +212,16 @@ pub fn refill_pass(engine: &Engine, st: &AppState) -> ApiResult<bool> {
 
 /// Keeps the pools full, forever: a pass whenever a claim or a new pool wakes it, every
 /// [`REFILL_TICK`] otherwise, and pass after pass while a pool is short.
-pub async fn run(st: AppState) {
+pub async fn run(st: AppState, pools: Arc<Pools>) {
     loop {
-        match st.blocking(refill_pass).await {
+        let p = pools.clone();
+        match st.blocking(move |engine, st| refill_pass(engine, st, &p)).await {
             Ok(true) => continue,
             Ok(false) => {}
             Err(e) => tracing::warn!("pool refill failed: {e}"),
         }
         tokio::select! {
-            () = st.pools.wake.notified() => {}
+            () = pools.wake.notified() => {}
             () = tokio::time::sleep(REFILL_TICK) => {}
         }
     }
@@ -279,14 +281,14 @@ pub fn sandbox_memory(id: &str) -> Option<u64> {
 }
 
 /// The pools' lines of `/metrics`: size, ready members, their memory, and the counters.
-pub fn render_metrics(st: &AppState) -> ApiResult<String> {
+pub fn render_metrics(st: &AppState, pools: &Pools) -> ApiResult<String> {
     let mut rows = Vec::new();
     let defs = st.db().pools()?;
     for def in defs {
         let members = st.db().members(&def.name)?;
         let memory: u64 = members.iter().filter_map(|m| sandbox_memory(&m.id)).sum();
         let label = def.name.replace('\\', "\\\\").replace('"', "\\\"");
-        rows.push((label, def.size, members.len(), memory, st.pools.stats(&def.name)));
+        rows.push((label, def.size, members.len(), memory, pools.stats(&def.name)));
     }
     type Row = (String, u32, usize, u64, PoolStats);
     // Each family's values for one pool: extra labels and the value.

@@ -6,13 +6,14 @@
 //! list and the lineage whenever they change. `docs/console.md` describes it.
 
 pub mod origin;
+mod page;
 pub mod session;
 pub mod terminal;
 
-use crate::api::extract::{ApiJson, ApiQuery};
-use crate::api::types::{LineageQuery, ListSandboxes};
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult};
+use crate::extract::ApiJson;
+use crate::ops::types::ListSandboxes;
 use crate::state::AppState;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
@@ -49,26 +50,7 @@ pub fn router() -> Router<AppState> {
 }
 
 async fn asset(body: &'static str, kind: &'static str) -> Response {
-    served(body, kind, CSP, "DENY")
-}
-
-/// A built-in page or asset with its policy (`csp`, `X-Frame-Options: frame`) and the headers
-/// every console answer carries.
-pub(crate) fn served(
-    body: &'static str,
-    kind: &'static str,
-    csp: &'static str,
-    frame: &'static str,
-) -> Response {
-    let mut r = body.into_response();
-    let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(kind));
-    h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(csp));
-    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
-    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static(frame));
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    r
+    page::served(body, kind, CSP, "DENY")
 }
 
 /// The sign-in body.
@@ -173,10 +155,8 @@ async fn sign_out(State(st): State<AppState>, headers: HeaderMap) -> ApiResult<R
 /// The sandbox list and the lineage as JSON, as `GET /v1/sandboxes` and `GET /v1/lineage`
 /// answer them.
 async fn views(st: &AppState) -> ApiResult<(String, String)> {
-    let Json(boxes) =
-        crate::api::sandboxes::list(State(st.clone()), ApiQuery(ListSandboxes::default())).await?;
-    let Json(lineage) =
-        crate::api::system::lineage(State(st.clone()), ApiQuery(LineageQuery::default())).await?;
+    let boxes = crate::ops::sandboxes::list(st, ListSandboxes::default()).await?;
+    let lineage = crate::ops::lineage::lineage(st, None).await?;
     Ok((text(&boxes), text(&lineage)))
 }
 

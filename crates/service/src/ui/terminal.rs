@@ -7,8 +7,6 @@ use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
 
-use crate::state::AppState;
-
 const PAGE: &str = include_str!("../../ui/terminal.html");
 const SCRIPT: &str = include_str!("../../ui/terminal.js");
 const STYLE: &str = include_str!("../../ui/terminal.css");
@@ -23,7 +21,7 @@ pub const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self' '
                        form-action 'self'; frame-ancestors 'self'";
 
 /// The terminal's routes.
-pub fn router() -> Router<AppState> {
+pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
     let js = "text/javascript; charset=utf-8";
     let css = "text/css; charset=utf-8";
     Router::new()
@@ -36,5 +34,5 @@ pub fn router() -> Router<AppState> {
 }
 
 async fn asset(body: &'static str, kind: &'static str) -> Response {
-    super::served(body, kind, CSP, "SAMEORIGIN")
+    super::page::served(body, kind, CSP, "SAMEORIGIN")
 }

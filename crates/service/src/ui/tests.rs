@@ -17,7 +17,7 @@ fn app() -> (tempfile::TempDir, Router) {
     let dir = tempfile::tempdir().unwrap();
     let cfg = ServiceConfig::new(branchbox_core::Config::from_env(Some(dir.path())));
     let st = AppState::open(cfg, Some(crate::auth::Tokens::new([TOKEN]))).unwrap();
-    (dir, crate::api::router(st).0)
+    (dir, crate::serve::router(st, Default::default()).0)
 }
 
 async fn call(

@@ -1,10 +1,11 @@
-//! Typed request parsing with the service's own errors: bodies and queries are parsed into
-//! typed values at the boundary, and every rejection says what was wrong.
+//! Typed request parsing with the service's own errors, for every surface: bodies and queries
+//! are parsed into typed values at the boundary, ids, paths, names, durations and maps are
+//! checked, and every rejection says what was wrong.
 
 use crate::error::ApiError;
 use crate::state::AppState;
 use axum::body::Bytes;
-use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::extract::{FromRef, FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use branchbox_model::SandboxId;
 use serde::de::DeserializeOwned;
@@ -12,11 +13,15 @@ use serde::de::DeserializeOwned;
 /// A JSON body; an empty body reads as `{}` so bodies with only optional fields may be left out.
 pub struct ApiJson<T>(pub T);
 
-impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T>
+where
+    AppState: FromRef<S>,
+{
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, st: &AppState) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(req, st).await.map_err(|e| {
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let st = AppState::from_ref(state);
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
             if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::too_large(format!(
                     "the JSON body is over {} bytes; send less (files go through PUT /v1/sandboxes/{{id}}/files)",
@@ -58,6 +63,13 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
 /// Parses a sandbox id from the URL (400 when it is not one).
 pub fn sandbox_id(s: &str) -> Result<SandboxId, ApiError> {
     SandboxId::parse(s).map_err(|e| ApiError::bad_request("invalid_id", e.to_string()))
+}
+
+/// Parses a process id from the URL (400 when it is not a positive integer).
+pub fn pid(s: &str) -> Result<i32, ApiError> {
+    s.parse::<i32>().ok().filter(|p| *p > 0).ok_or_else(|| {
+        ApiError::bad_request("invalid_id", format!("{s:?} is not a process id (a positive integer)"))
+    })
 }
 
 /// Checks a snapshot reference: an id, or a name under the one naming rule

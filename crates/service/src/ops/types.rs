@@ -1,5 +1,6 @@
-//! What the API sends and receives. The engine's types stay free of HTTP concerns; these are
-//! their wire forms, with the schemas the OpenAPI document is generated from.
+//! What the service's operations take and give, in the native API's wire forms (with the
+//! schemas the OpenAPI document is generated from). The engine's types stay free of HTTP
+//! concerns; the other surfaces (E2B's adapter, the console, pools) convert to and from these.
 
 use crate::db::{OnTimeout, SandboxMeta};
 use crate::error::ErrorDetail;
@@ -206,7 +207,7 @@ pub struct CreateSandbox {
     pub pids: Option<u32>,
     /// A network with this egress policy (docs/network.md). Without it, or
     /// `allow_internet_access`, the sandbox has no network.
-    pub network: Option<crate::api::network::NetworkPolicy>,
+    pub network: Option<super::network::NetworkPolicy>,
     /// E2B's switch: true is `network` `{"mode": "internet"}`, false `{"mode": "deny_all"}`.
     pub allow_internet_access: Option<bool>,
     /// True: the sandbox's exposed ports answer every local user of the host at its `host`
