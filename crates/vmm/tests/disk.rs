@@ -8,8 +8,8 @@ use common::{check, fill, ok};
 
 use branchbox_disk::{LayerError, LayeredBackend, Store};
 use branchbox_virtio::testing::{handshake, notify, DriverQueue};
-use branchbox_vmm::devices::{Action, Bus, BusDevice};
 use branchbox_vmm::disk::DISK_BASE;
+use branchbox_vmm::synthetic::devices::{Action, Bus, BusDevice};
 use branchbox_vmm::{fork, fork_paused, Hypervisor, ShellPool, Snapshot, Vm};
 use std::path::Path;
 use std::sync::Arc;

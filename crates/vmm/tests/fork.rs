@@ -2,7 +2,7 @@
 
 mod common;
 
-use branchbox_vmm::testguest::{self, Command, DATA_BASE};
+use branchbox_vmm::synthetic::testguest::{self, Command, DATA_BASE};
 use branchbox_vmm::{fork, fork_paused, ShellPool, Snapshot, VmConfig};
 
 const PAGE: u64 = 4096;

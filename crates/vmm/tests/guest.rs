@@ -2,7 +2,7 @@
 
 mod common;
 
-use branchbox_vmm::testguest::{self, Command, DATA_BASE};
+use branchbox_vmm::synthetic::testguest::{self, Command, DATA_BASE};
 
 #[test]
 fn test_guest_answers_ping_fill_check_and_count() {

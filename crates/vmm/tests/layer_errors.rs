@@ -3,7 +3,7 @@
 
 mod common;
 
-use branchbox_vmm::testguest::{self, Command, DATA_BASE};
+use branchbox_vmm::synthetic::testguest::{self, Command, DATA_BASE};
 use branchbox_vmm::{Error, Snapshot, Vm, VmConfig};
 use std::io::BufRead;
 use std::os::unix::fs::FileExt;

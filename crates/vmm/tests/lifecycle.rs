@@ -3,7 +3,7 @@
 
 mod common;
 
-use branchbox_vmm::testguest::Command;
+use branchbox_vmm::synthetic::testguest::Command;
 use branchbox_vmm::{collect_garbage, fork, ShellPool, Snapshot, Vm, VmConfig};
 use common::{check, fill, ok, PAGE};
 use std::path::Path;

@@ -5,7 +5,7 @@ mod common;
 
 use branchbox_vmm::process::protocol::{self, ErrorKind, Request, Response, VmState, PROTOCOL_VERSION};
 use branchbox_vmm::process::{spawn, ClientError, VmmPool, VmmProcess};
-use branchbox_vmm::testguest::{Command, DATA_BASE};
+use branchbox_vmm::synthetic::testguest::{Command, DATA_BASE};
 use branchbox_vmm::VmConfig;
 use std::io::{BufRead, Read, Write};
 use std::path::Path;

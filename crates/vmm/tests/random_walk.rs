@@ -3,7 +3,7 @@
 
 mod common;
 
-use branchbox_vmm::testguest::{self, Command, DATA_BASE};
+use branchbox_vmm::synthetic::testguest::{self, Command, DATA_BASE};
 use branchbox_vmm::{fork, fork_live, Checkpoint, ShellPool, Snapshot, Vm, VmConfig};
 use std::path::Path;
 

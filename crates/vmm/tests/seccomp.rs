@@ -8,7 +8,7 @@
 mod common;
 
 use branchbox_vmm::seccomp::{self, Filter, ThreadKind};
-use branchbox_vmm::testguest::{self, Command, DATA_BASE};
+use branchbox_vmm::synthetic::testguest::{self, Command, DATA_BASE};
 use branchbox_vmm::vstate::RunOutcome;
 use std::ffi::CString;
 

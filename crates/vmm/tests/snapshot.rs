@@ -2,7 +2,7 @@
 
 mod common;
 
-use branchbox_vmm::testguest::{self, Command, DATA_BASE};
+use branchbox_vmm::synthetic::testguest::{self, Command, DATA_BASE};
 use branchbox_vmm::vstate::RunOutcome;
 use branchbox_vmm::{Vm, VmConfig};
 use std::time::Duration;

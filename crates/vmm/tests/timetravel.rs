@@ -5,7 +5,7 @@ mod common;
 use common::{check, fill, ok, PAGE};
 
 use branchbox_vmm::snapshot::format;
-use branchbox_vmm::testguest::{self, lcg, Command, DATA_BASE};
+use branchbox_vmm::synthetic::testguest::{self, lcg, Command, DATA_BASE};
 use branchbox_vmm::vstate::RunOutcome;
 use branchbox_vmm::{fork, fork_live, ShellPool, Snapshot, VmConfig};
 use std::time::Duration;

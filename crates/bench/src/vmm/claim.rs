@@ -5,10 +5,10 @@
 use super::host::host_facts;
 use super::warm::{stats, warm_snapshot};
 use crate::report::{Report, Stats};
-use branchbox_vmm::fork::{fork, ShellPool};
 use branchbox_vmm::hypervisor::Hypervisor;
-use branchbox_vmm::testguest::{self, Command, DATA_BASE};
-use branchbox_vmm::vm::Vm;
+use branchbox_vmm::synthetic::fork::{fork, ShellPool};
+use branchbox_vmm::synthetic::testguest::{self, Command, DATA_BASE};
+use branchbox_vmm::synthetic::vm::Vm;
 use branchbox_vmm::{Error, Result};
 use serde_json::json;
 use std::collections::{BTreeMap, VecDeque};

@@ -16,12 +16,12 @@ pub use timetravel::{
 };
 
 use crate::report::{Report, Stats};
-use branchbox_vmm::fork::{fork_with, ShellPool};
 use branchbox_vmm::hypervisor::Hypervisor;
 use branchbox_vmm::memory::GuestRam;
 use branchbox_vmm::snapshot::Snapshot;
-use branchbox_vmm::testguest::{self, Command};
-use branchbox_vmm::vm::Vm;
+use branchbox_vmm::synthetic::fork::{fork_with, ShellPool};
+use branchbox_vmm::synthetic::testguest::{self, Command};
+use branchbox_vmm::synthetic::vm::Vm;
 use branchbox_vmm::{Error, Result};
 use host::{host_facts, kvm, mem};
 use kvm_bindings::kvm_userspace_memory_region;

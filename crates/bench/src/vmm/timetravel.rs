@@ -4,11 +4,11 @@
 use super::host::{host_facts, TempDir, PAGE};
 use crate::report::{Report, Stats};
 use branchbox_vmm::config::VmConfig;
-use branchbox_vmm::fork::{fork, ShellPool};
 use branchbox_vmm::hypervisor::Hypervisor;
 use branchbox_vmm::snapshot::Snapshot;
-use branchbox_vmm::testguest::{self, Command, DATA_BASE};
-use branchbox_vmm::vm::Vm;
+use branchbox_vmm::synthetic::fork::{fork, ShellPool};
+use branchbox_vmm::synthetic::testguest::{self, Command, DATA_BASE};
+use branchbox_vmm::synthetic::vm::Vm;
 use branchbox_vmm::{Error, Result};
 use serde_json::json;
 use std::collections::BTreeMap;

@@ -6,7 +6,7 @@ use super::protocol::{
     Status, PROTOCOL_VERSION,
 };
 use crate::config::VmConfig;
-use crate::testguest::{Answer, Command};
+use crate::synthetic::testguest::{Answer, Command};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};

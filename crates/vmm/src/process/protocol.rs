@@ -14,7 +14,7 @@
 
 use crate::config::VmConfig;
 use crate::linux::NetAttach;
-use crate::testguest::{Answer, Command};
+use crate::synthetic::testguest::{Answer, Command};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};

@@ -21,14 +21,14 @@ use super::protocol::{
     decode, read_frame, write_message, ErrorKind, FrameError, RemoteError, Request, Response, Status,
     VmState, PROTOCOL_VERSION,
 };
-use crate::checkpoint::Checkpoint;
 use crate::config::VmConfig;
 use crate::error::{kvm, Error, Result};
 use crate::hypervisor::Hypervisor;
 use crate::seccomp::{self, ThreadKind};
 use crate::snapshot::Snapshot;
-use crate::testguest::{self, Answer, Command};
-use crate::vm::Vm;
+use crate::synthetic::checkpoint::Checkpoint;
+use crate::synthetic::testguest::{self, Answer, Command};
+use crate::synthetic::vm::Vm;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;

@@ -188,7 +188,7 @@ struct StateV3 {
     vm: crate::vstate::VmState,
     vcpus: Vec<crate::vstate::VcpuState>,
     memory: crate::memory::MemoryState,
-    doorbells: Vec<crate::devices::Placed<crate::devices::doorbell::DoorbellState>>,
+    doorbells: Vec<crate::synthetic::devices::Placed<crate::synthetic::devices::doorbell::DoorbellState>>,
 }
 
 impl From<StateV3> for MachineState {
@@ -198,7 +198,7 @@ impl From<StateV3> for MachineState {
             vm: v3.vm,
             vcpus: v3.vcpus,
             memory: v3.memory,
-            devices: crate::devices::DeviceStates { doorbells: v3.doorbells, blocks: Vec::new() },
+            devices: crate::synthetic::devices::DeviceStates { doorbells: v3.doorbells, blocks: Vec::new() },
             disk: None,
         }
     }
@@ -285,10 +285,10 @@ pub(crate) fn read_bounded(path: &Path) -> Result<Vec<u8>> {
 pub(crate) mod tests {
     use super::*;
     use crate::config::VmConfig;
-    use crate::devices::{doorbell::DoorbellState, DeviceStates, Placed};
     use crate::disk::DiskRef;
     use crate::memory::layers::{LayerKind, LayerRef};
     use crate::memory::MemoryState;
+    use crate::synthetic::devices::{doorbell::DoorbellState, DeviceStates, Placed};
     use crate::vstate::{VcpuState, VmState};
     use proptest::prelude::*;
 

@@ -3,9 +3,9 @@
 //! names the parts, so it depends on them and never the reverse.
 
 use crate::config::VmConfig;
-use crate::devices::DeviceStates;
 use crate::disk::DiskRef;
 use crate::memory::MemoryState;
+use crate::synthetic::devices::DeviceStates;
 use crate::vstate::{VcpuState, VmState};
 use serde::{Deserialize, Serialize};
 

@@ -2,7 +2,7 @@
 
 #![allow(dead_code)]
 
-use branchbox_vmm::testguest::{self, Command, DATA_BASE};
+use branchbox_vmm::synthetic::testguest::{self, Command, DATA_BASE};
 use branchbox_vmm::{Hypervisor, Vm, VmConfig};
 use std::sync::Arc;
 

@@ -12,7 +12,7 @@ use crate::config::VmConfig;
 use crate::error::{Error, Result};
 use crate::hypervisor::Hypervisor;
 use crate::snapshot::Snapshot;
-use crate::vm::Vm;
+use crate::synthetic::vm::Vm;
 use branchbox_disk::LayeredBackend;
 use branchbox_persist::RestoreError;
 use std::path::Path;

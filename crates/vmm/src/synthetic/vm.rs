@@ -4,8 +4,6 @@
 //! then the in-kernel irqchip and PIT, then vCPUs.
 
 use crate::config::VmConfig;
-use crate::devices::doorbell::{DoorbellState, DOORBELL_BASE, DOORBELL_LEN};
-use crate::devices::{Bus, DeviceStates, Devices};
 use crate::disk::{self, Disk, DiskError, DiskMemory, DiskRef, DISK_BASE, DISK_LEN};
 use crate::error::{kvm, Error, Result};
 use crate::hypervisor::Hypervisor;
@@ -13,6 +11,8 @@ use crate::memory::layers::{Chain, LayerRef};
 use crate::memory::lineage::Lineage;
 use crate::memory::GuestRam;
 use crate::snapshot::{format, MachineState, Snapshot};
+use crate::synthetic::devices::doorbell::{DoorbellState, DOORBELL_BASE, DOORBELL_LEN};
+use crate::synthetic::devices::{Bus, DeviceStates, Devices};
 use crate::vstate::{PauseHandle, RunOutcome, Vcpu, VcpuState, VmCore, VmState};
 use branchbox_persist::{NoContext, Snapshottable};
 use kvm_bindings::kvm_userspace_memory_region;

@@ -14,7 +14,6 @@
 
 use crate::disk::{DiskError, DiskRef, SnapshotDisk};
 use crate::error::{Error, Result};
-use crate::fork::{fork, ShellPool};
 use crate::memory::dirty;
 use crate::memory::layers::delta::{data_offset, encode_header, index_bytes, DeltaHeader};
 use crate::memory::layers::plan::{rollback_plan, RemapOp};
@@ -25,7 +24,8 @@ use crate::memory::PAGE_SIZE;
 use crate::memory::{new_layer_name, write_atomic};
 use crate::snapshot::lifecycle::DirLock;
 use crate::snapshot::{format, state_file_name, valid_name, MachineState, Snapshot, DEFAULT_NAME};
-use crate::vm::{CpuState, Vm};
+use crate::synthetic::fork::{fork, ShellPool};
+use crate::synthetic::vm::{CpuState, Vm};
 use branchbox_persist::Snapshottable;
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};

@@ -21,9 +21,9 @@
 
 mod code;
 
-use crate::devices::doorbell::DOORBELL_BASE;
 use crate::error::{Error, Result};
-use crate::vm::Vm;
+use crate::synthetic::devices::doorbell::DOORBELL_BASE;
+use crate::synthetic::vm::Vm;
 use crate::vstate::RunOutcome;
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 use serde::{Deserialize, Serialize};
