@@ -41,7 +41,7 @@ fn paused_vm_resumes_where_it_stopped() {
     std::thread::sleep(std::time::Duration::from_millis(20));
     pause.request_pause();
     let (mut vm, outcome) = runner.join().unwrap();
-    assert_eq!(outcome.unwrap(), branchbox_vmm::vstate::RunOutcome::Paused);
+    assert_eq!(outcome.unwrap(), branchbox_vmm::synthetic::vcpu::RunOutcome::Paused);
     let a = testguest::wait_answer(&mut vm).unwrap();
     assert_eq!((a.status, a.a, a.b), (0, testguest::lcg(3, iterations), iterations));
 }

@@ -9,7 +9,7 @@ mod common;
 
 use branchbox_vmm::seccomp::{self, Filter, ThreadKind};
 use branchbox_vmm::synthetic::testguest::{self, Command, DATA_BASE};
-use branchbox_vmm::vstate::RunOutcome;
+use branchbox_vmm::synthetic::vcpu::RunOutcome;
 use std::ffi::CString;
 
 /// Steps a child reported and the signal that ended it (`None`: it exited by itself).

@@ -3,7 +3,7 @@
 mod common;
 
 use branchbox_vmm::synthetic::testguest::{self, Command, DATA_BASE};
-use branchbox_vmm::vstate::RunOutcome;
+use branchbox_vmm::synthetic::vcpu::RunOutcome;
 use branchbox_vmm::{Vm, VmConfig};
 use std::time::Duration;
 

@@ -6,7 +6,7 @@ use common::{check, fill, ok, PAGE};
 
 use branchbox_vmm::snapshot::format;
 use branchbox_vmm::synthetic::testguest::{self, lcg, Command, DATA_BASE};
-use branchbox_vmm::vstate::RunOutcome;
+use branchbox_vmm::synthetic::vcpu::RunOutcome;
 use branchbox_vmm::{fork, fork_live, ShellPool, Snapshot, VmConfig};
 use std::time::Duration;
 

@@ -3,7 +3,8 @@
 //! on hosts without hardware virtualization (PVM), where a Linux kernel cannot boot.
 //!
 //! [`vm::Vm`] composes the KVM VM, guest RAM ([`memory`](crate::memory)), the vCPUs and the
-//! devices of [`devices`] (the doorbell, an optional virtio-blk disk); [`checkpoint`] is its
+//! devices of [`devices`] (the doorbell, an optional virtio-blk disk), and runs its
+//! [`vcpu`]; [`checkpoint`] is its
 //! snapshot, checkpoint, rollback and live branch; [`fork`] makes many VMs of one snapshot;
 //! [`testguest`] is the guest's code and mailbox protocol. The tests and benchmarks of the
 //! monitor drive it; the VMM process (`process`) serves it beside Linux guests.
@@ -12,4 +13,5 @@ pub mod checkpoint;
 pub mod devices;
 pub mod fork;
 pub mod testguest;
+pub mod vcpu;
 pub mod vm;

@@ -64,7 +64,7 @@ impl Default for PauseHandle {
 }
 
 impl PauseHandle {
-    /// Asks the vCPU to stop: its run loop returns [`RunOutcome::Paused`](super::RunOutcome)
+    /// Asks the vCPU to stop: its run loop returns `RunOutcome::Paused`
     /// promptly if it is running, or as soon as it is next run.
     pub fn request_pause(&self) {
         self.0.requested.store(true, Ordering::SeqCst);

@@ -1,9 +1,10 @@
-//! KVM state wrappers: a vCPU with its run loop and saved state, and the VM-wide state.
+//! KVM state wrappers both guests' VMs use: a vCPU's saved state, the VM-wide state, and
+//! pausing a vCPU that is inside `KVM_RUN`.
 
 mod kick;
 mod vcpu;
 mod vm;
 
 pub use kick::PauseHandle;
-pub use vcpu::{restore_vcpu, save_vcpu, RunOutcome, Vcpu, VcpuState};
+pub use vcpu::{restore_vcpu, save_vcpu, VcpuState};
 pub use vm::{restore_vm, save_vm, IrqchipState, VmCore, VmState};

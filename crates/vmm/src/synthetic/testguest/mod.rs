@@ -23,8 +23,8 @@ mod code;
 
 use crate::error::{Error, Result};
 use crate::synthetic::devices::doorbell::DOORBELL_BASE;
+use crate::synthetic::vcpu::RunOutcome;
 use crate::synthetic::vm::Vm;
-use crate::vstate::RunOutcome;
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 use serde::{Deserialize, Serialize};
 
