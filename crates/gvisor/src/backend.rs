@@ -276,6 +276,19 @@ impl GvisorBackend {
         crate::hostcg::remove_all(id.as_str());
     }
 
+    /// Stops every process of sandbox `id`, which has no record (reconciliation, gc), and
+    /// removes its directory `dir`. The shim goes first, so it starts nothing more; runsc
+    /// processes it had started but runsc had not yet registered are killed by command line,
+    /// and what runsc registered meanwhile is destroyed.
+    pub fn reap(&self, id: &SandboxId, dir: &Path) -> Result<()> {
+        crate::reap::kill_runtime(id, true);
+        self.destroy(id, dir)?;
+        if crate::reap::kill_runtime(id, false) > 0 {
+            self.destroy(id, dir)?;
+        }
+        Ok(())
+    }
+
     fn thaw_child(&self, plan: &SandboxPlan) -> Result<HookReport> {
         let mut conn = self.connect(&plan.dir)?;
         conn.after_fork(plan.id.as_str(), &plan.hostname).map_err(|e| {

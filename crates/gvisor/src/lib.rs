@@ -14,6 +14,7 @@ pub mod control;
 pub mod floor;
 pub mod hostcg;
 pub mod network;
+mod reap;
 pub mod runsc;
 pub mod shells;
 pub mod shim;

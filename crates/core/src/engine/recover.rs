@@ -20,7 +20,7 @@
 //! mistaken for a crash's leftovers, and a reconciliation never waits behind a long fork.
 //! Every reconciliation that changed something appends one JSON line to `<data>/audit.log`.
 
-use super::records::{append_audit, end_reason, read_intent, read_small};
+use super::records::{append_audit, end_reason, read_intent};
 use super::{DataLock, Engine};
 use branchbox_model::{now_ms, Backend, Error, Result, SandboxId, SandboxState, Snapshot, SnapshotId};
 use serde::Serialize;
@@ -78,32 +78,6 @@ fn names(dir: &Path) -> Vec<String> {
         .unwrap_or_default();
     v.sort();
     v
-}
-
-/// SIGKILLs every runtime process of sandbox `id` (its shim, runsc and runsc's sandbox and
-/// gofer), found by their command lines; returns how many were signalled.
-fn kill_runtime(id: &SandboxId, shim_only: bool) -> usize {
-    let me = std::process::id().to_string();
-    let mut n = 0;
-    for pid in names(Path::new("/proc")).into_iter().filter(|p| p.bytes().all(|b| b.is_ascii_digit())) {
-        if pid == me {
-            continue;
-        }
-        let Some(cmd) = read_small(&Path::new("/proc").join(&pid).join("cmdline")) else { continue };
-        let argv0 = cmd.split(|b| *b == 0).next().unwrap_or_default();
-        let prog = argv0.rsplit(|b| *b == b'/').next().unwrap_or_default();
-        let is_shim = prog.starts_with(b"branchbox-shim");
-        let ours = if shim_only { is_shim } else { is_shim || prog.starts_with(b"runsc") };
-        let names_it = cmd.windows(id.as_str().len()).any(|w| w == id.as_str().as_bytes());
-        if ours && names_it {
-            if let Ok(p) = pid.parse::<i32>() {
-                // SAFETY: a runtime process of this sandbox only (checked by its command line).
-                unsafe { libc::kill(p, libc::SIGKILL) };
-                n += 1;
-            }
-        }
-    }
-    n
 }
 
 impl Engine {
@@ -209,17 +183,10 @@ impl Engine {
         conn.info().is_ok_and(|i| i.sandbox_id == id.as_str())
     }
 
-    /// Stops every process an unrecorded sandbox has and removes its directory. The shim goes
-    /// first, so it starts nothing more; runsc processes it had started but runsc had not yet
-    /// registered are killed by command line, and what runsc registered meanwhile is destroyed.
+    /// Stops every process an unrecorded sandbox has and removes its directory
+    /// ([`GvisorBackend::reap`](branchbox_gvisor::GvisorBackend::reap)).
     pub(crate) fn reap(&self, id: &SandboxId) -> Result<()> {
-        let dir = self.sandbox_dir(id);
-        kill_runtime(id, true);
-        self.gvisor.destroy(id, &dir)?;
-        if kill_runtime(id, false) > 0 {
-            self.gvisor.destroy(id, &dir)?;
-        }
-        Ok(())
+        self.gvisor.reap(id, &self.sandbox_dir(id))
     }
 
     /// Appends one JSON line to `<data>/audit.log`. The audit is a record, not a precondition:
