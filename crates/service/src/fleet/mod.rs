@@ -8,8 +8,12 @@
 //! The peers file is JSON, `{"peers": [{"name": "n3", "url": "http://10.0.0.3:7420", "token":
 //! "..."}]}`, mode 0600, re-read when it changes (the fleet's node actor rewrites it as nodes
 //! come and go).
+//!
+//! [`remote`] serves the chunks of the snapshots this node holds to its peers, and pushes and
+//! pulls snapshots through the API, a pull asking a peer before the store.
 
 pub mod forward;
+pub mod remote;
 
 pub use forward::forward;
 
