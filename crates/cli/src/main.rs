@@ -2,6 +2,7 @@
 
 mod args;
 mod bench;
+mod challenge;
 mod commands;
 mod download;
 mod files;

@@ -70,7 +70,9 @@ fn checked_peer(url: &str) -> Result<std::result::Result<Peer, String>> {
     // A malformed address or token is the caller's mistake, not the peer's.
     let peer = Peer::new(url, token.clone())?;
     if let Some(t) = &token {
-        if let Err(why) = crate::remote::verify_peer(peer.url(), t) {
+        let agent = ureq::AgentBuilder::new().timeout_connect(std::time::Duration::from_secs(3)).build();
+        let listen = peer.url().strip_prefix("http://");
+        if let Err(why) = crate::challenge::verify(&agent, peer.url(), t, listen) {
             return Ok(Err(format!(
                 "peer {} was not asked (its token was not sent to it): {why}",
                 peer.url()
