@@ -23,6 +23,8 @@
 pub mod envd;
 pub mod files;
 pub mod follow;
+pub mod metrics;
+pub mod network;
 pub mod rest;
 mod routes;
 pub mod terminals;

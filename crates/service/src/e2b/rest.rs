@@ -46,6 +46,8 @@ pub fn router() -> Router<AppState> {
         .route("/snapshots", get(list_snapshots))
         .route("/templates", get(templates))
         .route("/templates/{id}", axum::routing::delete(delete_snapshot))
+        .merge(super::metrics::routes())
+        .merge(super::network::routes())
         .fallback(|| async {
             E2bError(ApiError::not_found(
                 "branchboxd does not serve this part of E2B's API; docs/e2b.md lists what it serves",
