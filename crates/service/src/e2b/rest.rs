@@ -188,12 +188,7 @@ async fn create(
     raw: Bytes,
 ) -> E2bResult<Response> {
     let req: NewSandbox = body(&raw)?;
-    for (what, given) in [
-        ("mcp", &req.mcp),
-        ("network", &req.network),
-        ("volumeMounts", &req.volume_mounts),
-        ("iam", &req.iam),
-    ] {
+    for (what, given) in [("mcp", &req.mcp), ("volumeMounts", &req.volume_mounts), ("iam", &req.iam)] {
         if given.as_ref().is_some_and(|v| !v.is_null()) {
             return Err(not_served(what));
         }
@@ -220,7 +215,8 @@ async fn create(
         None => (None, None),
     };
     // A sandbox made from a snapshot keeps the snapshot's network.
-    let allow_internet_access = req.allow_internet_access.filter(|_| snapshot_id.is_none());
+    let network =
+        super::network::on_create(req.network.as_ref(), req.allow_internet_access, snapshot_id.is_some())?;
     let ours = CreateSandbox {
         template,
         snapshot_id,
@@ -228,7 +224,7 @@ async fn create(
         on_timeout: req.auto_pause.map(|p| if p { OnTimeout::Pause } else { OnTimeout::Kill }),
         metadata: req.metadata,
         envs: req.env_vars,
-        allow_internet_access,
+        network: network.as_ref().map(crate::ops::network::NetworkPolicy::of),
         ..Default::default()
     };
     let (info, note) = ops::create(&st, caller, ours).await?;
