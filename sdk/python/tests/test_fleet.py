@@ -1,7 +1,8 @@
 """branchbox on Ray (docs/fleet.md): a real Ray cluster of a head and three workers on
 127.0.0.2-127.0.0.5, one node actor and one branchboxd (own data directory, own address) per
 node, the detached directory actor; routing, node loss, the directory's restart, RL episodes
-with reset, and the fork across nodes through S3 (when `branchbox remote` exists)."""
+with reset, and the fork across nodes, pulled from the source node's branchboxd first and S3
+second (when `branchbox remote` exists)."""
 
 from __future__ import annotations
 
@@ -340,7 +341,11 @@ def test_fork_of_4_from_node3_places_2_on_node3_and_2_on_node4(fc, fleet):
         try:
             assert res.placement() == {"n3": 2, "n4": 2}
             assert res.push is not None and res.push["chunks"] > 0
-            assert res.pulls["n4"]["fetched_bytes"] > 0
+            # One transfer to n4, every chunk from n3's branchboxd (none from S3, no read of
+            # n3's data directory).
+            pull = res.pulls["n4"]
+            assert pull["peer_bytes"] > 0 and pull["s3_bytes"] == 0 and pull["peer_error"] is None, pull
+            assert pull["fetched_bytes"] == pull["peer_bytes"], pull
             for node, k in res.children:
                 assert fleet.node_of(k) == node
                 assert k.files.read("/home/user/state") == "source"
@@ -415,8 +420,10 @@ def test_snapshot_pushed_by_lost_node4_restores_on_node5(fc, fleet):
     remote_id = fc.get("pushed_from_n4")
     assert remote_id, "the node-loss test did not push a snapshot from n4"
     assert fleet.node("n4").state == "lost" and fleet.holders(remote_id) == []
-    pulled = fleet.pull("n5", remote_id)
-    assert pulled["fetched_bytes"] > 0
+    # n4 held it but is gone: asked first, it fails, and every chunk comes from S3.
+    pulled = fleet.pull("n5", remote_id, peer="n4")
+    assert pulled["fetched_bytes"] > 0 and pulled["s3_bytes"] == pulled["fetched_bytes"], pulled
+    assert pulled["peer_bytes"] == 0 and "127.0.0.4" in (pulled["peer_error"] or ""), pulled
     with fleet.create(node="n5", snapshot_id=str(pulled["snapshot"])) as sbx:
         assert sbx.files.read("/home/user/state") == "pushed from n4"
     assert fleet.holders(remote_id) == ["n5"]

@@ -1,7 +1,8 @@
 """`Fleet`: the client side of branchbox on Ray. It starts the node actors and the directory,
 places sandboxes, hands out `branchbox.Sandbox` objects bound to the owning node's branchboxd,
 and forks across nodes (the source's node first, then one share per other node, each fed by
-one push of the source snapshot to S3 and one pull on that node)."""
+one push of the source snapshot to S3 and one pull on that node, from the source node's
+branchboxd first and S3 second)."""
 
 from __future__ import annotations
 
@@ -244,9 +245,16 @@ class Fleet:
         self._get(self.directory.add_snapshot.remote(str(out["snapshot"]), node))
         return out
 
-    def pull(self, node: str, snapshot_id: str) -> Dict[str, Any]:
-        """Pulls pushed snapshot `snapshot_id` into `node`'s data directory."""
-        out = self._get_long(self.node_actor(node).pull.remote(snapshot_id))
+    def pull(self, node: str, snapshot_id: str, peer: Optional[str] = None) -> Dict[str, Any]:
+        """Pulls pushed snapshot `snapshot_id` into `node`'s data directory. With `peer` (a node
+        that holds it), each chunk is fetched from that node's branchboxd first and from S3
+        when the peer fails; the answer counts `peer_bytes` and `s3_bytes`."""
+        if peer is not None and peer != node:
+            p = self.node(peer)
+            ref = self.node_actor(node).pull.remote(snapshot_id, p.url, p.token)
+        else:
+            ref = self.node_actor(node).pull.remote(snapshot_id)
+        out = self._get_long(ref)
         self._get(self.directory.add_snapshot.remote(str(out["snapshot"]), node))
         return out
 
@@ -256,11 +264,12 @@ class Fleet:
 
     def spread(self, snapshot: str, source: str, nodes: Sequence[str]) -> Dict[str, str]:
         """Makes `snapshot` of node `source` available on `nodes`: one push, one pull on each
-        (side by side). Returns each node's id for it, `source` included (for `run_episodes`)."""
+        (side by side, from `source` first, S3 second). Returns each node's id for it, `source`
+        included (for `run_episodes`)."""
         pushed = str(self.push(source, snapshot)["snapshot"])
         out = {source: snapshot}
         with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
-            for node, got in zip(nodes, pool.map(lambda n: self.pull(n, pushed), nodes)):
+            for node, got in zip(nodes, pool.map(lambda n: self.pull(n, pushed, peer=source), nodes)):
                 out[node] = str(got["snapshot"])
         return out
 
@@ -278,8 +287,9 @@ class Fleet:
         (or `local`), by today's local fork; the rest are shared out over the other alive nodes
         (or `nodes`), those that hold the source's parent snapshot (so most of its chunks)
         first, then those with the most room, one share per node: one push
-        of a snapshot of the source to S3, one pull on each of those nodes, then local forks
-        there. Raises when a child cannot be placed."""
+        of a snapshot of the source to S3, one pull on each of those nodes (each chunk from the
+        source node's branchboxd first, S3 second), then local forks there. Raises when a child
+        cannot be placed."""
         t0 = time.monotonic()
         sid = sandbox if isinstance(sandbox, str) else sandbox.sandbox_id
         src_name = self.node_of(sid)
@@ -304,7 +314,7 @@ class Fleet:
         remote_id = str(result.push["snapshot"])
 
         def place(node: str, share: int) -> List[Tuple[str, Sandbox]]:
-            result.pulls[node] = self.pull(node, remote_id)
+            result.pulls[node] = self.pull(node, remote_id, peer=src_name)
             first = self.create(node=node, snapshot_id=str(result.pulls[node]["snapshot"]))
             kids = [(node, first)]
             if share > 1:

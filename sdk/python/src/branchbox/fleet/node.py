@@ -1,7 +1,8 @@
 """The node actor: one per Ray node. It starts that node's branchboxd (its own data directory,
 listening on the node's address), restarts it when it dies, sends the directory a heartbeat
 with the node's address, capacity and sandboxes, and runs the `branchbox remote push/pull`
-commands that move snapshots through S3 to and from its data directory.
+commands that move snapshots through S3 to and from its data directory (a pull asking the
+source node's branchboxd for each chunk first).
 """
 
 from __future__ import annotations
@@ -207,9 +208,9 @@ class Node:
     def branchboxd_pid(self) -> Optional[int]:
         return self._proc.pid if self._proc else None
 
-    def _cli(self, *args: str, timeout: float = 600) -> Dict[str, Any]:
+    def _cli(self, *args: str, timeout: float = 600, env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
         cmd = [str(self.cli), "--data-dir", str(self.data_dir), *args, "--json"]
-        p = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(cmd, env={**self.env, **(env or {})}, capture_output=True, text=True, timeout=timeout)
         if p.returncode != 0:
             raise RuntimeError(f"node {self.name}: `{' '.join(cmd[1:])}` failed ({p.returncode}): {p.stderr[-2000:]}")
         return json.loads(p.stdout)
@@ -220,9 +221,15 @@ class Node:
         self.snapshots.add(str(out["snapshot"]))
         return out
 
-    def pull(self, snapshot_id: str) -> Dict[str, Any]:
-        """`branchbox remote pull SNAPSHOT_ID` into this node's data directory."""
-        out = self._cli("remote", "pull", snapshot_id)
+    def pull(self, snapshot_id: str, peer_url: Optional[str] = None, peer_token: Optional[str] = None) -> Dict[str, Any]:
+        """`branchbox remote pull SNAPSHOT_ID` into this node's data directory; with `peer_url`,
+        each chunk is asked of that node's branchboxd (its token in BRANCHBOX_PEER_TOKEN, never
+        on the command line) before S3."""
+        if peer_url:
+            out = self._cli("remote", "pull", snapshot_id, "--peer", peer_url,
+                            env={"BRANCHBOX_PEER_TOKEN": peer_token or ""})
+        else:
+            out = self._cli("remote", "pull", snapshot_id)
         self.snapshots.add(str(out["snapshot"]))
         return out
 
