@@ -31,9 +31,6 @@ type E2bResult<T> = Result<T, E2bError>;
 /// Most DNS servers one policy names (E2B's own bound).
 const MAX_DNS_SERVERS: usize = 10;
 
-/// The name server E2B opens when `allowOut` holds a domain and `dnsServers` is left out.
-const E2B_DEFAULT_DNS: Ipv4Addr = Ipv4Addr::new(8, 8, 8, 8);
-
 /// The routes under [`super::PREFIX`] this module serves.
 pub fn routes() -> Router<AppState> {
     Router::new().route("/sandboxes/{id}/network", put(update))
@@ -161,7 +158,9 @@ impl Rules {
             .collect::<E2bResult<_>>()?;
         let allowed = AllowList::parse(self.allow_out.as_deref().unwrap_or_default())
             .map_err(|e| bad("network allowOut", e))?;
-        // E2B opens its name servers only for an allowOut that holds a domain.
+        // E2B opens its name servers only for an allowOut that holds a domain. Unlike E2B, none
+        // is opened unless named: the sandbox's own resolver answers for the listed names, and
+        // an open server address is a way out on every port, not only DNS's.
         let servers = self.dns_servers()?;
         let dns: Vec<Cidr> = if allowed.hosts().is_empty() { Vec::new() } else { servers };
         if deny_everything || denied.iter().any(|c| c.prefix_len() == 0) {
@@ -200,9 +199,9 @@ impl Rules {
         Ok(Egress::Internet)
     }
 
-    /// `dnsServers` (each one address), or E2B's default when it is left out.
+    /// `dnsServers` (each one address); none when it is left out (E2B opens 8.8.8.8 then).
     fn dns_servers(&self) -> E2bResult<Vec<Cidr>> {
-        let Some(given) = &self.dns_servers else { return Ok(vec![host(E2B_DEFAULT_DNS)?]) };
+        let Some(given) = &self.dns_servers else { return Ok(Vec::new()) };
         if given.len() > MAX_DNS_SERVERS {
             return Err(bad(
                 "network dnsServers",
@@ -297,9 +296,9 @@ mod tests {
     }
 
     #[test]
-    fn a_listed_domain_opens_e2bs_name_servers_as_on_e2b() {
+    fn a_listed_domain_opens_only_the_name_servers_named() {
         let v = json!({"allowOut": ["pypi.org"], "denyOut": ["0.0.0.0/0"]});
-        assert_eq!(create(v, None).unwrap(), Some(list(&["8.8.8.8/32", "pypi.org"])));
+        assert_eq!(create(v, None).unwrap(), Some(list(&["pypi.org"])), "no 8.8.8.8 unless named");
         let v = json!({"allowOut": ["pypi.org"], "denyOut": ["0.0.0.0/0"], "dnsServers": ["192.0.2.53"]});
         assert_eq!(create(v, None).unwrap(), Some(list(&["192.0.2.53/32", "pypi.org"])));
         let v = json!({"allowOut": ["pypi.org"], "denyOut": ["0.0.0.0/0"], "dnsServers": []});
