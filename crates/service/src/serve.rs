@@ -14,7 +14,7 @@
 use crate::api::ApiState;
 use crate::error::ApiError;
 use crate::guard::Guard;
-use crate::layers::count;
+use crate::middleware::count;
 use crate::pool::Pools;
 use crate::state::AppState;
 use axum::http::StatusCode;

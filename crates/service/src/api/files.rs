@@ -4,7 +4,7 @@
 
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::extract::{account_name, sandbox_id, sandbox_path, ApiJson, ApiQuery};
-use crate::layers::AuditNote;
+use crate::middleware::AuditNote;
 use crate::ops::files::read_as;
 use crate::ops::types::*;
 use crate::state::AppState;

@@ -2,7 +2,7 @@
 //! collection itself (POST), which reconciles first (see `branchbox_core::gc`).
 
 use crate::error::{ApiResult, ErrorBody};
-use crate::layers::AuditNote;
+use crate::middleware::AuditNote;
 use crate::state::AppState;
 use axum::extract::State;
 use axum::http::StatusCode;

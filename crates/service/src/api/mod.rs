@@ -28,7 +28,7 @@ pub mod udp;
 
 use self::diff::FileCache;
 use crate::error::ErrorBody;
-use crate::layers::{audit, authenticate, time_limit};
+use crate::middleware::{audit, authenticate, time_limit};
 use crate::pool::Pools;
 use crate::state::AppState;
 use axum::extract::FromRef;

@@ -4,7 +4,7 @@ use crate::auth::Caller;
 use crate::db::OnTimeout;
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::extract::{sandbox_path, seconds, snapshot_ref, ApiJson};
-use crate::layers::AuditNote;
+use crate::middleware::AuditNote;
 use crate::ops::sandboxes::client_meta;
 use crate::pool::claim::{ClaimSpec, Claimed, FileData};
 use crate::pool::{self, PoolDef, Pools};

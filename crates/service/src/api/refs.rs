@@ -2,7 +2,7 @@
 
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::extract::{snapshot_ref, ApiJson};
-use crate::layers::AuditNote;
+use crate::middleware::AuditNote;
 use crate::state::AppState;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;

@@ -5,7 +5,7 @@
 use crate::auth::Caller;
 use crate::error::{ApiResult, ErrorBody};
 use crate::extract::{sandbox_id, ApiJson, ApiQuery};
-use crate::layers::AuditNote;
+use crate::middleware::AuditNote;
 use crate::ops::sandboxes as ops;
 use crate::ops::types::*;
 use crate::state::AppState;

@@ -2,7 +2,7 @@
 
 use crate::error::{ApiResult, ErrorBody};
 use crate::extract::{sandbox_id, snapshot_ref, ApiJson, ApiQuery};
-use crate::layers::AuditNote;
+use crate::middleware::AuditNote;
 use crate::ops::sandboxes::info;
 use crate::ops::snapshots as ops;
 use crate::ops::types::*;

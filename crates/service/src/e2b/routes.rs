@@ -8,7 +8,7 @@ use super::watch::Watchers;
 use super::{envd, files, follow, header, rest, watch, E2bError, PresentedKey, PREFIX};
 use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::layers::AuditNote;
+use crate::middleware::AuditNote;
 use crate::state::AppState;
 use axum::extract::{FromRef, Request, State};
 use axum::http::StatusCode;
@@ -101,7 +101,7 @@ async fn api_key(State(st): State<AppState>, mut req: Request, next: Next) -> Re
 /// The routes under [`PREFIX`], with their authentication and the audit log. As on `/v1`, the
 /// audit layer runs inside authentication, so each record names the caller's token.
 pub fn router(st: AppState) -> Router {
-    let audit = from_fn_with_state(st.clone(), crate::layers::audit);
+    let audit = from_fn_with_state(st.clone(), crate::middleware::audit);
     let control = rest::router()
         .layer(axum::middleware::from_fn(note_sandbox))
         .layer(audit.clone())

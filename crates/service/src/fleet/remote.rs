@@ -9,7 +9,7 @@
 use super::Fleet;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{snapshot_ref, ApiJson};
-use crate::layers::{audit, authenticate, AuditNote};
+use crate::middleware::{audit, authenticate, AuditNote};
 use crate::AppState;
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};

@@ -9,7 +9,7 @@ use crate::auth::Caller;
 use crate::db::{OnTimeout, SandboxMeta};
 use crate::error::{ApiError, ApiResult, ErrorDetail};
 use crate::extract::{check_map, seconds, snapshot_ref};
-use crate::layers::AuditNote;
+use crate::middleware::AuditNote;
 use crate::state::AppState;
 use axum::http::StatusCode;
 use branchbox_core::{BackendChoice, Engine};

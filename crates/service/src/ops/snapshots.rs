@@ -3,7 +3,7 @@
 
 use super::types::SnapshotInfo;
 use crate::error::ApiResult;
-use crate::layers::AuditNote;
+use crate::middleware::AuditNote;
 use crate::state::AppState;
 use branchbox_core::SnapshotOptions;
 use branchbox_model::{SandboxId, SnapshotKind};
