@@ -7,6 +7,7 @@ loopback; the tests skip when it is not installed."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -16,7 +17,7 @@ from typing import Dict, Iterator
 import httpx
 import pytest
 
-from branchbox import Sandbox
+from branchbox import AsyncSandbox, Sandbox
 from branchbox.exceptions import BranchboxError
 
 from conftest import _serve
@@ -72,8 +73,9 @@ def test_pushed_through_the_api_pulled_from_a_peer_and_from_s3_alone(workdir: Pa
 
             from_s3 = Sandbox.pull_snapshot(snap, **c.sdk())
             assert from_s3["peer_bytes"] == 0 and from_s3["s3_bytes"] == from_peer["peer_bytes"], from_s3
-            # Pulled already: nothing travels again.
-            assert Sandbox.pull_snapshot(snap, peer="a", **b.sdk())["fetched_bytes"] == 0
+            # Pulled already: nothing travels again (asked through the async SDK this time).
+            assert asyncio.run(AsyncSandbox.pull_snapshot(snap, peer="a", **b.sdk()))["fetched_bytes"] == 0
+            assert asyncio.run(AsyncSandbox.push_snapshot(snap, **a.sdk()))["sent_bytes"] == 0
 
             for svc in (b, c):
                 with Sandbox.create(snapshot_id=snap, timeout=600, **svc.sdk()) as sbx:

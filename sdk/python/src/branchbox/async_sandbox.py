@@ -441,6 +441,26 @@ class AsyncSandbox:
         return cls(sandbox_id, _AsyncHttp(ConnectionConfig.resolve(api_url, _compat.token_of(api_key, token))))
 
     @classmethod
+    async def push_snapshot(cls, snapshot: str, *, api_url: Optional[str] = None,
+                            token: Optional[str] = None) -> Dict[str, Any]:
+        """As `Sandbox.push_snapshot`."""
+        http = _AsyncHttp(ConnectionConfig.resolve(api_url, token))
+        try:
+            return (await http.call(_api.push_snapshot(snapshot))).json()
+        finally:
+            await http.client.aclose()
+
+    @classmethod
+    async def pull_snapshot(cls, snapshot_id: str, peer: Optional[str] = None, *,
+                            api_url: Optional[str] = None, token: Optional[str] = None) -> Dict[str, Any]:
+        """As `Sandbox.pull_snapshot`."""
+        http = _AsyncHttp(ConnectionConfig.resolve(api_url, token))
+        try:
+            return (await http.call(_api.pull_snapshot(snapshot_id, peer))).json()
+        finally:
+            await http.client.aclose()
+
+    @classmethod
     async def gc(cls, dry_run: bool = False, *, api_url: Optional[str] = None,
                  token: Optional[str] = None) -> GcReport:
         """As `Sandbox.gc`."""
