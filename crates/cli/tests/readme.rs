@@ -1,6 +1,7 @@
 //! README.md stays true to the code: every `branchbox` command line it shows names
-//! subcommands and flags the CLI has, and every repository path it names exists. A rename
-//! that forgets the README fails here instead of in a new user's first minutes.
+//! subcommands and flags the CLI has, every repository path it names exists, and every
+//! relative link of README.md and `docs/*.md` reaches a file. A rename that forgets the docs
+//! fails here instead of in a new user's first minutes.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -137,4 +138,50 @@ fn every_repository_path_the_readme_names_exists() {
     }
     missing.dedup();
     assert!(missing.is_empty(), "README.md names paths that do not exist: {missing:?}");
+}
+
+/// The relative link targets of Markdown text (`[text](target)`), anchors cut off; web
+/// addresses and links within the page left out.
+fn relative_links(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("](") {
+        rest = &rest[at + 2..];
+        let Some(end) = rest.find(')') else { break };
+        let target = rest[..end].split('#').next().unwrap_or_default().trim();
+        if !target.is_empty() && !target.contains("://") && !target.starts_with("mailto:") {
+            out.push(target.to_string());
+        }
+        rest = &rest[end..];
+    }
+    out
+}
+
+#[test]
+fn every_link_between_the_docs_reaches_a_file() {
+    let docs = repo().join("docs");
+    let mut pages: Vec<PathBuf> = std::fs::read_dir(&docs)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    pages.push(repo().join("README.md"));
+    assert!(pages.len() > 10, "the docs were not found under {}", docs.display());
+    let mut broken = Vec::new();
+    for page in &pages {
+        let text = std::fs::read_to_string(page).unwrap();
+        let base = page.parent().unwrap();
+        for target in relative_links(&text) {
+            if !base.join(&target).exists() {
+                broken.push(format!("{}: {target}", page.strip_prefix(repo()).unwrap_or(page).display()));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "links to files that do not exist:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn the_link_reader_finds_relative_targets_only() {
+    let text = "see [a](remote.md#pull), [b](../README.md) and [c](https://e2b.dev) or [d](#here)";
+    assert_eq!(relative_links(text), vec!["remote.md", "../README.md"]);
 }
