@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -111,7 +112,10 @@ def fleet_cluster(workdir: Path) -> Iterator[dict]:
     from branchbox.fleet import Fleet, cross_node_missing
 
     base = workdir / f"fleet-{os.getpid()}"
-    cluster = LocalCluster(base / "ray")
+    # Ray's sockets live below its temp dirs and a Unix socket path holds 107 bytes, so Ray's
+    # directories go under /tmp whatever the workdir's length (LocalCluster refuses longer).
+    ray_base = Path(tempfile.mkdtemp(prefix="bbray-"))
+    cluster = LocalCluster(ray_base)
     # S3 only serves the cross-node tests, which need `branchbox remote push/pull`.
     weed = Weed(base / "weed") if Weed.binary() and cross_node_missing() is None else None
     fleet = None
@@ -143,3 +147,4 @@ def fleet_cluster(workdir: Path) -> Iterator[dict]:
             if d.exists():
                 _clean_node_dir(d)
         shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(ray_base, ignore_errors=True)

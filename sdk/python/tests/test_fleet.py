@@ -63,6 +63,15 @@ def _next(sbx: Sandbox) -> int:
     return int(sbx.commands.run(NEXT).stdout)
 
 
+def test_a_cluster_base_too_long_for_rays_sockets_is_refused_up_front():
+    # Ray's own error comes only after `ray start`, as a traceback: an AF_UNIX path past 107 bytes.
+    from branchbox.fleet import LocalCluster
+
+    with pytest.raises(ValueError, match="107-byte limit"):
+        LocalCluster(Path("/tmp") / ("x" * 60))
+    LocalCluster(Path("/tmp") / ("x" * 30))  # short enough: nothing is started here
+
+
 @pytest.fixture(scope="module")
 def fc(workdir: Path) -> Iterator[dict]:
     with fleet_cluster(workdir) as c:

@@ -109,6 +109,12 @@ class RayNode:
         return None
 
 
+# The longest Unix socket path Ray accepts, and the most its session directory and socket
+# name add below a node's temp dir.
+MAX_SOCKET_PATH = 107
+RAY_SOCKET_TAIL = len("/session_2026-12-03_21-12-44_521816_4194304/sockets/plasma_store")
+
+
 @dataclass
 class LocalCluster:
     """A head on `ips[0]` and one worker on each further address, all on this machine.
@@ -126,6 +132,13 @@ class LocalCluster:
     start_s: float = 0.0
 
     def __post_init__(self) -> None:
+        # Ray puts its sockets at <temp dir>/session_<date>_<time>_<us>_<pid>/sockets/plasma_store
+        # (up to 64 bytes below the temp dir, <base>/nX) and refuses a path past AF_UNIX's 107.
+        room = MAX_SOCKET_PATH - RAY_SOCKET_TAIL - len("/n2")
+        if len(str(Path(self.base).absolute())) > room:
+            raise ValueError(f"{self.base}: Ray's socket paths below it would pass the {MAX_SOCKET_PATH}-byte "
+                             f"limit of Unix socket paths; use a base directory of at most {room} "
+                             "characters (one under /tmp, say)")
         for ip in self.ips:
             if ip.startswith("127.0.0.1") or ip in ("localhost", "0.0.0.0"):
                 raise ValueError(f"{ip}: Ray rewrites this address to the machine's own; use 127.0.0.2 and up")
