@@ -27,7 +27,7 @@ cleanup() {
     [ -z "$fuzz_pid" ] || kill "$fuzz_pid" 2>/dev/null || true
     [ -z "$guest_pid" ] || kill "$guest_pid" 2>/dev/null || true
     if [ -d "$work" ]; then
-        for d in "$work"/*/ "$work"/py-*/*/; do
+        for d in "$work"/*/ "$work"/p[12]/*/; do
             [ -d "$d/sandboxes" ] || continue
             ids=$(ls "$d/sandboxes" 2>/dev/null || true)
             [ -z "$ids" ] || ./target/debug/branchbox --data-dir "$d" kill $ids >/dev/null 2>&1 || true
@@ -154,14 +154,16 @@ for f in sdk/python/tests/test_*.py; do
         *) second+=("$f") ;;
     esac
 done
+# Each half's directory name is short: Unix socket paths below it (sandboxes' agent sockets,
+# Ray's) must fit in 107 bytes.
 pytest_half() {
-    local name=$1; shift
-    mkdir -p "$work/py-$name"
-    BRANCHBOX_TEST_DIR="$work/py-$name" BRANCHBOXD="$PWD/target/debug/branchboxd" \
+    local name=$1 dir=$2; shift 2
+    mkdir -p "$work/$dir"
+    BRANCHBOX_TEST_DIR="$work/$dir" BRANCHBOXD="$PWD/target/debug/branchboxd" \
         target/py/bin/pytest -q -p no:cacheprovider --durations=10 "$@" >"$work/pytest-$name.log" 2>&1
 }
-pytest_half first "${first[@]}" & first_pid=$!
-pytest_half second "${second[@]}" & second_pid=$!
+pytest_half first p1 "${first[@]}" & first_pid=$!
+pytest_half second p2 "${second[@]}" & second_pid=$!
 py_failed=0
 wait "$first_pid" || py_failed=1
 wait "$second_pid" || py_failed=1
