@@ -22,8 +22,12 @@ export BRANCHBOX_TEST_DIR="$work"
 kernel_pid=
 fuzz_pid=
 guest_pid=
+images_pid=
+walk_pid=
 cleanup() {
     [ -z "$kernel_pid" ] || kill -- "-$kernel_pid" 2>/dev/null || true
+    [ -z "$images_pid" ] || kill "$images_pid" 2>/dev/null || true
+    [ -z "$walk_pid" ] || kill "$walk_pid" 2>/dev/null || true
     [ -z "$fuzz_pid" ] || kill "$fuzz_pid" 2>/dev/null || true
     [ -z "$guest_pid" ] || kill "$guest_pid" 2>/dev/null || true
     if [ -d "$work" ]; then
@@ -42,12 +46,21 @@ trap cleanup EXIT
 # background at the lowest priority, on the CPU time the rest of the suite leaves idle (the
 # gVisor and service tests spend much of theirs waiting), and the tests that need it run last.
 stage "guest kernel (building in the background; log: $work/guest-kernel.log)"
-cargo build --quiet -p branchbox --bin branchbox
+cargo build --quiet -p branchbox --bin branchbox -p branchbox-agent
 # Its exit status goes to a file: the guest's tests wait for it from a background job of their
 # own, which cannot `wait` for a job of this shell.
 setsid nice -n 19 sh -c './target/debug/branchbox guest kernel; echo $? >"$1.rc"' sh "$work/guest-kernel" \
     >"$work/guest-kernel.log" 2>&1 &
 kernel_pid=$!
+
+# The default image and the guest's root disk build beside clippy and the build: debootstrap
+# mostly waits for downloads and dpkg, the compilers only compute. The image takes the agent
+# built just above; if the workspace build below relinks it, the tests' first `image build`
+# redoes the agent stage only (seconds, docs/image.md).
+stage "default image and guest root disk (in the background; log: $work/images.log)"
+( ./target/debug/branchbox --data-dir "$work/bench" image build && ./target/debug/branchbox guest disk ) \
+    >"$work/images.log" 2>&1 &
+images_pid=$!
 
 stage clippy
 cargo clippy --workspace --all-targets --quiet -- -D warnings
@@ -55,12 +68,38 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 stage build
 cargo build --workspace --quiet
 
-stage image and guest root disk
-./target/debug/branchbox --data-dir "$work/bench" image build
-./target/debug/branchbox guest disk
+stage "waiting for the image and guest root disk"
+images_ok=0
+wait "$images_pid" || images_ok=1
+images_pid=
+cat "$work/images.log"
+[ "$images_ok" = 0 ] || { echo "the image or guest root disk build failed: its log is above"; exit 1; }
 
-stage "tests (all but the Linux guest's, which run once its kernel is built)"
-cargo test --workspace --exclude branchbox-guest-tests --no-fail-fast -- --test-threads=2
+# The time-travel random walk is one test of minutes (166-295 s measured); inside its binary it
+# would hold the stage up alone once the file's other tests are done, so it runs as a process
+# of its own beside all the others (each test process has its own data directory, bbt-PID).
+stage "tests (all but the Linux guest's, which run once its kernel is built; the random walk beside them, log: $work/walk.log)"
+walk=random_walk_of_writes_checkpoints_rollbacks_and_forks_matches_a_model
+# Its test binary runs directly (as cargo test would: from the package's directory), so no
+# second cargo waits on the build directory's lock.
+walk_bin=$(cargo test --quiet -p branchbox --test time_travel_e2e --no-run --message-format=json |
+    python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "time_travel_e2e":
+        print(m["executable"])')
+[ -x "$walk_bin" ] || { echo "the time-travel test binary was not found (got '$walk_bin')"; exit 1; }
+(cd crates/cli && exec "$walk_bin" --exact "$walk") >"$work/walk.log" 2>&1 &
+walk_pid=$!
+rust_ok=0
+cargo test --workspace --exclude branchbox-guest-tests --no-fail-fast -- --test-threads=2 --skip "$walk" || rust_ok=1
+walk_ok=0
+wait "$walk_pid" || walk_ok=1
+walk_pid=
+echo "--- the time-travel random walk"
+cat "$work/walk.log"
+[ "$walk_ok" = 0 ] || { echo "the time-travel random walk failed: its log is above"; exit 1; }
+[ "$rust_ok" = 0 ] || { echo "Rust tests failed: the failures are above"; exit 1; }
 
 # --- fuzz targets (short) -----------------------------------------------------------------------
 # libFuzzer targets for guest-controlled input of the virtio devices, disk layer files, the VMM
