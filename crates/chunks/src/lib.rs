@@ -2,12 +2,14 @@
 //! content-addressed chunks (FastCDC, 256 KiB-4 MiB, named by SHA-256) and a manifest written last,
 //! in any S3-compatible store. A push sends only the chunks the store lacks; a pull checks
 //! every chunk's hash and writes into a directory the caller renames into place; a gc of the
-//! store marks the chunks live manifests name and sweeps the rest, under leases.
+//! store marks the chunks live manifests name and sweeps the rest, under leases. With a fleet
+//! key ([`signing`]) manifests are signed by pushes and checked by pulls.
 
 pub mod lease;
 pub mod manifest;
 pub mod peer;
 pub mod s3;
+pub mod signing;
 
 use lease::{Lease, LeaseKind};
 pub use manifest::MAX_MANIFEST_BYTES;
@@ -16,6 +18,7 @@ use peer::ChunkSource;
 use s3::Remote;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
+use signing::{signature_key, MAX_SIGNATURE_BYTES};
 use std::collections::{BTreeSet, HashMap};
 use std::io::{Read, Write};
 use std::ops::ControlFlow;
@@ -59,6 +62,15 @@ pub enum Error {
         hash: String,
         /// The snapshot being pulled.
         snapshot: String,
+    },
+    /// A manifest key is configured, and the manifest in the store is unsigned or its signature
+    /// does not verify.
+    #[error("the manifest of snapshot {snapshot} in the store is refused: {why}. This host takes only manifests signed with its manifest key (docs/remote.md, \"Signed manifests\"); nothing was pulled")]
+    Unauthentic {
+        /// The snapshot.
+        snapshot: String,
+        /// What is wrong with its signature.
+        why: String,
     },
     /// No manifest for that snapshot.
     #[error("snapshot {0} is not in the store (no manifest)")]
@@ -151,6 +163,8 @@ pub struct GcReport {
     pub deleted_bytes: u64,
     /// Expired leases deleted (or that would be).
     pub expired_leases: usize,
+    /// Manifest signatures without their manifest deleted (or that would be).
+    pub deleted_signatures: usize,
 }
 
 fn sha256_hex(data: &[u8]) -> String {
@@ -202,9 +216,10 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// Pushes the snapshot whose files are in `dir`, described by `snapshot` and `fingerprint`:
-/// uploads the chunks the store lacks, then the manifest. `progress` is called after each
-/// chunk; `Break` stops the push there (no manifest is written). A snapshot whose manifest
-/// is in the store already is not pushed again. Writes [`LOCAL_MANIFEST`] into `dir`.
+/// uploads the chunks the store lacks, then the manifest (its signature first, when the remote
+/// has a manifest key). `progress` is called after each chunk; `Break` stops the push there (no
+/// manifest is written). A snapshot whose manifest is in the store already is not pushed again
+/// (with a key, that manifest must verify). Writes [`LOCAL_MANIFEST`] into `dir`.
 pub fn push(
     remote: &Remote,
     dir: &Path,
@@ -218,8 +233,7 @@ pub fn push(
     let mkey = manifest_key(&snapshot.id);
     let mut lease = Lease::take(remote, LeaseKind::Push, &id)?;
     if remote.head(&mkey)?.is_some() {
-        let bytes = remote.get(&mkey, MAX_MANIFEST_BYTES)?.ok_or_else(|| Error::NotFound(id.clone()))?;
-        let m = Manifest::parse(&bytes, &snapshot.id)?;
+        let m = fetch_manifest(remote, &snapshot.id)?;
         return Ok(PushReport {
             snapshot: id,
             chunks: m.chunk_count(),
@@ -276,6 +290,10 @@ pub fn push(
     let manifest = Manifest { format: manifest::FORMAT, snapshot: snapshot.clone(), fingerprint, files };
     manifest.check(&snapshot.id)?;
     let bytes = serde_json::to_vec(&manifest).map_err(|e| Error::Invalid(e.to_string()))?;
+    if let Some(key) = remote.manifest_key() {
+        // Before the manifest, so that a manifest in the store always has its signature.
+        remote.put(&signature_key(&snapshot.id), &key.sign(&snapshot.id, &bytes)?)?;
+    }
     // Last: from here on the snapshot is in the store.
     remote.put(&mkey, &bytes)?;
     write_atomic(&dir.join(LOCAL_MANIFEST), &bytes)?;
@@ -283,20 +301,31 @@ pub fn push(
     Ok(report)
 }
 
-/// Reads and checks a snapshot's manifest from the store.
+/// A snapshot's manifest as the store has it, unparsed.
+fn manifest_bytes(remote: &Remote, id: &branchbox_model::SnapshotId) -> Result<Vec<u8>> {
+    remote.get(&manifest_key(id), MAX_MANIFEST_BYTES)?.ok_or_else(|| Error::NotFound(id.to_string()))
+}
+
+/// Reads and checks a snapshot's manifest from the store. When the remote has a manifest key,
+/// the manifest's signature is checked first, before its bytes are parsed.
 pub fn fetch_manifest(remote: &Remote, id: &branchbox_model::SnapshotId) -> Result<Manifest> {
-    let bytes =
-        remote.get(&manifest_key(id), MAX_MANIFEST_BYTES)?.ok_or_else(|| Error::NotFound(id.to_string()))?;
+    let bytes = manifest_bytes(remote, id)?;
+    if let Some(key) = remote.manifest_key() {
+        let sig = remote.get(&signature_key(id), MAX_SIGNATURE_BYTES)?;
+        key.verify(id, &bytes, sig.as_deref())?;
+    }
     Manifest::parse(&bytes, id)
 }
 
-/// Deletes a snapshot's manifest from the store, so that the next [`gc`] sweeps the chunks
-/// no other manifest names. Pulls already running finish (their leases hold the gc off).
+/// Deletes a snapshot's manifest (then its signature) from the store, so that the next [`gc`]
+/// sweeps the chunks no other manifest names. Pulls already running finish (their leases
+/// hold the gc off).
 pub fn remove(remote: &Remote, id: &branchbox_model::SnapshotId) -> Result<()> {
     if remote.head(&manifest_key(id))?.is_none() {
         return Err(Error::NotFound(id.to_string()));
     }
-    remote.delete(&manifest_key(id))
+    remote.delete(&manifest_key(id))?;
+    remote.delete(&signature_key(id))
 }
 
 /// Chunks available in snapshots of this data directory, from their [`LOCAL_MANIFEST`]s.
@@ -489,6 +518,7 @@ pub fn gc(remote: &Remote, dry_run: bool) -> Result<GcReport> {
         deleted_chunks: Vec::new(),
         deleted_bytes: 0,
         expired_leases: 0,
+        deleted_signatures: 0,
     };
     let lease = match Lease::take_gc(remote)? {
         Ok(l) => l,
@@ -498,10 +528,17 @@ pub fn gc(remote: &Remote, dry_run: bool) -> Result<GcReport> {
         }
     };
     let mut live = BTreeSet::new();
-    for m in remote.list("manifests/")? {
-        let Some(id) = m.key.strip_prefix("manifests/").and_then(|k| k.strip_suffix(".json")) else {
+    let listed = remote.list("manifests/")?;
+    let mut signatures = Vec::new();
+    let mut manifests = BTreeSet::new();
+    for m in &listed {
+        let Some(name) = m.key.strip_prefix("manifests/") else { continue };
+        if let Some(id) = name.strip_suffix(".sig") {
+            signatures.push((id, &m.key));
             continue;
-        };
+        }
+        let Some(id) = name.strip_suffix(".json") else { continue };
+        manifests.insert(id);
         // A manifest that cannot be read names chunks nobody can know: sweep nothing.
         let id = branchbox_model::SnapshotId::parse(id).map_err(|e| {
             Error::Invalid(format!(
@@ -509,7 +546,8 @@ pub fn gc(remote: &Remote, dry_run: bool) -> Result<GcReport> {
                 m.key
             ))
         })?;
-        let manifest = match fetch_manifest(remote, &id) {
+        // Signed or not: a manifest only keeps chunks, so an unsigned one cannot make gc lose any.
+        let manifest = match manifest_bytes(remote, &id).and_then(|b| Manifest::parse(&b, &id)) {
             Ok(m) => m,
             // Deleted since the listing.
             Err(Error::NotFound(_)) => continue,
@@ -531,6 +569,16 @@ pub fn gc(remote: &Remote, dry_run: bool) -> Result<GcReport> {
         }
         report.deleted_chunks.push(hash.to_string());
         report.deleted_bytes += c.size;
+    }
+    // A signature whose manifest is gone: from a removed manifest, or a push that died between
+    // writing the two.
+    for (id, key) in signatures {
+        if !manifests.contains(id) {
+            if !dry_run {
+                remote.delete(key)?;
+            }
+            report.deleted_signatures += 1;
+        }
     }
     for l in lease::list(remote)? {
         if !l.live() {

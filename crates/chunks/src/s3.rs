@@ -1,9 +1,11 @@
 //! The S3 side: SigV4-signed requests (rusty-s3 signs, ureq sends) to any S3-compatible store
 //! with path-style addressing. Every body read from the store is bounded by the caller.
 
+use crate::signing::ManifestKey;
 use crate::{Error, Result};
 use rusty_s3::{Bucket, Credentials, S3Action, UrlStyle};
 use std::io::Read;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// How long a signed request stays valid.
@@ -12,6 +14,22 @@ const SIGN_TTL: Duration = Duration::from_secs(15 * 60);
 const MAX_LIST_PAGE: u64 = 8 << 20;
 /// Most bytes of an error body kept for a message.
 const MAX_ERROR_BODY: u64 = 4096;
+
+/// A store's settings as flags gave them (`branchbox remote`'s, branchboxd's); each one not
+/// given is read from its environment variable by [`RemoteConfig::from_env`]. Credentials are
+/// never flags: they come from the environment only.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreSettings {
+    /// `--remote s3://BUCKET[/PREFIX]`, else `BRANCHBOX_REMOTE`.
+    pub remote: Option<String>,
+    /// `--s3-endpoint http://HOST:PORT`, else `BRANCHBOX_S3_ENDPOINT`.
+    pub s3_endpoint: Option<String>,
+    /// `--s3-region`, else `BRANCHBOX_S3_REGION`, else `us-east-1`.
+    pub s3_region: Option<String>,
+    /// `--manifest-key-file`, else `BRANCHBOX_MANIFEST_KEY_FILE`: the fleet's manifest key
+    /// (docs/remote.md, "Signed manifests"); none means manifests are neither signed nor checked.
+    pub manifest_key_file: Option<PathBuf>,
+}
 
 /// Where the store is and how to sign for it.
 #[derive(Debug, Clone)]
@@ -26,28 +44,38 @@ pub struct RemoteConfig {
     pub access_key: String,
     /// Secret access key.
     pub secret_key: String,
+    /// The key manifests are signed and checked with, if any.
+    pub manifest_key: Option<ManifestKey>,
 }
 
 impl RemoteConfig {
-    /// The store named by `url` and `endpoint` (a command's flags), each else by its variable
-    /// (`BRANCHBOX_REMOTE`, `BRANCHBOX_S3_ENDPOINT`); the region from `BRANCHBOX_S3_REGION`
-    /// (default `us-east-1`), the credentials from `AWS_ACCESS_KEY_ID` and
-    /// `AWS_SECRET_ACCESS_KEY`. Says which setting is missing.
-    pub fn from_env(url: Option<String>, endpoint: Option<String>) -> Result<RemoteConfig> {
+    /// The store `flags` name, each setting they leave out from its variable
+    /// (`BRANCHBOX_REMOTE`, `BRANCHBOX_S3_ENDPOINT`, `BRANCHBOX_S3_REGION` (default
+    /// `us-east-1`), `BRANCHBOX_MANIFEST_KEY_FILE`); the credentials from `AWS_ACCESS_KEY_ID`
+    /// and `AWS_SECRET_ACCESS_KEY`. Reads the manifest key file when one is named. Says which
+    /// setting is missing or wrong.
+    pub fn from_env(flags: &StoreSettings) -> Result<RemoteConfig> {
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         let need = |v: Option<String>, what: &str| v.ok_or_else(|| Error::Invalid(what.to_string()));
+        let key_file =
+            flags.manifest_key_file.clone().or_else(|| env("BRANCHBOX_MANIFEST_KEY_FILE").map(PathBuf::from));
         Ok(RemoteConfig {
             url: need(
-                url.or_else(|| env("BRANCHBOX_REMOTE")),
+                flags.remote.clone().or_else(|| env("BRANCHBOX_REMOTE")),
                 "no store named: pass --remote s3://BUCKET/PREFIX or set BRANCHBOX_REMOTE",
             )?,
             endpoint: need(
-                endpoint.or_else(|| env("BRANCHBOX_S3_ENDPOINT")),
+                flags.s3_endpoint.clone().or_else(|| env("BRANCHBOX_S3_ENDPOINT")),
                 "no S3 endpoint: pass --s3-endpoint http://HOST:PORT or set BRANCHBOX_S3_ENDPOINT",
             )?,
-            region: env("BRANCHBOX_S3_REGION").unwrap_or_else(|| "us-east-1".into()),
+            region: flags
+                .s3_region
+                .clone()
+                .or_else(|| env("BRANCHBOX_S3_REGION"))
+                .unwrap_or_else(|| "us-east-1".into()),
             access_key: need(env("AWS_ACCESS_KEY_ID"), "AWS_ACCESS_KEY_ID is not set")?,
             secret_key: need(env("AWS_SECRET_ACCESS_KEY"), "AWS_SECRET_ACCESS_KEY is not set")?,
+            manifest_key: key_file.map(|p| ManifestKey::load(&p)).transpose()?,
         })
     }
 }
@@ -69,6 +97,7 @@ pub struct Remote {
     agent: ureq::Agent,
     url: String,
     endpoint: String,
+    manifest_key: Option<ManifestKey>,
 }
 
 /// Splits `s3://BUCKET/PREFIX` into the bucket and the prefix (empty, or ending in `/`).
@@ -123,12 +152,18 @@ impl Remote {
             agent,
             url: cfg.url.clone(),
             endpoint: cfg.endpoint.clone(),
+            manifest_key: cfg.manifest_key.clone(),
         })
     }
 
     /// The `s3://` address, for messages.
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The key this remote's manifests are signed and checked with, if any.
+    pub fn manifest_key(&self) -> Option<&ManifestKey> {
+        self.manifest_key.as_ref()
     }
 
     fn key(&self, rel: &str) -> String {
@@ -284,10 +319,68 @@ mod tests {
             region: "us-east-1".into(),
             access_key: "key-id".into(),
             secret_key: "secret".into(),
+            manifest_key: None,
         };
         let err = Remote::new(&cfg).unwrap().head("chunks/x").unwrap_err().to_string();
         assert!(err.contains("chunks/x") && err.contains("127.0.0.1:1"), "{err}");
         assert!(!err.contains("X-Amz") && !err.contains("key-id"), "{err}");
+    }
+
+    #[test]
+    fn flags_win_over_the_environment_which_fills_what_they_leave_out() {
+        use super::StoreSettings;
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (flag_key, env_key) = (dir.path().join("flag.key"), dir.path().join("env.key"));
+        for (p, byte) in [(&flag_key, 1u8), (&env_key, 2u8)] {
+            std::fs::write(p, [byte; 32]).unwrap();
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        // Only this test sets these variables in this test binary.
+        std::env::set_var("BRANCHBOX_REMOTE", "s3://from-env");
+        std::env::set_var("BRANCHBOX_S3_ENDPOINT", "http://127.0.0.1:9");
+        std::env::set_var("BRANCHBOX_S3_REGION", "env-region");
+        std::env::set_var("BRANCHBOX_MANIFEST_KEY_FILE", &env_key);
+        std::env::set_var("AWS_ACCESS_KEY_ID", "id");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "secret");
+        let flags = StoreSettings {
+            remote: Some("s3://from-flag".into()),
+            s3_endpoint: Some("http://127.0.0.1:8".into()),
+            s3_region: Some("flag-region".into()),
+            manifest_key_file: Some(flag_key),
+        };
+        let c = RemoteConfig::from_env(&flags).unwrap();
+        assert_eq!(
+            (c.url.as_str(), c.endpoint.as_str(), c.region.as_str()),
+            ("s3://from-flag", "http://127.0.0.1:8", "flag-region")
+        );
+        assert_eq!(c.manifest_key.unwrap().id(), crate::signing::ManifestKey::new([1; 32]).id());
+        let c = RemoteConfig::from_env(&StoreSettings::default()).unwrap();
+        assert_eq!(
+            (c.url.as_str(), c.endpoint.as_str(), c.region.as_str()),
+            ("s3://from-env", "http://127.0.0.1:9", "env-region")
+        );
+        assert_eq!(c.manifest_key.unwrap().id(), crate::signing::ManifestKey::new([2; 32]).id());
+        // A key file others may read stops the configuration, whichever way it was named.
+        std::fs::set_permissions(&env_key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let err = RemoteConfig::from_env(&StoreSettings::default()).unwrap_err().to_string();
+        assert!(err.contains("chmod 600"), "{err}");
+        for k in [
+            "BRANCHBOX_REMOTE",
+            "BRANCHBOX_S3_ENDPOINT",
+            "BRANCHBOX_S3_REGION",
+            "BRANCHBOX_MANIFEST_KEY_FILE",
+        ] {
+            std::env::remove_var(k);
+        }
+        let c = RemoteConfig::from_env(&StoreSettings {
+            remote: Some("s3://x-y".into()),
+            s3_endpoint: Some("http://h:1".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(c.region, "us-east-1");
+        assert!(c.manifest_key.is_none());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Push, pull and gc against a real S3 server (SeaweedFS on loopback): dedup against a pushed
 //! parent, a corrupted chunk refused, an interrupted push completed by the next, gc keeping
 //! what manifests name and respecting leases, a pull from a peer first and the store when the
-//! peer fails.
+//! peer fails, signed manifests checked against the fleet key.
 
 mod common;
 
@@ -316,4 +316,61 @@ fn a_held_snapshot_serves_only_the_chunks_its_manifest_names_and_only_intact() {
     std::fs::write(&path, bytes).unwrap();
     let err = read_held_chunk(&a, &snap.id, &second.hash).unwrap_err();
     assert!(matches!(err, HeldError::Local(_)) && err.to_string().contains("damaged"), "{err}");
+}
+
+#[test]
+fn signed_manifests_pull_with_the_key_and_unsigned_tampered_or_foreign_ones_are_refused() {
+    use branchbox_chunks::manifest::manifest_key;
+    use branchbox_chunks::signing::{signature_key, ManifestKey};
+    let Some(weed) = common::Weed::start() else { return };
+    let keyed = |secret: u8| {
+        let mut cfg = weed.config("s3://signed");
+        cfg.manifest_key = Some(ManifestKey::new([secret; 32]));
+        Remote::new(&cfg).unwrap()
+    };
+    let (fleet, other_fleet, keyless) = (keyed(1), keyed(2), weed.remote("s3://signed"));
+    let tmp = tempfile::tempdir().unwrap();
+    make_snapshot(&tmp.path().join("a"), 7, 3);
+    let snap = record(None);
+    push(&fleet, &tmp.path().join("a"), &snap, fingerprint(), &mut go).unwrap();
+    assert!(fleet.head(&signature_key(&snap.id)).unwrap().is_some(), "no signature was written");
+    pull_to(&fleet, &snap.id, &tmp.path().join("with-key")).unwrap();
+    // Without a key nothing is checked, as before.
+    pull_to(&keyless, &snap.id, &tmp.path().join("without-key")).unwrap();
+    // Pushed again with the key: the manifest there verifies, nothing is sent.
+    assert_eq!(push(&fleet, &tmp.path().join("a"), &snap, fingerprint(), &mut go).unwrap().sent_bytes, 0);
+
+    let refused = |remote: &Remote, id: &SnapshotId, why: &str| {
+        let dest = tmp.path().join(format!("refused-{id}"));
+        let err = pull_to(remote, id, &dest).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, Error::Unauthentic { .. }) && msg.contains(why), "{msg}");
+        assert!(!dest.exists(), "a refused pull left {}", dest.display());
+    };
+    // Another fleet's key.
+    refused(&other_fleet, &snap.id, "another key");
+    // One byte of the manifest changed in the bucket (the name it records), signature kept.
+    let bytes = fleet.get(&manifest_key(&snap.id), 1 << 20).unwrap().unwrap();
+    let mut m: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    m["snapshot"]["name"] = "planted".into();
+    fleet.put(&manifest_key(&snap.id), &serde_json::to_vec(&m).unwrap()).unwrap();
+    refused(&fleet, &snap.id, "changed after it was signed");
+    // A manifest planted by someone who can write the bucket but has no key.
+    make_snapshot(&tmp.path().join("b"), 8, 1);
+    let planted = record(None);
+    push(&keyless, &tmp.path().join("b"), &planted, fingerprint(), &mut go).unwrap();
+    refused(&fleet, &planted.id, "not signed");
+    // A push with the key does not bless it either.
+    let err = push(&fleet, &tmp.path().join("b"), &planted, fingerprint(), &mut go).unwrap_err();
+    assert!(matches!(err, Error::Unauthentic { .. }), "{err}");
+
+    // Removing a snapshot removes its signature; gc sweeps a signature left without manifest.
+    branchbox_chunks::remove(&fleet, &snap.id).unwrap();
+    assert!(fleet.head(&signature_key(&snap.id)).unwrap().is_none());
+    let orphan = SnapshotId::generate();
+    fleet.put(&signature_key(&orphan), b"{}").unwrap();
+    assert_eq!(gc(&fleet, true).unwrap().deleted_signatures, 1);
+    let r = gc(&fleet, false).unwrap();
+    assert_eq!((r.deleted_signatures, r.manifests), (1, 1), "{r:?}");
+    assert!(fleet.head(&signature_key(&orphan)).unwrap().is_none());
 }

@@ -4,7 +4,7 @@
 use crate::output::print;
 use anyhow::Result;
 use branchbox_chunks::peer::{ChunkSource, Peer};
-use branchbox_chunks::s3::{Remote, RemoteConfig};
+use branchbox_chunks::s3::{Remote, RemoteConfig, StoreSettings};
 use branchbox_chunks::Progress;
 use branchbox_core::Engine;
 use clap::{Args, Subcommand};
@@ -18,11 +18,18 @@ pub struct RemoteArgs {
     /// The store: s3://BUCKET[/PREFIX].
     #[arg(long, global = true, env = "BRANCHBOX_REMOTE")]
     remote: Option<String>,
-    /// The S3 endpoint (http://HOST:PORT; path-style addressing). The region is
-    /// BRANCHBOX_S3_REGION (default us-east-1); credentials AWS_ACCESS_KEY_ID and
-    /// AWS_SECRET_ACCESS_KEY.
+    /// The S3 endpoint (http://HOST:PORT; path-style addressing). Credentials come only from
+    /// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
     #[arg(long, global = true, env = "BRANCHBOX_S3_ENDPOINT")]
     s3_endpoint: Option<String>,
+    /// The S3 signing region [default: us-east-1].
+    #[arg(long, global = true, env = "BRANCHBOX_S3_REGION")]
+    s3_region: Option<String>,
+    /// The fleet's manifest key: a file (mode 0600) of 32 random bytes or 64 hex digits. A push
+    /// signs the manifest with it; a pull refuses a manifest that is unsigned or not signed with
+    /// it. Without it the store is trusted (docs/remote.md, "Signed manifests").
+    #[arg(long, global = true, env = "BRANCHBOX_MANIFEST_KEY_FILE")]
+    manifest_key_file: Option<std::path::PathBuf>,
 }
 
 /// What to do with the store.
@@ -58,7 +65,12 @@ pub enum RemoteCmd {
 }
 
 fn remote(args: &RemoteArgs) -> Result<Remote> {
-    let cfg = RemoteConfig::from_env(args.remote.clone(), args.s3_endpoint.clone())?;
+    let cfg = RemoteConfig::from_env(&StoreSettings {
+        remote: args.remote.clone(),
+        s3_endpoint: args.s3_endpoint.clone(),
+        s3_region: args.s3_region.clone(),
+        manifest_key_file: args.manifest_key_file.clone(),
+    })?;
     Ok(Remote::new(&cfg)?)
 }
 
@@ -187,10 +199,11 @@ pub fn run(engine: &Engine, args: &RemoteArgs, command: RemoteCmd, json: bool) -
                 }
                 let verb = if r.dry_run { "would delete" } else { "deleted" };
                 format!(
-                    "{verb} {} unreferenced chunk(s) ({:.1} MiB) and {} expired lease(s); {} manifest(s) name {} chunk(s)",
+                    "{verb} {} unreferenced chunk(s) ({:.1} MiB), {} expired lease(s) and {} orphaned signature(s); {} manifest(s) name {} chunk(s)",
                     r.deleted_chunks.len(),
                     r.deleted_bytes as f64 / MIB,
                     r.expired_leases,
+                    r.deleted_signatures,
                     r.manifests,
                     r.live_chunks
                 )

@@ -2,7 +2,9 @@
 //! server (SeaweedFS on loopback), pulled into another data directory and restored there:
 //! files and an in-memory counter continue (a peer named for the pull that is not there is
 //! not asked, and the store serves every chunk). A snapshot whose fingerprint differs from the
-//! host's is refused and nothing is recorded. Skips (one line) when the weed binary is missing.
+//! host's is refused and nothing is recorded. With a manifest key, a signed snapshot pulls and
+//! one whose manifest was changed in the bucket is refused. Skips (one line) when the weed
+//! binary is missing.
 
 mod common;
 #[path = "../../chunks/tests/common/mod.rs"]
@@ -15,6 +17,10 @@ use std::path::Path;
 const URL: &str = "s3://snaps/e2e";
 
 fn remote_cmd(w: &weed::Weed, dir: &Path, args: &[&str]) -> std::process::Output {
+    remote_cmd_env(w, dir, args, &[])
+}
+
+fn remote_cmd_env(w: &weed::Weed, dir: &Path, args: &[&str], env: &[(&str, &Path)]) -> std::process::Output {
     bb_in(dir)
         .arg("--json")
         .arg("remote")
@@ -25,6 +31,7 @@ fn remote_cmd(w: &weed::Weed, dir: &Path, args: &[&str]) -> std::process::Output
         .env("AWS_SECRET_ACCESS_KEY", weed::SECRET)
         .env("BRANCHBOX_NO_SERVICE", "1")
         .env("BRANCHBOX_PEER_TOKEN", "peer-token-0123456789")
+        .envs(env.iter().copied())
         .output()
         .expect("run branchbox")
 }
@@ -151,4 +158,44 @@ fn a_snapshot_from_another_runsc_is_refused_and_nothing_is_recorded() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[test]
+fn with_a_manifest_key_a_signed_snapshot_pulls_and_one_whose_manifest_was_changed_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(w) = weed::Weed::start() else { return };
+    let a = private_dir("remote-key-a");
+    let b = private_dir("remote-key-b");
+    let key = private_dir("remote-key").join("manifest.key");
+    std::fs::write(&key, rand::random::<[u8; 32]>()).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let s = Sandbox::new_in(&a);
+    s.sh("echo signed > /root/file");
+    let snap = ok_in(&a, &["snapshot", &s.0]).trim().to_string();
+    // Pushed with the key named by the flag.
+    let key_arg = key.to_str().unwrap();
+    remote_ok(&w, &a, &["push", &snap, "--manifest-key-file", key_arg]);
+
+    // Someone who can write the bucket changes the manifest (the name the snapshot gets).
+    let remote = w.remote(URL);
+    let mkey = format!("manifests/{snap}.json");
+    let genuine = remote.get(&mkey, 1 << 20).unwrap().unwrap();
+    let mut m: serde_json::Value = serde_json::from_slice(&genuine).unwrap();
+    m["snapshot"]["name"] = "planted".into();
+    remote.put(&mkey, &serde_json::to_vec(&m).unwrap()).unwrap();
+    // The puller has the key from its environment: refused before any chunk is read.
+    let with_key = [("BRANCHBOX_MANIFEST_KEY_FILE", key.as_path())];
+    let out = remote_cmd_env(&w, &b, &["pull", &snap], &with_key);
+    assert!(!out.status.success(), "a changed manifest was pulled");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is refused") && err.contains("changed after it was signed"), "{err}");
+    assert!(!b.join("snapshots").join(&snap).exists());
+    assert!(!ok_in(&b, &["snapshots"]).contains(&snap));
+
+    // The genuine manifest back: it pulls and restores.
+    remote.put(&mkey, &genuine).unwrap();
+    let out = remote_cmd_env(&w, &b, &["pull", &snap], &with_key);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let restored = Sandbox(ok_in(&b, &["restore", &snap]).trim().to_string(), b.clone());
+    assert_eq!(restored.sh("cat /root/file").trim(), "signed");
 }

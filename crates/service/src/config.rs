@@ -48,6 +48,9 @@ pub struct ServiceConfig {
     pub allowed_hosts: Vec<String>,
     /// The fleet's peers file (`--peers`): other nodes this one forwards requests to.
     pub peers: Option<std::path::PathBuf>,
+    /// The snapshot store's settings from the flags (`--remote`, `--s3-endpoint`, ...); what
+    /// they leave out is read from the environment at each push or pull (docs/remote.md).
+    pub store: branchbox_chunks::s3::StoreSettings,
 }
 
 impl ServiceConfig {
@@ -73,6 +76,7 @@ impl ServiceConfig {
             listen: None,
             allowed_hosts: Vec::new(),
             peers: None,
+            store: Default::default(),
         }
     }
 

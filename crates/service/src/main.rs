@@ -1,6 +1,8 @@
 //! `branchboxd`: serves the branchbox API for one data directory.
 
 use anyhow::Context;
+use branchbox_chunks::s3::StoreSettings;
+use branchbox_chunks::signing::ManifestKey;
 use branchbox_service::auth::Tokens;
 use branchbox_service::serve::{self, ServeLimits};
 use branchbox_service::{backups, ttl, AppState, ServiceConfig};
@@ -54,6 +56,40 @@ struct Args {
     /// changes): requests naming a sandbox a peer holds are forwarded to it (docs/fleet.md).
     #[arg(long, env = "BRANCHBOXD_PEERS")]
     peers: Option<PathBuf>,
+    #[command(flatten)]
+    store: StoreArgs,
+}
+
+/// The S3-compatible store of portable snapshots (docs/remote.md); credentials come only from
+/// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY. A flag wins over its variable.
+#[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Snapshot store")]
+struct StoreArgs {
+    /// The store for pushed snapshots: s3://BUCKET[/PREFIX].
+    #[arg(long, env = "BRANCHBOX_REMOTE")]
+    remote: Option<String>,
+    /// The S3 endpoint: http://HOST:PORT (path-style addressing).
+    #[arg(long, env = "BRANCHBOX_S3_ENDPOINT")]
+    s3_endpoint: Option<String>,
+    /// The S3 signing region [default: us-east-1].
+    #[arg(long, env = "BRANCHBOX_S3_REGION")]
+    s3_region: Option<String>,
+    /// The fleet's manifest key: a file (mode 0600) of 32 random bytes or 64 hex digits. Pushes
+    /// sign manifests with it; pulls refuse a manifest unsigned or not signed with it. Checked
+    /// at start. Without it the store is trusted.
+    #[arg(long, env = "BRANCHBOX_MANIFEST_KEY_FILE")]
+    manifest_key_file: Option<PathBuf>,
+}
+
+impl StoreArgs {
+    fn settings(&self) -> StoreSettings {
+        StoreSettings {
+            remote: self.remote.clone(),
+            s3_endpoint: self.s3_endpoint.clone(),
+            s3_region: self.s3_region.clone(),
+            manifest_key_file: self.manifest_key_file.clone(),
+        }
+    }
 }
 
 fn main() -> anyhow::Result<()> {
@@ -80,6 +116,11 @@ fn main() -> anyhow::Result<()> {
     cfg.allowed_hosts = a.allowed_host.clone();
     cfg.peers = a.peers.clone();
     cfg.agent_stall = Duration::from_secs(a.agent_stall.max(1));
+    cfg.store = a.store.settings();
+    // A key that cannot be used would fail every push and pull: refuse to start instead.
+    if let Some(path) = &cfg.store.manifest_key_file {
+        ManifestKey::load(path).context("the manifest key (--manifest-key-file)")?;
+    }
     // Bound before anything else, so the address (port 0 picks one) is known to the challenge.
     let listener =
         std::net::TcpListener::bind(&a.listen).with_context(|| format!("listening on {}", a.listen))?;
@@ -173,4 +214,34 @@ async fn stop_signal() {
         _ = tokio::signal::ctrl_c() => {}
     }
     tracing::info!("stopping");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_flags_reach_the_service_settings() {
+        let a = Args::try_parse_from([
+            "branchboxd",
+            "--remote",
+            "s3://fleet/snaps",
+            "--s3-endpoint",
+            "http://127.0.0.1:8333",
+            "--s3-region",
+            "eu-west-3",
+            "--manifest-key-file",
+            "/etc/branchbox/manifest.key",
+        ])
+        .unwrap();
+        assert_eq!(
+            a.store.settings(),
+            StoreSettings {
+                remote: Some("s3://fleet/snaps".into()),
+                s3_endpoint: Some("http://127.0.0.1:8333".into()),
+                s3_region: Some("eu-west-3".into()),
+                manifest_key_file: Some("/etc/branchbox/manifest.key".into()),
+            }
+        );
+    }
 }

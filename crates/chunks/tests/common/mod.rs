@@ -106,6 +106,7 @@ impl Weed {
             region: "us-east-1".into(),
             access_key: KEY.into(),
             secret_key: SECRET.into(),
+            manifest_key: None,
         }
     }
 

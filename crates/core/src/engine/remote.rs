@@ -19,7 +19,9 @@ fn chunk_error(e: branchbox_chunks::Error) -> Error {
         C::NotFound(id) => Error::not_found("snapshot", id, "it was never pushed to this remote"),
         C::Io { path, err } => Error::io(path, err),
         C::Remote(m) => Error::Unavailable(m),
-        e @ (C::Invalid(_) | C::Corrupt { .. } | C::Missing { .. }) => Error::Backend(e.to_string()),
+        e @ (C::Invalid(_) | C::Corrupt { .. } | C::Missing { .. } | C::Unauthentic { .. }) => {
+            Error::Backend(e.to_string())
+        }
         e @ C::Stopped(_) => Error::Conflict(e.to_string()),
     }
 }

@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use branchbox_chunks::peer::{read_held_chunk, ChunkSource, HeldError, Peer};
-use branchbox_chunks::s3::{Remote, RemoteConfig};
+use branchbox_chunks::s3::{Remote, RemoteConfig, StoreSettings};
 use branchbox_chunks::{PullReport, PushReport};
 use branchbox_model::SnapshotId;
 use serde::Deserialize;
@@ -48,9 +48,9 @@ pub fn router(st: AppState) -> Router {
         .with_state(st)
 }
 
-/// The store from this process's environment, or 503 saying what is missing.
-fn store() -> ApiResult<Remote> {
-    RemoteConfig::from_env(None, None).and_then(|cfg| Remote::new(&cfg)).map_err(|e| {
+/// The store branchboxd's flags name, else its environment, or 503 saying what is missing.
+fn store(flags: &StoreSettings) -> ApiResult<Remote> {
+    RemoteConfig::from_env(flags).and_then(|cfg| Remote::new(&cfg)).map_err(|e| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable",
@@ -90,7 +90,7 @@ async fn push(
     Path(snapshot): Path<String>,
 ) -> ApiResult<(StatusCode, Extension<AuditNote>, Json<PushReport>)> {
     let snapshot = snapshot_ref(&snapshot)?;
-    let remote = store()?;
+    let remote = store(&st.cfg.store)?;
     let url = remote.url().to_string();
     let r = st
         .blocking(move |engine, _| {
@@ -137,7 +137,7 @@ async fn pull(
             Some(Peer::new(&url, Some(p.token.clone())).map_err(|e| ApiError::invalid(e.to_string()))?)
         }
     };
-    let remote = store()?;
+    let remote = store(&st.cfg.store)?;
     let url = remote.url().to_string();
     let r = st
         .blocking(move |engine, _| {
