@@ -17,8 +17,10 @@
 //! `routes.rs` assembles both planes with the adapter's own state ([`E2bState`]: terminals,
 //! polling watchers, uploads); `rest.rs` is the control plane; `envd.rs` the data plane's
 //! authentication and what its calls share, which are in `follow.rs` (processes),
-//! `terminals.rs`, `files.rs`, `watch.rs` and `uploads.rs`. Every file here may use this one;
-//! this one uses none of them. Operations are `crate::ops`'s, never the native API's handlers.
+//! `terminals.rs`, `files.rs`, `watch.rs` and `uploads.rs`; `templates.rs` serves E2B's template
+//! builder on branchbox's template engine (with `template_build.rs` and `template_files.rs`).
+//! Every file here may use this one; this one uses none of them. Operations are `crate::ops`'s,
+//! never the native API's handlers.
 
 pub mod envd;
 pub mod files;
@@ -27,6 +29,9 @@ pub mod metrics;
 pub mod network;
 pub mod rest;
 mod routes;
+mod template_build;
+mod template_files;
+mod templates;
 pub mod terminals;
 pub mod uploads;
 pub mod watch;

@@ -102,7 +102,10 @@ async fn api_key(State(st): State<AppState>, mut req: Request, next: Next) -> Re
 /// audit layer runs inside authentication, so each record names the caller's token.
 pub fn router(st: AppState) -> Router {
     let audit = from_fn_with_state(st.clone(), crate::middleware::audit);
+    let audit_files = audit.clone();
+    let (templates, template_files) = super::templates::routes(&st);
     let control = rest::router()
+        .merge(templates)
         .layer(axum::middleware::from_fn(note_sandbox))
         .layer(audit.clone())
         .layer(from_fn_with_state(st.clone(), api_key));
@@ -111,7 +114,10 @@ pub fn router(st: AppState) -> Router {
         .layer(audit)
         .layer(from_fn_with_state(st.clone(), envd::authenticate))
         .with_state(E2bState::new(st.clone()));
-    Router::new().nest(PREFIX, control.with_state(st).merge(Router::new().nest("/envd", data)))
+    // E2B's SDK puts a COPY's files to the link it was handed, without the API key: that route
+    // authenticates by the link's one-use token (templates.rs).
+    let control = control.with_state(st).merge(template_files.layer(audit_files));
+    Router::new().nest(PREFIX, control.merge(Router::new().nest("/envd", data)))
 }
 
 /// Names the sandbox a request acted on for its audit record, where its handler did not: the
