@@ -198,13 +198,14 @@ echo "setup: node $(node --version), npm $(npm --version)"
 )
 # --- end of branchboxd and the Python SDK ------------------------------------------------------
 
-# Ray for the fleet tests (sdk/python/tests/test_fleet.py, docs/fleet.md), pinned in
-# sdk/python/requirements-ray.txt; reinstalled when that file changes.
+# Ray for the fleet tests (sdk/python/tests/test_fleet.py, docs/fleet.md), pinned by version
+# and hash with every package it pulls in (sdk/python/requirements-ray.txt; pip refuses a file
+# that lost its hashes); reinstalled when that file changes.
 ray_for_fleet_tests() {
     want="$(sha256sum sdk/python/requirements-ray.txt | cut -d' ' -f1)"
     if ! target/py/bin/python -c "import ray" 2>/dev/null || [ "$(cat target/py/.ray-from 2>/dev/null)" != "$want" ]; then
         echo "setup: installing Ray (sdk/python/requirements-ray.txt) into target/py"
-        target/py/bin/pip install -q -r sdk/python/requirements-ray.txt
+        target/py/bin/pip install -q --require-hashes -r sdk/python/requirements-ray.txt
         echo "$want" >target/py/.ray-from
     fi
 }
