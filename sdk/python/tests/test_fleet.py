@@ -113,9 +113,7 @@ def test_created_on_node3_reached_from_a_task_on_node2(fleet):
         assert fleet.node_of(sbx) == "n3"
         n2, n3 = fleet.node("n2"), fleet.node("n3")
         assert sbx._http.cfg.api_url == n3.url
-        listed = lambda n: {s["id"] for s in httpx.get(f"{n.url}/v1/sandboxes", timeout=10,  # noqa: E731
-                                                       headers={"authorization": f"Bearer {n.token}"}).json()}
-        assert sbx.sandbox_id in listed(n3) and sbx.sandbox_id not in listed(n2)
+        assert sbx.sandbox_id in _listed(n3) and sbx.sandbox_id not in _listed(n2)
         got = ray.get(_exec_from_here.options(label_selector={"branchbox.io/node": "n2"}).remote(sbx.sandbox_id))
         assert got == {"ip": "127.0.0.2", "out": "made through the fleet", "node": "n3"}
         route = {r.id: r for r in fleet.sandboxes()}[sbx.sandbox_id]
@@ -129,8 +127,15 @@ def test_created_on_node3_reached_from_a_task_on_node2(fleet):
 
 
 def _listed(n) -> set:
-    return {s["id"] for s in httpx.get(f"{n.url}/v1/sandboxes", timeout=10,
+    """The sandboxes node `n` itself holds (a listing through it is the whole fleet's)."""
+    return {s["id"] for s in httpx.get(f"{n.url}/v1/sandboxes", params={"local": "true"}, timeout=10,
                                        headers={"authorization": f"Bearer {n.token}"}).json()}
+
+
+def _through(n, path: str) -> httpx.Response:
+    r = httpx.get(f"{n.url}{path}", timeout=10, headers={"authorization": f"Bearer {n.token}"})
+    assert r.status_code == 200, r.text
+    return r
 
 
 def test_branchbox_sdk_through_node2_execs_streams_and_forks_a_sandbox_on_node3(fleet):
@@ -150,6 +155,11 @@ def test_branchbox_sdk_through_node2_execs_streams_and_forks_a_sandbox_on_node3(
                              on_stdout=lines.append)
         assert r.exit_code == 0 and "".join(lines).split()[:3] == ["line1", "line2", "line3"]
         assert sbx.get_info().sandbox_id == made.sandbox_id
+        # A listing through node 2 is the fleet's: node 3's sandbox is in it, named with its node.
+        assert made.sandbox_id in {i.sandbox_id for i in Sandbox.list(api_url=n2.url, api_key=n2.token)}
+        merged = _through(n2, "/v1/sandboxes")
+        assert {s["id"]: s["node"] for s in merged.json()}[made.sandbox_id] == "n3"
+        assert "x-branchbox-peers-unanswered" not in merged.headers, merged.headers
         # A figure, not asserted: a command straight to n3 and through n2 (one more hop on loopback).
         times = {}
         for name, s_ in (("direct to n3", made), ("through n2", sbx)) * 2:
@@ -199,7 +209,13 @@ def test_e2b_sdk_through_node2_connects_and_runs_on_node3(fleet, monkeypatch):
     monkeypatch.setenv("E2B_SANDBOX_URL", f"{n2.url}/e2b/envd")
     monkeypatch.setenv("E2B_API_KEY", n2.token)
     made = fleet.create(node="n3")
+    here = fleet.create(node="n2")
     try:
+        # E2B's listing through node 2, one sandbox a page: node 3's and node 2's, each once.
+        pager, seen = e2b.Sandbox.list(limit=1), []
+        while pager.has_next:
+            seen += [i.sandbox_id for i in pager.next_items()]
+        assert {made.sandbox_id, here.sandbox_id} <= set(seen) and len(seen) == len(set(seen)), seen
         made.files.write("/home/user/where", "on node 3")
         es = e2b.Sandbox.connect(made.sandbox_id)
         r = es.commands.run("cat /home/user/where; echo; whoami")
@@ -213,10 +229,52 @@ def test_e2b_sdk_through_node2_connects_and_runs_on_node3(fleet, monkeypatch):
             assert time.monotonic() < deadline, "the kill through node 2 did not reach node 3"
             time.sleep(0.2)
     finally:
+        here.kill()
         try:
             made.kill()
         except Exception:
             pass
+
+
+def test_a_create_through_a_full_node2_lands_on_a_peer(fleet, monkeypatch):
+    """Node 2 at its --max-sandboxes passes a create (branchbox's and E2B's) to the peer with the
+    most room; the client keeps talking to node 2, which forwards to that peer."""
+    e2b = pytest.importorskip("e2b", reason="the e2b package is not installed (requirements-test.txt)")
+    n2 = fleet.node("n2")
+    base = fleet.create(node="n2")
+    made: list = []
+    kids: list = []
+    try:
+        kids = base.fork(n2.max_sandboxes - len(_listed(n2)))
+        assert len(_listed(n2)) == n2.max_sandboxes
+        sbx = Sandbox.create(api_url=n2.url, api_key=n2.token)
+        made.append(sbx)
+        assert sbx.sandbox_id not in _listed(n2)
+        owners = [n for n in ("n3", "n4", "n5") if sbx.sandbox_id in _listed(fleet.node(n))]
+        assert len(owners) == 1, owners
+        assert sbx.commands.run("echo placed").stdout == "placed\n"
+        for k in list(os.environ):
+            if k.startswith(("BRANCHBOX_", "E2B_")):
+                monkeypatch.delenv(k, raising=False)
+        monkeypatch.setenv("E2B_API_URL", f"{n2.url}/e2b")
+        monkeypatch.setenv("E2B_SANDBOX_URL", f"{n2.url}/e2b/envd")
+        monkeypatch.setenv("E2B_API_KEY", n2.token)
+        es = e2b.Sandbox.create()
+        made.append(es)
+        assert es.sandbox_id not in _listed(n2)
+        assert any(es.sandbox_id in _listed(fleet.node(n)) for n in ("n3", "n4", "n5"))
+        # Its access token is node 2's to check: commands go through node 2 to the peer.
+        assert es.commands.run("echo e2b-placed").stdout == "e2b-placed\n"
+        # The fleet client places sandboxes itself: an explicit node that is full is refused.
+        with pytest.raises(Exception, match="most sandboxes"):
+            fleet.create(node="n2")
+    finally:
+        for s in made + kids:
+            try:
+                s.kill()
+            except Exception:
+                pass
+        base.kill()
 
 
 def test_node_actor_restarts_its_branchboxd(fleet):

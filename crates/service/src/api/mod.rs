@@ -127,6 +127,7 @@ pub fn router(state: ApiState) -> (Router, OpenApiDoc) {
         .routes(routes!(system::lineage))
         .routes(routes!(system::audit))
         .routes(routes!(system::metrics))
+        .routes(routes!(crate::fleet::capacity::capacity))
         .routes(routes!(gc::report, gc::run))
         .routes(routes!(pools::create, pools::list))
         .routes(routes!(pools::get, pools::delete, pools::update))

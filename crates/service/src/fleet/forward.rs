@@ -71,11 +71,12 @@ fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
 }
 
 /// Who the client is at this node, and the key it presented (for E2B's access tokens); `None`
-/// when it does not authenticate here (then this node answers it, with its 401).
-fn authenticate(
+/// when it does not authenticate here (then this node answers it, with its 401). `id` is the
+/// sandbox an envd request names, whose access token it may present.
+pub(super) fn authenticate(
     tokens: Option<&Tokens>,
     req: &Request,
-    id: &SandboxId,
+    id: Option<&SandboxId>,
     plane: Plane,
 ) -> Option<(Caller, Option<String>)> {
     let Some(t) = tokens else { return Some((Caller("anonymous".into()), None)) };
@@ -93,24 +94,33 @@ fn authenticate(
             }
         },
         Plane::Envd => header(h, "x-access-token")
-            .and_then(|v| t.check_sandbox_token(id.as_str(), v))
+            .and_then(|v| id.and_then(|id| t.check_sandbox_token(id.as_str(), v)))
             .or_else(|| header(h, "x-api-key").and_then(|k| t.check(k)))
             .map(|c| (c, None)),
     }
 }
 
-/// The middleware: serves here what names no sandbox, what this node holds or what no peer
-/// holds; forwards the rest to the peer holding it.
+/// The middleware: a listing answers for the whole fleet ([`super::listing`]), a create this
+/// node has no room for goes to a peer ([`super::spill`]); otherwise it serves here what names
+/// no sandbox, what this node holds or what no peer holds, and forwards the rest to the peer
+/// holding it.
 pub async fn forward(State(fleet): State<Fleet>, req: Request, next: Next) -> Response {
+    if let Some(plane) = super::listing::plane_of(req.method(), req.uri().path()) {
+        return super::listing::list(fleet, plane, req, next).await;
+    }
     if !fleet.enabled() || was_forwarded(req.headers()) {
         return next.run(req).await;
+    }
+    if let Some(plane) = super::spill::plane_of(req.method(), req.uri().path()) {
+        return super::spill::create(fleet, plane, req, next).await;
     }
     let Some((id, plane)) = target_of(req.uri().path(), req.headers()) else { return next.run(req).await };
     let peers = fleet.peers();
     if peers.is_empty() {
         return next.run(req).await;
     }
-    let Some((caller, presented)) = authenticate(fleet.state().tokens.as_ref(), &req, &id, plane) else {
+    let Some((caller, presented)) = authenticate(fleet.state().tokens.as_ref(), &req, Some(&id), plane)
+    else {
         return next.run(req).await;
     };
     let here = id.clone();
@@ -169,7 +179,8 @@ fn splice(
     Response::from_parts(parts, Body::empty())
 }
 
-fn error(plane: Plane, status: StatusCode, code: &'static str, msg: String) -> Response {
+/// An error answer in the plane's shape.
+pub(super) fn error(plane: Plane, status: StatusCode, code: &'static str, msg: String) -> Response {
     match plane {
         Plane::V1 => ApiError::new(status, code, msg).into_response(),
         Plane::E2bControl => crate::error::E2bError(ApiError::new(status, code, msg)).into_response(),
@@ -200,6 +211,29 @@ async fn owner(fleet: &Fleet, peers: &[Peer], id: &SandboxId) -> Option<Peer> {
     let found = futures_util::future::join_all(asks).await.into_iter().flatten().next()?;
     fleet.remember_owner(id.as_str(), &found.name);
     Some(found)
+}
+
+/// A request's method, URI and headers, kept to send it again: to each peer, or to a peer after
+/// this node answered it.
+pub(super) struct Head {
+    method: Method,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+}
+
+impl Head {
+    pub(super) fn of(req: &Request) -> Head {
+        Head { method: req.method().clone(), uri: req.uri().clone(), headers: req.headers().clone() }
+    }
+
+    /// The request again, with `body`.
+    pub(super) fn with(&self, body: Body) -> Request {
+        let mut r = Request::new(body);
+        *r.method_mut() = self.method.clone();
+        *r.uri_mut() = self.uri.clone();
+        *r.headers_mut() = self.headers.clone();
+        r
+    }
 }
 
 /// Headers that belong to one connection, carry the client's credentials for this node, or
@@ -260,7 +294,10 @@ pub fn outgoing(req: Request, peer: &Peer, plane: Plane, caller: &Caller) -> Req
 }
 
 /// One request to a peer over a fresh connection; the answer's body streams as it comes.
-async fn send(peer: &Peer, req: Request) -> Result<axum::http::Response<hyper::body::Incoming>, String> {
+pub(super) async fn send(
+    peer: &Peer,
+    req: Request,
+) -> Result<axum::http::Response<hyper::body::Incoming>, String> {
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(&peer.authority))
         .await
         .map_err(|_| format!("no connection in {} s", CONNECT_TIMEOUT.as_secs()))?
@@ -279,7 +316,7 @@ async fn send(peer: &Peer, req: Request) -> Result<axum::http::Response<hyper::b
 
 /// The peer's answer as the client gets it: connection headers dropped, the body streamed; an
 /// E2B control-plane JSON answer has its access tokens re-derived from the client's key.
-async fn incoming(
+pub(super) async fn incoming(
     resp: axum::http::Response<hyper::body::Incoming>,
     plane: Plane,
     presented: Option<&str>,

@@ -5,15 +5,20 @@
 //! The client authenticates to this node; this node authenticates to the peer with the
 //! peer's token, which never reaches the client. `docs/fleet.md` describes it.
 //!
-//! The peers file is JSON, `{"peers": [{"name": "n3", "url": "http://10.0.0.3:7420", "token":
-//! "..."}]}`, mode 0600, re-read when it changes (the fleet's node actor rewrites it as nodes
-//! come and go).
+//! The peers file is JSON, `{"node": "n2", "peers": [{"name": "n3", "url":
+//! "http://10.0.0.3:7420", "token": "..."}]}` (`node`, this node's own name, may be left out),
+//! mode 0600, re-read when it changes (the fleet's node actor rewrites it as nodes come and go).
 //!
-//! [`remote`] serves the chunks of the snapshots this node holds to its peers, and pushes and
-//! pulls snapshots through the API, a pull asking a peer before the store.
+//! [`listing`] answers a listing with the whole fleet's sandboxes, [`spill`] passes a create
+//! this node has no room for to the peer with the most ([`capacity`] says how much a node has),
+//! and [`remote`] serves the chunks of the snapshots this node holds to its peers, and pushes
+//! and pulls snapshots through the API, a pull asking a peer before the store.
 
+pub mod capacity;
 pub mod forward;
+pub mod listing;
 pub mod remote;
+pub mod spill;
 
 pub use forward::forward;
 
@@ -54,6 +59,8 @@ impl std::fmt::Debug for Peer {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PeersFile {
+    #[serde(default)]
+    node: Option<String>,
     peers: Vec<PeerEntry>,
 }
 
@@ -65,20 +72,41 @@ struct PeerEntry {
     token: String,
 }
 
+/// What a peers file says: this node's own name, when it gives one, and the peers.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PeersList {
+    /// This node's name in the fleet (the file's `node`).
+    pub node: Option<String>,
+    /// The other nodes.
+    pub peers: Vec<Peer>,
+}
+
+fn name_ok(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
 /// Parses a peers file's text: at most [`MAX_PEERS_FILE`] bytes and [`MAX_PEERS`] peers, names
 /// of letters, digits, `.`, `_` and `-`, URLs `http://host:port` with no path, tokens of 16 to
 /// 512 visible ASCII characters.
-pub fn parse_peers(text: &[u8]) -> anyhow::Result<Vec<Peer>> {
+pub fn parse_peers(text: &[u8]) -> anyhow::Result<PeersList> {
     anyhow::ensure!(text.len() as u64 <= MAX_PEERS_FILE, "the peers file is over {MAX_PEERS_FILE} bytes");
-    let file: PeersFile = serde_json::from_slice(text)
-        .map_err(|e| anyhow::anyhow!("the peers file is not {{\"peers\": [{{name, url, token}}]}}: {e}"))?;
+    let file: PeersFile = serde_json::from_slice(text).map_err(|e| {
+        anyhow::anyhow!("the peers file is not {{\"node\": name, \"peers\": [{{name, url, token}}]}}: {e}")
+    })?;
     anyhow::ensure!(file.peers.len() <= MAX_PEERS, "the peers file lists over {MAX_PEERS} peers");
+    if let Some(n) = &file.node {
+        anyhow::ensure!(name_ok(n), "node name {n:?} must be 1 to 64 letters, digits, '.', '_' or '-'");
+    }
     let mut out: Vec<Peer> = Vec::with_capacity(file.peers.len());
     for p in file.peers {
-        let name_ok = !p.name.is_empty()
-            && p.name.len() <= 64
-            && p.name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-        anyhow::ensure!(name_ok, "peer name {:?} must be 1 to 64 letters, digits, '.', '_' or '-'", p.name);
+        anyhow::ensure!(
+            name_ok(&p.name),
+            "peer name {:?} must be 1 to 64 letters, digits, '.', '_' or '-'",
+            p.name
+        );
+        anyhow::ensure!(file.node.as_ref() != Some(&p.name), "peer {} is this node itself", p.name);
         let authority = authority_of(&p.url)
             .ok_or_else(|| anyhow::anyhow!("peer {}: url {:?} must be http://host:port", p.name, p.url))?;
         let token_ok = (16..=512).contains(&p.token.len()) && p.token.bytes().all(|b| b.is_ascii_graphic());
@@ -86,7 +114,7 @@ pub fn parse_peers(text: &[u8]) -> anyhow::Result<Vec<Peer>> {
         anyhow::ensure!(out.iter().all(|o| o.name != p.name), "peer {} is listed twice", p.name);
         out.push(Peer { name: p.name, authority, token: p.token });
     }
-    Ok(out)
+    Ok(PeersList { node: file.node, peers: out })
 }
 
 fn authority_of(url: &str) -> Option<String> {
@@ -104,6 +132,7 @@ fn authority_of(url: &str) -> Option<String> {
 struct Loaded {
     /// (modification time, length) of the file the peers came from.
     stamp: Option<(SystemTime, u64)>,
+    node: Option<String>,
     peers: Arc<Vec<Peer>>,
 }
 
@@ -150,23 +179,32 @@ impl Fleet {
     /// missing means no peers; one that does not parse, or that other users can read, keeps
     /// the peers read before (and says why in the log).
     pub fn peers(&self) -> Arc<Vec<Peer>> {
-        let Some(path) = &self.inner.file else { return Arc::default() };
+        self.reload(|l| l.peers.clone())
+    }
+
+    /// This node's own name, as the peers file gives it (`node`).
+    pub fn node_name(&self) -> Option<String> {
+        self.reload(|l| l.node.clone())
+    }
+
+    fn reload<T>(&self, f: impl FnOnce(&Loaded) -> T) -> T {
+        let Some(path) = &self.inner.file else { return f(&Loaded::default()) };
         let mut loaded = lock(&self.inner.loaded);
         let stamp =
             std::fs::metadata(path).ok().map(|m| (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()));
         if stamp != loaded.stamp {
             loaded.stamp = stamp;
             match stamp {
-                None => loaded.peers = Arc::default(),
+                None => (loaded.node, loaded.peers) = (None, Arc::default()),
                 Some(_) => match read_peers(path) {
-                    Ok(p) => loaded.peers = Arc::new(p),
+                    Ok(p) => (loaded.node, loaded.peers) = (p.node, Arc::new(p.peers)),
                     Err(e) => {
                         tracing::warn!("peers file {}: {e:#}; keeping the peers read before", path.display())
                     }
                 },
             }
         }
-        loaded.peers.clone()
+        f(&loaded)
     }
 
     pub(crate) fn cached_owner(&self, id: &str) -> Option<String> {
@@ -187,7 +225,7 @@ impl Fleet {
     }
 }
 
-fn read_peers(path: &Path) -> anyhow::Result<Vec<Peer>> {
+fn read_peers(path: &Path) -> anyhow::Result<PeersList> {
     use std::io::Read;
     let f = std::fs::File::open(path)?;
     let mode = f.metadata()?.permissions().mode();
@@ -213,11 +251,13 @@ mod tests {
 
     #[test]
     fn a_well_formed_file_parses_and_the_token_stays_out_of_debug_output() {
-        let p = parse_peers(one("http://127.0.0.3:7420", TOKEN, "n3").as_bytes()).unwrap();
+        let p = parse_peers(one("http://127.0.0.3:7420", TOKEN, "n3").as_bytes()).unwrap().peers;
         assert_eq!(p.len(), 1);
         assert_eq!((p[0].name.as_str(), p[0].authority.as_str()), ("n3", "127.0.0.3:7420"));
         assert!(!format!("{p:?}").contains(TOKEN));
-        assert_eq!(parse_peers(br#"{"peers": []}"#).unwrap(), vec![]);
+        assert_eq!(parse_peers(br#"{"peers": []}"#).unwrap(), PeersList::default());
+        let named = parse_peers(br#"{"node": "n2", "peers": []}"#).unwrap();
+        assert_eq!(named.node.as_deref(), Some("n2"));
     }
 
     #[test]
@@ -240,6 +280,10 @@ mod tests {
             "\u{0}\u{ff}".into(),
             r#"{"peers": [{"name": "n3", "url": "http://127.0.0.3:1"}]}"#.into(),
             r#"{"peers": [], "extra": 1}"#.into(),
+            r#"{"node": "n2/..", "peers": []}"#.into(),
+            r#"{"node": 2, "peers": []}"#.into(),
+            serde_json::json!({"node": "n3", "peers": [{"name": "n3", "url": "http://127.0.0.3:1", "token": TOKEN}]})
+                .to_string(),
             one("https://127.0.0.3:7420", TOKEN, "n3"),
             one("http://127.0.0.3", TOKEN, "n3"),
             one("http://127.0.0.3:7420/v1", TOKEN, "n3"),
@@ -265,7 +309,7 @@ mod tests {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert!(read_peers(&path).unwrap_err().to_string().contains("other users"));
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-        assert_eq!(read_peers(&path).unwrap().len(), 1);
+        assert_eq!(read_peers(&path).unwrap().peers.len(), 1);
     }
 }
 

@@ -84,6 +84,10 @@ pub struct SandboxInfo {
     /// Step-history mode: every command ends with a checkpoint recording it
     /// (`POST /v1/sandboxes/{id}/history`, `GET /v1/sandboxes/{id}/timeline`).
     pub history: bool,
+    /// The fleet node that holds it: given only in a listing through a node with peers
+    /// (docs/fleet.md, "Any node answers for the fleet").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 impl SandboxInfo {
@@ -107,6 +111,7 @@ impl SandboxInfo {
             lost_reason: None,
             flagged: None,
             history: s.history,
+            node: None,
         }
     }
 

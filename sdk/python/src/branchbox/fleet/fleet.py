@@ -14,11 +14,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+import httpx
+
 from ..exceptions import BranchboxError
 from ..sandbox import Sandbox
 from .cluster import NODE_LABEL
 from .directory import DIRECTORY_NAME, NAMESPACE, Directory
 from .node import Node
+
+
+def _holds(node: "NodeInfo", sandbox_id: str) -> bool:
+    """Whether `node`'s branchboxd itself holds the sandbox: a request marked as forwarded is
+    answered by the node it reaches, never passed on to a peer."""
+    r = httpx.get(f"{node.url}/v1/sandboxes/{sandbox_id}", timeout=30,
+                  headers={"authorization": f"Bearer {node.token}", "x-branchbox-forwarded": "fleet"})
+    return r.status_code == 200
 
 
 class LostSandboxError(BranchboxError):
@@ -216,6 +226,13 @@ class Fleet:
         `Sandbox.create`'s. The result talks to its node's branchboxd directly."""
         info = self._alive(node) if node else self.least_loaded()
         sbx = Sandbox.create(api_url=info.url, token=info.token, **kwargs)
+        # A node at its cap passes a create on to a peer (docs/fleet.md); the fleet places
+        # sandboxes itself, so one that landed elsewhere is given back and the node's being
+        # full is raised, as a create on a full node did before.
+        if not _holds(info, sbx.sandbox_id):
+            sbx.kill()
+            raise BranchboxError(f"node {info.name} runs its most sandboxes ({info.max_sandboxes}); "
+                                 "kill some there, or create without node= for the least loaded one")
         self._get(self.directory.add_route.remote(sbx.sandbox_id, info.name))
         return sbx
 

@@ -154,7 +154,8 @@ class Node:
         sandboxes: List[Dict[str, str]] = []
         try:
             with self._client() as c:
-                r = c.get("/v1/sandboxes")
+                # This node's own: through a node with peers a listing is the whole fleet's.
+                r = c.get("/v1/sandboxes", params={"local": "true"})
                 r.raise_for_status()
                 sandboxes = [{"id": s["id"], "state": s["state"]} for s in r.json()]
         except (httpx.HTTPError, OSError, ValueError, KeyError):
@@ -181,10 +182,11 @@ class Node:
 
     def _write_peers(self, nodes: List[Dict[str, Any]]) -> None:
         """Rewrites the peers file (mode 0600: it holds the peers' tokens) when the alive nodes
-        other than this one changed; branchboxd re-reads it when it changes."""
+        other than this one changed; branchboxd re-reads it when it changes. It names this node
+        too, which a fleet-wide listing through it gives as its sandboxes' `node`."""
         peers = [{"name": n["name"], "url": n["url"], "token": n["token"]} for n in nodes
                  if n.get("name") != self.name and n.get("state") == "alive" and n.get("url") and n.get("token")]
-        text = json.dumps({"peers": peers}, sort_keys=True)
+        text = json.dumps({"node": self.name, "peers": peers}, sort_keys=True)
         if text == self._peers_text:
             return
         tmp = self.peers_file.with_name(self.peers_file.name + ".tmp")
@@ -238,7 +240,7 @@ class Node:
         if kill_sandboxes:
             try:
                 with self._client() as c:
-                    for s in c.get("/v1/sandboxes").json():
+                    for s in c.get("/v1/sandboxes", params={"local": "true"}).json():
                         c.delete(f"/v1/sandboxes/{s['id']}")
             except (httpx.HTTPError, OSError, ValueError):
                 pass
