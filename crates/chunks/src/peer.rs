@@ -1,15 +1,16 @@
 //! Chunks between nodes: a pull asks a peer (another node's branchboxd that holds the snapshot)
 //! for each chunk before the store. [`ChunkSource`] is what a pull fetches from besides the
 //! store; [`Peer`] asks a branchboxd over HTTP (`GET /v1/snapshots/{id}/chunks/{sha256}`);
-//! [`read_held_chunk`] is the serving side: a chunk of a snapshot this data directory holds,
-//! read at the offset its manifest gives and checked against its hash. docs/remote.md, "Pull
+//! [`HeldChunks`] is the serving side: a chunk of a snapshot this data directory holds, read at
+//! the offset its manifest gives and checked against its hash. docs/remote.md, "Pull
 //! from a peer", describes both ends.
 
 use crate::manifest::{is_hash, safe_path, Manifest};
 use crate::{io, sha256_hex, Error, Result, LOCAL_MANIFEST, MAX_MANIFEST_BYTES};
 use branchbox_model::SnapshotId;
+use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Where a pull may take a chunk from before the store. Whatever it answers is checked by the
@@ -135,9 +136,73 @@ pub enum HeldError {
     Local(Error),
 }
 
+/// Where the chunks of a snapshot this data directory holds lie, from its [`LOCAL_MANIFEST`]
+/// (written by the push that sent it or the pull that brought it): for each chunk the manifest
+/// names, the file and offset of its first use. A server keeps one between requests for the
+/// same manifest file rather than parse the manifest for every chunk.
+#[derive(Debug)]
+pub struct HeldChunks {
+    id: SnapshotId,
+    /// Each file's path here and as the manifest names it.
+    files: Vec<(PathBuf, String)>,
+    /// Chunk hash: its file (an index into `files`), offset and size.
+    at: HashMap<String, (usize, u64, u64)>,
+}
+
+impl HeldChunks {
+    /// Reads and checks the manifest of snapshot `id`, whose directory here is `snapshot_dir`.
+    pub fn load(snapshot_dir: &Path, id: &SnapshotId) -> std::result::Result<HeldChunks, HeldError> {
+        let mpath = snapshot_dir.join(LOCAL_MANIFEST);
+        let f = match std::fs::File::open(&mpath) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(HeldError::NoSnapshot(id.to_string()))
+            }
+            Err(e) => return Err(HeldError::Local(io(&mpath, e))),
+        };
+        let mut bytes = Vec::new();
+        f.take(MAX_MANIFEST_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| HeldError::Local(io(&mpath, e)))?;
+        let m = Manifest::parse(&bytes, id).map_err(HeldError::Local)?;
+        let mut held = HeldChunks { id: id.clone(), files: Vec::new(), at: HashMap::new() };
+        for file in m.files {
+            let path = snapshot_dir.join(safe_path(&file.path).map_err(HeldError::Local)?);
+            let index = held.files.len();
+            let mut off = 0;
+            for c in file.chunks {
+                held.at.entry(c.hash).or_insert((index, off, c.size));
+                off += c.size;
+            }
+            held.files.push((path, file.path));
+        }
+        Ok(held)
+    }
+
+    /// Chunk `hash`, read at the offset the manifest gives and checked against its hash before
+    /// it is handed out.
+    pub fn read(&self, hash: &str) -> std::result::Result<Vec<u8>, HeldError> {
+        let not_named =
+            || HeldError::NotNamed { snapshot: self.id.to_string(), hash: hash.chars().take(80).collect() };
+        if !is_hash(hash) {
+            return Err(not_named());
+        }
+        let &(index, off, size) = self.at.get(hash).ok_or_else(not_named)?;
+        let (path, named) = self.files.get(index).ok_or_else(not_named)?;
+        let data = read_range(path, off, size).map_err(|e| HeldError::Local(io(path, e)))?;
+        let actual = sha256_hex(&data);
+        if data.len() as u64 != size || actual != hash {
+            return Err(HeldError::Local(Error::Invalid(format!(
+                "chunk {hash} of snapshot {} is damaged here ({named} hashes to {actual}); it is not served",
+                self.id
+            ))));
+        }
+        Ok(data)
+    }
+}
+
 /// Chunk `hash` of snapshot `id`, whose directory here is `snapshot_dir`: only a chunk its
-/// [`LOCAL_MANIFEST`] (written by the push that sent it or the pull that brought it) names, read
-/// at the offset the manifest gives and checked against its hash before it is handed out.
+/// [`LOCAL_MANIFEST`] names ([`HeldChunks`], read for this one chunk).
 pub fn read_held_chunk(
     snapshot_dir: &Path,
     id: &SnapshotId,
@@ -146,36 +211,7 @@ pub fn read_held_chunk(
     if !is_hash(hash) {
         return Err(HeldError::NotNamed { snapshot: id.to_string(), hash: hash.chars().take(80).collect() });
     }
-    let mpath = snapshot_dir.join(LOCAL_MANIFEST);
-    let f = match std::fs::File::open(&mpath) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(HeldError::NoSnapshot(id.to_string()))
-        }
-        Err(e) => return Err(HeldError::Local(io(&mpath, e))),
-    };
-    let mut bytes = Vec::new();
-    f.take(MAX_MANIFEST_BYTES + 1).read_to_end(&mut bytes).map_err(|e| HeldError::Local(io(&mpath, e)))?;
-    let m = Manifest::parse(&bytes, id).map_err(HeldError::Local)?;
-    for file in &m.files {
-        let mut off = 0;
-        for c in &file.chunks {
-            if c.hash == hash {
-                let path = snapshot_dir.join(safe_path(&file.path).map_err(HeldError::Local)?);
-                let data = read_range(&path, off, c.size).map_err(|e| HeldError::Local(io(&path, e)))?;
-                let actual = sha256_hex(&data);
-                if data.len() as u64 != c.size || actual != c.hash {
-                    return Err(HeldError::Local(Error::Invalid(format!(
-                        "chunk {hash} of snapshot {id} is damaged here ({} hashes to {actual}); it is not served",
-                        file.path
-                    ))));
-                }
-                return Ok(data);
-            }
-            off += c.size;
-        }
-    }
-    Err(HeldError::NotNamed { snapshot: id.to_string(), hash: hash.to_string() })
+    HeldChunks::load(snapshot_dir, id)?.read(hash)
 }
 
 /// At most `size` bytes of `path` from `off` (fewer at its end).

@@ -38,7 +38,6 @@ pub fn router(st: AppState, pools: Arc<Pools>) -> (Router, utoipa::openapi::Open
     let router = api
         .merge(crate::e2b::router(st.clone()))
         .merge(crate::ui::router().with_state(st.clone()))
-        .merge(crate::fleet::remote::router(st.clone()))
         .fallback(|| async { ApiError::not_found("no such route; GET /openapi.json lists them") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(

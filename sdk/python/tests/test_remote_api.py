@@ -107,4 +107,15 @@ def test_pushed_through_the_api_pulled_from_a_peer_and_from_s3_alone(workdir: Pa
 def test_a_branchboxd_without_a_store_says_what_to_set(workdir: Path) -> None:
     with _serve(workdir, "no-store") as svc:
         with pytest.raises(BranchboxError, match="BRANCHBOX_REMOTE"):
+            Sandbox.pull_snapshot("snap-0123456789abcdef", **svc.sdk())
+        # An unknown snapshot is not found before the store is looked for; a held one is pushed
+        # only to a store.
+        with pytest.raises(BranchboxError, match="not found"):
             Sandbox.push_snapshot("anything", **svc.sdk())
+        sbx = Sandbox.create(timeout=120, **svc.sdk())
+        try:
+            snap = sbx.create_snapshot().snapshot_id
+            with pytest.raises(BranchboxError, match="BRANCHBOX_REMOTE"):
+                Sandbox.push_snapshot(snap, **svc.sdk())
+        finally:
+            sbx.kill()

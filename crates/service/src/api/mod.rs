@@ -1,6 +1,7 @@
-//! The native HTTP API (`/v1`, `/healthz`, `/metrics`, `/openapi.json`), the port proxy and
-//! `/mcp`: their routes, their state ([`ApiState`]) and the OpenAPI document generated from
-//! them. `crate::serve::router` puts this surface beside E2B's and the console's.
+//! The native HTTP API (`/v1`, `/healthz`, `/metrics`, `/openapi.json`; with the fleet's
+//! snapshot push, pull and chunk routes), the port proxy and `/mcp`: their routes, their state
+//! ([`ApiState`]) and the OpenAPI document generated from them. `crate::serve::router` puts
+//! this surface beside E2B's and the console's.
 //!
 //! Routes are registered through `utoipa-axum`, so the OpenAPI document at `/openapi.json` is
 //! built from the same handler list the router serves and cannot drift from it.
@@ -154,8 +155,10 @@ pub fn router(state: ApiState) -> (Router, OpenApiDoc) {
         .routes(routes!(udp::open))
         .routes(routes!(follow::output))
         .routes(routes!(follow::watch));
+    // Portable snapshots' push, pull and chunk routes: long transfers, so without the limit.
     let authed = control
         .merge(streams)
+        .merge(crate::fleet::remote::routes(&st))
         .layer(from_fn_with_state(st.clone(), audit))
         .layer(from_fn_with_state(st.clone(), authenticate));
     let open = OpenApiRouter::new().routes(routes!(system::healthz)).routes(routes!(system::challenge));

@@ -5,26 +5,34 @@
 //! its peers file for each chunk before the store. The store is named by branchboxd's
 //! environment as for `branchbox remote` (`BRANCHBOX_REMOTE`, `BRANCHBOX_S3_ENDPOINT`,
 //! `AWS_*`), read at each request. docs/remote.md, "Through the API" and "Pull from a peer".
+//!
+//! The routes are part of the native API's OpenAPI document (`crate::api` adds them with its
+//! authentication and audit log); the serving side keeps parsed manifests between a peer's
+//! requests ([`manifests`]).
 
+mod manifests;
+
+use self::manifests::Manifests;
 use super::Fleet;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::extract::{snapshot_ref, ApiJson};
-use crate::middleware::{audit, authenticate, AuditNote};
+use crate::middleware::AuditNote;
 use crate::AppState;
-use axum::extract::{Path, State};
+use axum::extract::{FromRef, Path, State};
 use axum::http::{header, StatusCode};
-use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Extension, Json, Router};
-use branchbox_chunks::peer::{read_held_chunk, ChunkSource, HeldError, Peer};
+use axum::{Extension, Json};
+use branchbox_chunks::peer::{ChunkSource, HeldChunks, HeldError, Peer};
 use branchbox_chunks::s3::{Remote, RemoteConfig, StoreSettings};
-use branchbox_chunks::{PullReport, PushReport};
+use branchbox_chunks::{PullReport, PushReport, LOCAL_MANIFEST};
 use branchbox_model::SnapshotId;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use tokio::sync::Semaphore;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 /// Chunks read for peers at once; each holds up to 4 MiB in memory until it is sent.
 const CHUNK_READS: usize = 8;
@@ -33,19 +41,26 @@ const CHUNK_READS: usize = 8;
 struct Shared {
     fleet: Fleet,
     reads: Arc<Semaphore>,
+    manifests: Arc<Manifests<HeldChunks>>,
 }
 
-/// The routes, behind authentication by this node's token and the audit log.
-pub fn router(st: AppState) -> Router {
-    let shared = Shared { fleet: Fleet::new(&st), reads: Arc::new(Semaphore::new(CHUNK_READS)) };
-    Router::new()
-        .route("/v1/snapshots/{snapshot}/chunks/{hash}", get(chunk))
-        .route("/v1/snapshots/{snapshot}/push", post(push))
-        .route("/v1/snapshots/pull", post(pull))
+/// The routes with their OpenAPI description, for a router whose state holds an [`AppState`];
+/// the caller puts them behind authentication by this node's token and the audit log.
+pub fn routes<S>(st: &AppState) -> OpenApiRouter<S>
+where
+    S: Clone + Send + Sync + 'static,
+    AppState: FromRef<S>,
+{
+    let shared = Shared {
+        fleet: Fleet::new(st),
+        reads: Arc::new(Semaphore::new(CHUNK_READS)),
+        manifests: Default::default(),
+    };
+    OpenApiRouter::new()
+        .routes(routes!(chunk))
+        .routes(routes!(push))
+        .routes(routes!(pull))
         .layer(Extension(shared))
-        .layer(from_fn_with_state(st.clone(), audit))
-        .layer(from_fn_with_state(st.clone(), authenticate))
-        .with_state(st)
 }
 
 /// The store branchboxd's flags name, else its environment, or 503 saying what is missing.
@@ -63,7 +78,13 @@ fn store(flags: &StoreSettings) -> ApiResult<Remote> {
 }
 
 /// One chunk of a snapshot this node holds (pushed from here or pulled here), as its manifest
-/// names it, checked against its hash before it is sent.
+/// names it, checked against its hash before it is sent. Peers ask this during a pull.
+#[utoipa::path(get, path = "/v1/snapshots/{snapshot}/chunks/{hash}", tag = "remote",
+    params(("snapshot" = String, Path, description = "snapshot id (not a name)"),
+           ("hash" = String, Path, description = "the chunk's SHA-256, 64 lowercase hex digits")),
+    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>, description = "the chunk's bytes"),
+              (status = "4XX", body = ErrorBody, description = "bad id (400); not pushed or pulled here, or no such chunk in its manifest (404)"),
+              (status = 500, body = ErrorBody, description = "the local copy is damaged or unreadable")))]
 async fn chunk(
     State(st): State<AppState>,
     Extension(sh): Extension<Shared>,
@@ -72,9 +93,12 @@ async fn chunk(
     let id = SnapshotId::parse(&snapshot).map_err(|e| ApiError::bad_request("invalid_id", e.to_string()))?;
     let dir = st.cfg.engine.data_dir.join("snapshots").join(id.as_str());
     let _permit = sh.reads.acquire().await.map_err(|_| ApiError::internal("the chunk readers are closed"))?;
-    let read = tokio::task::spawn_blocking(move || read_held_chunk(&dir, &id, &hash))
-        .await
-        .map_err(|e| ApiError::internal(format!("a worker failed: {e}")))?;
+    let manifests = sh.manifests.clone();
+    let read = tokio::task::spawn_blocking(move || {
+        manifests.get(&id, &dir.join(LOCAL_MANIFEST), || HeldChunks::load(&dir, &id))?.read(&hash)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("a worker failed: {e}")))?;
     match read {
         Ok(data) => Ok(([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response()),
         Err(e @ (HeldError::NoSnapshot(_) | HeldError::NotNamed { .. })) => {
@@ -84,17 +108,96 @@ async fn chunk(
     }
 }
 
+/// What a push did.
+#[derive(Debug, Serialize, ToSchema)]
+struct PushAnswer {
+    /// The snapshot's id.
+    snapshot: String,
+    /// Chunks in its manifest.
+    chunks: usize,
+    /// Chunks uploaded.
+    sent_chunks: usize,
+    /// Bytes uploaded.
+    sent_bytes: u64,
+    /// Bytes the store had already.
+    skipped_bytes: u64,
+    /// Wall time, seconds.
+    seconds: f64,
+}
+
+impl From<PushReport> for PushAnswer {
+    fn from(r: PushReport) -> PushAnswer {
+        // Taken apart whole, so a field added to the report cannot be left out of the answer.
+        let PushReport { snapshot, chunks, sent_chunks, sent_bytes, skipped_bytes, seconds } = r;
+        PushAnswer { snapshot, chunks, sent_chunks, sent_bytes, skipped_bytes, seconds }
+    }
+}
+
+/// What a pull did.
+#[derive(Debug, Serialize, ToSchema)]
+struct PullAnswer {
+    /// The snapshot's id.
+    snapshot: String,
+    /// Chunks in its manifest.
+    chunks: usize,
+    /// Bytes downloaded: `peer_bytes` + `s3_bytes`.
+    fetched_bytes: u64,
+    /// Bytes copied from snapshots already here.
+    reused_bytes: u64,
+    /// Bytes fetched from the peer.
+    peer_bytes: u64,
+    /// Bytes fetched from the store.
+    s3_bytes: u64,
+    /// Why the pull stopped asking the peer, when it had one and it failed.
+    peer_error: Option<String>,
+    /// Wall time, seconds.
+    seconds: f64,
+}
+
+impl From<PullReport> for PullAnswer {
+    fn from(r: PullReport) -> PullAnswer {
+        let PullReport {
+            snapshot,
+            chunks,
+            fetched_bytes,
+            reused_bytes,
+            peer_bytes,
+            s3_bytes,
+            peer_error,
+            seconds,
+        } = r;
+        PullAnswer {
+            snapshot,
+            chunks,
+            fetched_bytes,
+            reused_bytes,
+            peer_bytes,
+            s3_bytes,
+            peer_error,
+            seconds,
+        }
+    }
+}
+
 /// Pushes a snapshot (id or name) to the store: the chunks it lacks, then the manifest.
+#[utoipa::path(post, path = "/v1/snapshots/{snapshot}/push", tag = "remote",
+    params(("snapshot" = String, Path, description = "snapshot id or name")),
+    responses((status = 200, body = PushAnswer),
+              (status = "4XX", body = ErrorBody, description = "bad reference (400) or no such snapshot (404)"),
+              (status = 502, body = ErrorBody, description = "the store refused what was sent"),
+              (status = 503, body = ErrorBody, description = "no store configured, or it is unreachable")))]
 async fn push(
     State(st): State<AppState>,
     Path(snapshot): Path<String>,
-) -> ApiResult<(StatusCode, Extension<AuditNote>, Json<PushReport>)> {
+) -> ApiResult<(StatusCode, Extension<AuditNote>, Json<PushAnswer>)> {
     let snapshot = snapshot_ref(&snapshot)?;
+    // An unknown snapshot is a 404 whether or not a store is configured.
+    let id = st.blocking(move |engine, _| Ok(engine.find_snapshot(&snapshot)?.id)).await?;
     let remote = store(&st.cfg.store)?;
     let url = remote.url().to_string();
     let r = st
         .blocking(move |engine, _| {
-            Ok(engine.push_snapshot(&remote, &snapshot, &mut |_| ControlFlow::Continue(()))?)
+            Ok(engine.push_snapshot(&remote, id.as_str(), &mut |_| ControlFlow::Continue(()))?)
         })
         .await?;
     let note = AuditNote {
@@ -102,11 +205,11 @@ async fn push(
         detail: Some(format!("pushed to {url}: {} chunks, {} bytes sent", r.chunks, r.sent_bytes)),
         ..Default::default()
     };
-    Ok((StatusCode::OK, Extension(note), Json(r)))
+    Ok((StatusCode::OK, Extension(note), Json(r.into())))
 }
 
 /// What `POST /v1/snapshots/pull` takes.
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct PullBody {
     /// The pushed snapshot's id.
@@ -116,12 +219,18 @@ struct PullBody {
     peer: Option<String>,
 }
 
-/// Pulls a pushed snapshot into this node under the same id.
+/// Pulls a pushed snapshot into this node under the same id, asking `peer` for each chunk
+/// before the store.
+#[utoipa::path(post, path = "/v1/snapshots/pull", tag = "remote", request_body = PullBody,
+    responses((status = 200, body = PullAnswer),
+              (status = "4XX", body = ErrorBody, description = "bad id or body, a peer not in the peers file (400/422), never pushed (404), already here (409)"),
+              (status = 502, body = ErrorBody, description = "a chunk in the store is corrupt or missing, or the manifest is refused; nothing was recorded"),
+              (status = 503, body = ErrorBody, description = "no store configured, or it is unreachable")))]
 async fn pull(
     State(st): State<AppState>,
     Extension(sh): Extension<Shared>,
     ApiJson(body): ApiJson<PullBody>,
-) -> ApiResult<(StatusCode, Extension<AuditNote>, Json<PullReport>)> {
+) -> ApiResult<(StatusCode, Extension<AuditNote>, Json<PullAnswer>)> {
     let id = SnapshotId::parse(&body.id).map_err(|e| ApiError::bad_request("invalid_id", e.to_string()))?;
     let peer = match &body.peer {
         None => None,
@@ -152,5 +261,43 @@ async fn pull(
         detail: Some(format!("pulled from {url}: {} bytes fetched{from}", r.fetched_bytes)),
         ..Default::default()
     };
-    Ok((StatusCode::OK, Extension(note), Json(r)))
+    Ok((StatusCode::OK, Extension(note), Json(r.into())))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::ServiceConfig;
+    use crate::state::AppState;
+
+    #[test]
+    fn push_pull_and_chunks_are_in_the_openapi_document_with_their_answers() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = ServiceConfig::new(branchbox_core::Config::from_env(Some(dir.path())));
+        let st = AppState::open(cfg, Some(crate::auth::Tokens::new(["test-token-0123456789"]))).unwrap();
+        let (_, doc) = crate::serve::router(st, Default::default());
+        let doc = serde_json::to_value(&doc).unwrap();
+        let paths = &doc["paths"];
+        let op = |path: &str, method: &str| paths[path][method].clone();
+        let chunk = op("/v1/snapshots/{snapshot}/chunks/{hash}", "get");
+        assert!(chunk["responses"]["200"]["content"]["application/octet-stream"].is_object(), "{chunk}");
+        let push = op("/v1/snapshots/{snapshot}/push", "post");
+        assert_eq!(
+            push["responses"]["200"]["content"]["application/json"]["schema"]["$ref"],
+            "#/components/schemas/PushAnswer"
+        );
+        let pull = op("/v1/snapshots/pull", "post");
+        assert_eq!(
+            pull["requestBody"]["content"]["application/json"]["schema"]["$ref"],
+            "#/components/schemas/PullBody"
+        );
+        for o in [&chunk, &push, &pull] {
+            assert_eq!(o["security"], serde_json::json!([{"bearer": []}]), "{o}");
+        }
+        let schemas = &doc["components"]["schemas"];
+        for (name, field) in
+            [("PushAnswer", "sent_bytes"), ("PullAnswer", "peer_bytes"), ("PullBody", "peer")]
+        {
+            assert!(schemas[name]["properties"][field].is_object(), "{name}: {}", schemas[name]);
+        }
+    }
 }
