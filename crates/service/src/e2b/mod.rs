@@ -31,6 +31,7 @@ pub mod rest;
 mod routes;
 mod template_build;
 mod template_files;
+mod template_logs;
 mod templates;
 pub mod terminals;
 pub mod uploads;

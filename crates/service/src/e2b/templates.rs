@@ -17,6 +17,7 @@
 
 use super::template_build::{self, BuildStart, Plan};
 use super::template_files::{read_archive, MAX_ARCHIVE_BYTES};
+use super::template_logs::Follow;
 use super::{E2bError, PREFIX};
 use crate::error::ApiError;
 use crate::extract::ApiQuery;
@@ -27,7 +28,6 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use branchbox_core::BuildEvent;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -45,10 +45,6 @@ const MAX_LINKS: usize = 1024;
 const LINK_TTL: Duration = Duration::from_secs(3600);
 /// Most log entries one build keeps; later ones are counted in a last entry.
 const MAX_LOG_ENTRIES: usize = 20_000;
-/// Longest log line kept, bytes; the rest of a longer line starts the next entry.
-const MAX_LINE: usize = 4096;
-/// How much of a failed step's output its error repeats, bytes.
-const ERROR_TAIL: usize = 4096;
 /// Most entries one status answer carries (E2B's own page).
 const PAGE: usize = 100;
 
@@ -443,10 +439,13 @@ async fn start_build(
             .app
             .blocking(move |engine, _| {
                 let _place = place;
-                let mut f = Follow::new(b2, id2, plan.labels);
+                let sink = move |level: &'static str, step: &str, message: String| {
+                    b2.log(&id2, level, Some(step), message)
+                };
+                let mut f = Follow::new(plan.labels, sink);
                 let r = engine.build_template(plan.spec, Some(&ctx2), &mut |ev| f.on(ev));
                 f.flush();
-                Ok((r.map_err(|e| ApiError::from(e).message), f.label(), f.tail))
+                Ok((r.map_err(|e| ApiError::from(e).message), f.label(), f.tail().to_string()))
             })
             .await;
         let (result, label, tail) = match done {
@@ -508,75 +507,6 @@ async fn prepare(st: &TemplateState, name: &str, plan: &Plan, ctx: PathBuf) -> E
     .await
     .map_err(|e| E2bError(ApiError::internal(format!("unpacking the uploads failed: {e}"))))?;
     r.map_err(|m| bad("bad_files", m))
-}
-
-/// Turns the engine's build events into E2B's log entries and keeps the running step's
-/// output tail for its error.
-struct Follow {
-    builds: Arc<Builds>,
-    build: String,
-    labels: Vec<String>,
-    current: usize,
-    partial: String,
-    tail: String,
-}
-
-impl Follow {
-    fn new(builds: Arc<Builds>, build: String, labels: Vec<String>) -> Follow {
-        Follow { builds, build, labels, current: 0, partial: String::new(), tail: String::new() }
-    }
-
-    fn label(&self) -> String {
-        self.labels.get(self.current).cloned().unwrap_or_else(|| "finalize".into())
-    }
-
-    fn line(&self, level: &'static str, message: String) {
-        self.builds.log(&self.build, level, Some(&self.label()), message);
-    }
-
-    fn flush(&mut self) {
-        if !self.partial.is_empty() {
-            let p = std::mem::take(&mut self.partial);
-            self.line("info", p);
-        }
-    }
-
-    fn on(&mut self, ev: &BuildEvent) {
-        match ev {
-            BuildEvent::Step { index, total, step, cached } => {
-                self.flush();
-                self.current = *index;
-                self.tail.clear();
-                let cached = if *cached { " (cached)" } else { "" };
-                self.line("info", format!("step {index}/{total}: {step}{cached}"));
-            }
-            BuildEvent::Output { data, .. } => {
-                self.tail.push_str(data);
-                if self.tail.len() > ERROR_TAIL {
-                    let mut cut = self.tail.len() - ERROR_TAIL;
-                    while !self.tail.is_char_boundary(cut) {
-                        cut += 1;
-                    }
-                    self.tail.drain(..cut);
-                }
-                self.partial.push_str(data);
-                while let Some(i) = self.partial.find('\n') {
-                    let rest = self.partial.split_off(i + 1);
-                    let mut line = std::mem::replace(&mut self.partial, rest);
-                    line.pop();
-                    self.line("info", line);
-                }
-                if self.partial.len() > MAX_LINE {
-                    self.flush();
-                }
-            }
-            BuildEvent::StepDone { index, ms, cached: false, .. } => {
-                self.flush();
-                self.line("info", format!("step {index} done in {ms} ms"));
-            }
-            BuildEvent::StepDone { .. } => {}
-        }
-    }
 }
 
 /// The status query the SDK sends.
