@@ -1,5 +1,6 @@
-"""E2B's sandbox metrics (`Sandbox.get_metrics`) from the sandbox's host cgroups (issue 28): the
-pinned `e2b` package, configured only as an E2B user would, on real gVisor sandboxes."""
+"""E2B's sandbox metrics (`Sandbox.get_metrics`, and the batch route `GET /sandboxes/metrics`
+that the SDK's API client calls) from the sandbox's host cgroups (issue 28): the pinned `e2b`
+package, configured only as an E2B user would, on real gVisor sandboxes."""
 
 from __future__ import annotations
 
@@ -62,3 +63,47 @@ def test_metrics_of_unknown_sandboxes_are_not_found(e2b_env):  # noqa: F811
     for bad in ("sbx-0000000000000000", "x"):
         with pytest.raises(e2b.NotFoundException):
             e2b.Sandbox.get_metrics(bad)
+
+
+def _batch(ids: list[str]):
+    """The batch metrics through the SDK's own API client, as E2B's SDK configures it."""
+    from e2b.api.client.api.sandboxes import get_sandboxes_metrics
+    from e2b.api.client_sync import get_api_client
+    from e2b.connection_config import ConnectionConfig
+
+    return get_sandboxes_metrics.sync_detailed(client=get_api_client(ConnectionConfig()), sandbox_ids=ids)
+
+
+def test_batch_metrics_answer_each_running_sandbox_named_and_leave_out_the_rest(e2b_env):  # noqa: F811
+    a = e2b.Sandbox.create(timeout=300)
+    b = e2b.Sandbox.create(timeout=300)
+    paused = e2b.Sandbox.create(timeout=300)
+    try:
+        paused.pause()
+        with e2b_env.client() as c:
+            limits = c.get(f"/v1/sandboxes/{a.sandbox_id}").json()["limits"]
+        r = _batch([a.sandbox_id, b.sandbox_id, paused.sandbox_id, "sbx-0000000000000000"])
+        assert r.status_code == 200, r.content
+        got = r.parsed.sandboxes
+        assert sorted(got) == sorted([a.sandbox_id, b.sandbox_id]), got
+        for m in got.values():
+            assert m["cpuCount"] == limits["cpus"] and m["memTotal"] == limits["memory_mib"] * MIB, m
+            assert m["memUsed"] > 0 and 0 <= m["cpuUsedPct"] <= 100, m
+            assert abs(m["timestampUnix"] - datetime.datetime.now().timestamp()) < 60, m
+
+        key = {"X-API-Key": e2b_env.token}
+        url = f"{e2b_env.url}/e2b/sandboxes/metrics"
+        with httpx.Client(timeout=60) as c:
+            r = c.get(url, params={"sandbox_ids": f"{a.sandbox_id},{a.sandbox_id}"}, headers=key)
+            assert list(r.json()["sandboxes"]) == [a.sandbox_id], r.text
+            r = c.get(url, params={"sandbox_ids": f"{a.sandbox_id},nope"}, headers=key)
+            assert (r.status_code, r.json()["code"]) == (400, 400) and '"nope"' in r.json()["message"], r.text
+            many = ",".join(f"sbx-{i:016x}" for i in range(101))
+            r = c.get(url, params={"sandbox_ids": many}, headers=key)
+            assert r.status_code == 400 and "at most 100" in r.json()["message"], r.text
+            r = c.get(url, headers=key)
+            assert r.status_code == 400 and "sandbox_ids" in r.json()["message"], r.text
+            assert c.get(url, params={"sandbox_ids": a.sandbox_id}).status_code == 401
+    finally:
+        for s in (a, b, paused):
+            s.kill()

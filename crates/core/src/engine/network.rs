@@ -29,6 +29,12 @@ impl Engine {
         }
     }
 
+    /// Sandbox `id`'s egress policy, `None` for a sandbox without a network.
+    pub fn egress_policy(&self, id: &SandboxId) -> Result<Option<Egress>> {
+        self.store.sandbox(id)?;
+        branchbox_net::record::recorded(&self.sandbox_dir(id)).map_err(net_error)
+    }
+
     /// Sandbox `id`'s egress policy and counters.
     pub fn egress(&self, id: &SandboxId) -> Result<(Egress, Counters)> {
         let egress = self.networked(id)?;

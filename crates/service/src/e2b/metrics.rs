@@ -5,6 +5,9 @@
 //! so an interval that ends before now (or starts after it) has no points, as does a paused
 //! sandbox (its runtime is gone) and a sandbox whose runtime has no such cgroups (the microvm
 //! backend, a cgroup v2 host): E2B answers an empty list where it has no figures either.
+//! `GET /sandboxes/metrics?sandbox_ids=a,b` answers the point of now of each sandbox named,
+//! all measured over one window; a sandbox with no figures (unknown, paused, without such
+//! cgroups) is left out of its map.
 
 use super::{network::e2b_id, pb::Timestamp, E2bError};
 use crate::error::ApiError;
@@ -12,8 +15,9 @@ use crate::state::AppState;
 use axum::extract::{Path, RawQuery, State};
 use axum::routing::get;
 use axum::{Json, Router};
-use branchbox_model::SandboxState;
+use branchbox_model::{SandboxId, SandboxState};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::{Path as FsPath, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -25,9 +29,12 @@ const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// How long the CPU is watched for one point.
 const WINDOW: Duration = Duration::from_millis(250);
 
+/// Most sandboxes one batch names (E2B's bound).
+const MAX_BATCH: usize = 100;
+
 /// The routes under [`super::PREFIX`] this module serves.
 pub fn routes() -> Router<AppState> {
-    Router::new().route("/sandboxes/{id}/metrics", get(metrics))
+    Router::new().route("/sandboxes/{id}/metrics", get(metrics)).route("/sandboxes/metrics", get(batch))
 }
 
 /// E2B's `SandboxMetric`.
@@ -43,6 +50,12 @@ struct E2bMetric {
     mem_cache: u64,
     disk_used: u64,
     disk_total: u64,
+}
+
+/// E2B's `SandboxesWithMetrics`: each measured sandbox's point of now, by id.
+#[derive(Debug, Serialize)]
+struct Batch {
+    sandboxes: BTreeMap<String, E2bMetric>,
 }
 
 /// The query: the interval asked for, Unix seconds (both optional).
@@ -121,17 +134,67 @@ fn look(root: &FsPath, cid: &str) -> Option<Look> {
     Some(Look { cpu_ns, memory, file_cache: cache.saturating_sub(shmem) })
 }
 
-/// Looks at sandbox `id`'s newest generation now: its name, when, and what it showed.
-async fn look_now(id: String) -> Option<(String, Instant, Look)> {
+/// Looks at each sandbox's newest generation now: its name, when, and what it showed.
+async fn look_now(ids: Vec<String>) -> Vec<Option<(String, Instant, Look)>> {
+    let n = ids.len();
     tokio::task::spawn_blocking(move || {
         let root = FsPath::new(CGROUP_ROOT);
-        let cid = generation(root, &id)?;
-        let l = look(root, &cid)?;
-        Some((cid, Instant::now(), l))
+        ids.iter()
+            .map(|id| {
+                let cid = generation(root, id)?;
+                let l = look(root, &cid)?;
+                Some((cid, Instant::now(), l))
+            })
+            .collect()
     })
     .await
-    .ok()
-    .flatten()
+    .unwrap_or_else(|_| vec![None; n])
+}
+
+/// What a sandbox's point is measured for: its id and its limits.
+struct Measured {
+    id: String,
+    cpus: u32,
+    memory_mib: u64,
+}
+
+impl Measured {
+    fn of(s: &branchbox_model::Sandbox) -> Measured {
+        Measured { id: s.id.to_string(), cpus: s.limits.cpus, memory_mib: s.limits.memory_mib }
+    }
+}
+
+/// The point of now of each sandbox, all watched over one window; `None` for one with no
+/// runtime to measure, or whose generation changed in between (a rollback).
+async fn points(sandboxes: &[Measured]) -> Vec<Option<E2bMetric>> {
+    let ids: Vec<String> = sandboxes.iter().map(|s| s.id.clone()).collect();
+    let before = look_now(ids.clone()).await;
+    if before.iter().all(Option::is_none) {
+        return before.into_iter().map(|_| None).collect();
+    }
+    tokio::time::sleep(WINDOW).await;
+    let after = look_now(ids).await;
+    let now_ms = branchbox_model::now_ms();
+    sandboxes
+        .iter()
+        .zip(before.into_iter().zip(after))
+        .map(|(s, pair)| {
+            let (Some((cid, t0, before)), Some((cid1, t1, after))) = pair else { return None };
+            (cid == cid1).then(|| E2bMetric {
+                timestamp: Timestamp::from_ns(now_ms.saturating_mul(1_000_000)).rfc3339(),
+                timestamp_unix: now_ms / 1000,
+                cpu_count: s.cpus,
+                cpu_used_pct: cpu_percent(&before, &after, t1.duration_since(t0), s.cpus),
+                mem_used: after.memory.saturating_sub(after.file_cache),
+                mem_total: s.memory_mib.saturating_mul(1 << 20),
+                mem_cache: after.file_cache,
+                // The root file system lives in memory (gVisor's overlay): what is written
+                // there is in mem_used, and there is no disk of its own to report.
+                disk_used: 0,
+                disk_total: 0,
+            })
+        })
+        .collect()
 }
 
 /// The share of `cpus` CPUs used between two looks, in percent: at most 100, the runtime's
@@ -158,28 +221,62 @@ async fn metrics(
     if sandbox.state != SandboxState::Running || !interval.holds(branchbox_model::now_ms() / 1000) {
         return Ok(Json(Vec::new()));
     }
-    let id = sandbox.id.to_string();
-    let Some((cid, t0, before)) = look_now(id.clone()).await else { return Ok(Json(Vec::new())) };
-    tokio::time::sleep(WINDOW).await;
-    // A generation that changed in between (a rollback) has no window to measure.
-    let Some((_, t1, after)) = look_now(id).await.filter(|(c, ..)| *c == cid) else {
-        return Ok(Json(Vec::new()));
-    };
-    let cpus = sandbox.limits.cpus;
-    let now_ms = branchbox_model::now_ms();
-    Ok(Json(vec![E2bMetric {
-        timestamp: Timestamp::from_ns(now_ms.saturating_mul(1_000_000)).rfc3339(),
-        timestamp_unix: now_ms / 1000,
-        cpu_count: cpus,
-        cpu_used_pct: cpu_percent(&before, &after, t1.duration_since(t0), cpus),
-        mem_used: after.memory.saturating_sub(after.file_cache),
-        mem_total: sandbox.limits.memory_mib.saturating_mul(1 << 20),
-        mem_cache: after.file_cache,
-        // The root file system lives in memory (gVisor's overlay): what is written there is in
-        // mem_used, and there is no disk of its own to report.
-        disk_used: 0,
-        disk_total: 0,
-    }]))
+    Ok(Json(points(&[Measured::of(&sandbox)]).await.into_iter().flatten().collect()))
+}
+
+/// The sandboxes a batch names: `sandbox_ids`, comma-separated or repeated, at most
+/// [`MAX_BATCH`], each shaped like a sandbox id (a 400 names the one that is not).
+fn batch_ids(query: Option<&str>) -> E2bResult<Vec<SandboxId>> {
+    let bad = |why: String| E2bError(ApiError::bad_request("bad_query", why));
+    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(query.unwrap_or_default())
+        .map_err(|e| bad(format!("the metrics query does not parse: {e}")))?;
+    let mut given = Vec::new();
+    for (key, value) in &pairs {
+        if key != "sandbox_ids" {
+            let key: String = key.chars().take(64).collect();
+            return Err(bad(format!("{key:?} is not a parameter here; give sandbox_ids")));
+        }
+        given.extend(value.split(',').map(str::trim).filter(|v| !v.is_empty()));
+    }
+    if given.is_empty() {
+        return Err(bad("give sandbox_ids: the sandboxes to measure, comma-separated".into()));
+    }
+    if given.len() > MAX_BATCH {
+        return Err(bad(format!("at most {MAX_BATCH} sandbox_ids; {} were given", given.len())));
+    }
+    let mut ids: Vec<SandboxId> = Vec::with_capacity(given.len());
+    for v in given {
+        let id = SandboxId::parse(v).map_err(|_| {
+            let v: String = v.chars().take(64).collect();
+            bad(format!("sandbox_ids: {v:?} is not a sandbox id"))
+        })?;
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    Ok(ids)
+}
+
+/// `GET /sandboxes/metrics?sandbox_ids=...`: the point of now of each sandbox named that has
+/// one; those that do not exist, are paused or have no runtime to measure are left out.
+async fn batch(State(st): State<AppState>, RawQuery(query): RawQuery) -> E2bResult<Json<Batch>> {
+    let ids = batch_ids(query.as_deref())?;
+    let running = st
+        .blocking(move |engine, _| {
+            let mut out = Vec::new();
+            for id in &ids {
+                match engine.sandbox(id) {
+                    Ok(s) if s.state == SandboxState::Running => out.push(Measured::of(&s)),
+                    Ok(_) | Err(branchbox_model::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Ok(out)
+        })
+        .await?;
+    let points = points(&running).await;
+    let sandboxes = running.into_iter().zip(points).filter_map(|(s, p)| Some((s.id, p?))).collect();
+    Ok(Json(Batch { sandboxes }))
 }
 
 #[cfg(test)]
@@ -239,5 +336,33 @@ mod tests {
         let e = Interval::parse(Some("step=5")).unwrap_err().0.message;
         assert!(e.contains("step"), "{e}");
         assert!(Interval::parse(Some("start=soon")).is_err());
+    }
+
+    #[test]
+    fn a_batch_names_at_most_its_bound_of_well_shaped_ids() {
+        let (a, b) = ("sbx-0123456789abcdef", "sbx-fedcba9876543210");
+        let ids = batch_ids(Some(&format!("sandbox_ids={a}%2C{b}&sandbox_ids={a}"))).unwrap();
+        assert_eq!(
+            ids.iter().map(SandboxId::as_str).collect::<Vec<_>>(),
+            [a, b],
+            "split, repeated, deduplicated"
+        );
+        let err = |q: &str| batch_ids(Some(q)).unwrap_err().0;
+        let e = err(&format!("sandbox_ids={a},nope"));
+        assert!(
+            e.status == axum::http::StatusCode::BAD_REQUEST && e.message.contains("\"nope\""),
+            "{}",
+            e.message
+        );
+        assert!(err("").message.contains("give sandbox_ids"));
+        assert!(err("sandbox_ids=").message.contains("give sandbox_ids"));
+        assert!(err(&format!("ids={a}")).message.contains("\"ids\""));
+        let many: Vec<String> = (0..=MAX_BATCH).map(|i| format!("sbx-{i:016x}")).collect();
+        let e = err(&format!("sandbox_ids={}", many.join(",")));
+        assert!(e.message.contains("at most 100 sandbox_ids; 101"), "{}", e.message);
+        assert_eq!(
+            batch_ids(Some(&format!("sandbox_ids={}", many[..MAX_BATCH].join(",")))).unwrap().len(),
+            MAX_BATCH
+        );
     }
 }

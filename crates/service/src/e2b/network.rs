@@ -1,7 +1,8 @@
 //! E2B's network options on branchbox's egress policy (docs/e2b.md, docs/network.md): the
 //! create's `allow_internet_access` and `network` object (`allowOut`, `denyOut`, `dnsServers`,
 //! and the public-traffic settings) and `PUT /sandboxes/{id}/network` (`Sandbox.update_network`),
-//! each mapped onto one [`Egress`] and enforced by the sandbox's router.
+//! each mapped onto one [`Egress`] and enforced by the sandbox's router; and back, the rules
+//! that stand for a sandbox's policy in E2B's sandbox detail ([`detail`]).
 //!
 //! E2B's rules are an allow list that takes precedence over a deny list. branchbox's policy is
 //! one of three modes: the public internet (private ranges refused), nothing, or only a list.
@@ -23,7 +24,7 @@ use axum::Router;
 use branchbox_model::SandboxId;
 use branchbox_net::policy::PRIVATE;
 use branchbox_net::{AllowList, Cidr, Egress, MAX_ALLOW};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::net::Ipv4Addr;
 
 type E2bResult<T> = Result<T, E2bError>;
@@ -258,6 +259,53 @@ pub fn on_create(
     rules.egress(allow_internet_access == Some(false)).map(Some)
 }
 
+/// E2B's `SandboxNetworkConfig` as its sandbox detail answers it (`get_info().network`).
+#[derive(Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Shown {
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    allow_out: Vec<String>,
+    deny_out: Vec<String>,
+    /// Always given with an allow list: branchbox opens no name server unless it is listed,
+    /// where E2B's SDK reads a missing field as its default, 8.8.8.8, opened.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dns_servers: Option<Vec<String>>,
+    /// Always false: a sandbox's ports are reached only behind its token.
+    allow_public_traffic: bool,
+}
+
+/// How E2B's sandbox detail shows a policy: the `network` rules that stand for it (which,
+/// given back to `update_network`, set the same policy), `None` for a sandbox without a
+/// network, and `allowInternetAccess`, false unless the sandbox reaches the internet.
+/// branchbox's internet mode is the deny of the private ranges it refuses; a deny of
+/// everything is `denyOut` `0.0.0.0/0`, with the allow list as `allowOut`.
+pub fn detail(egress: Option<&Egress>) -> (Option<Shown>, bool) {
+    let everything = || vec!["0.0.0.0/0".to_string()];
+    let net = match egress {
+        None => return (None, false),
+        Some(Egress::Internet) => Shown {
+            allow_out: Vec::new(),
+            deny_out: PRIVATE.iter().map(|(a, len)| format!("{a}/{len}")).collect(),
+            dns_servers: None,
+            allow_public_traffic: false,
+        },
+        Some(Egress::DenyAll) => Shown {
+            allow_out: Vec::new(),
+            deny_out: everything(),
+            dns_servers: None,
+            allow_public_traffic: false,
+        },
+        Some(Egress::AllowList(list)) => Shown {
+            allow_out: list.entries(),
+            deny_out: everything(),
+            dns_servers: Some(Vec::new()),
+            allow_public_traffic: false,
+        },
+    };
+    let internet = matches!(egress, Some(Egress::Internet));
+    (Some(net), internet)
+}
+
 /// `PUT /sandboxes/{id}/network` (`Sandbox.update_network`): replaces a networked sandbox's
 /// policy at once with the one the body stands for; as on E2B, a field left out is cleared,
 /// so an empty body is the internet.
@@ -356,6 +404,33 @@ mod tests {
             create(json!({"egressProxy": null, "rules": {}, "httpsPorts": []}), Some(true)).unwrap(),
             Some(Egress::Internet)
         );
+    }
+
+    #[test]
+    fn the_detail_shows_rules_that_set_the_same_policy_again() {
+        let policies = [
+            Egress::Internet,
+            Egress::DenyAll,
+            list(&["203.0.113.10/32", "10.1.0.0/16", "pypi.org", "*.github.com"]),
+        ];
+        for egress in policies {
+            let (net, internet) = detail(Some(&egress));
+            let v = serde_json::to_value(net.unwrap()).unwrap();
+            assert_eq!(v["allowPublicTraffic"], json!(false), "{v}");
+            assert_eq!(internet, egress == Egress::Internet, "{v}");
+            let again: Rules = serde_json::from_value(v.clone()).unwrap();
+            assert_eq!(again.egress(false).unwrap(), egress, "{v}");
+        }
+        let (net, _) = detail(Some(&list(&["pypi.org"])));
+        let v = serde_json::to_value(net.unwrap()).unwrap();
+        assert_eq!(
+            v,
+            json!({"allowOut": ["pypi.org"], "denyOut": ["0.0.0.0/0"], "dnsServers": [], "allowPublicTraffic": false})
+        );
+        let (net, _) = detail(Some(&Egress::Internet));
+        let deny = serde_json::to_value(net.unwrap()).unwrap()["denyOut"].clone();
+        assert!(deny.as_array().unwrap().contains(&json!("169.254.0.0/16")), "{deny}");
+        assert_eq!(detail(None), (None, false), "no network: no rules and no internet");
     }
 
     #[test]

@@ -108,7 +108,8 @@ struct E2bSandbox {
     envd_access_token: Option<String>,
 }
 
-/// E2B's `ListedSandbox` and `SandboxDetail` (the detail adds the access token).
+/// E2B's `ListedSandbox` and `SandboxDetail` (the detail adds the access token and the
+/// network).
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct E2bListed {
@@ -130,6 +131,10 @@ struct E2bListed {
     metadata: BTreeMap<String, String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     envd_access_token: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    allow_internet_access: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    network: Option<super::network::Shown>,
 }
 
 /// The template id E2B's SDKs see for a sandbox: the one it was created from through this
@@ -161,6 +166,8 @@ fn listed(st: &AppState, info: &SandboxInfo, token: Option<String>) -> E2bListed
         envd_version: ENVD_VERSION,
         metadata: info.metadata.clone(),
         envd_access_token: token,
+        allow_internet_access: None,
+        network: None,
     }
 }
 
@@ -344,15 +351,18 @@ async fn detail(
     Extension(key): Extension<PresentedKey>,
     Path(id): Path<String>,
 ) -> E2bResult<Json<E2bListed>> {
-    let info = ops::get(&st, e2b_id(&id)?).await?;
+    let sid = e2b_id(&id)?;
+    let info = ops::get(&st, sid.clone()).await?;
     if info.state == StateName::Lost {
         return Err(E2bError(ApiError::not_found(format!(
             "sandbox {} is lost (its runtime is gone); DELETE it to remove its record",
             info.id
         ))));
     }
+    let egress = st.blocking(move |engine, _| Ok(engine.egress_policy(&sid)?)).await?;
+    let (network, internet) = super::network::detail(egress.as_ref());
     let token = access_token(&key, &info.id);
-    Ok(Json(listed(&st, &info, token)))
+    Ok(Json(E2bListed { allow_internet_access: Some(internet), network, ..listed(&st, &info, token) }))
 }
 
 async fn kill(State(st): State<AppState>, Path(id): Path<String>) -> E2bResult<StatusCode> {
