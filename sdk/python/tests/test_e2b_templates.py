@@ -43,6 +43,11 @@ def test_a_template_built_with_e2bs_builder_starts_sandboxes_from_it(e2b_env, tm
     assert any("the-run-step-says-hi" in m for m in messages), messages
     assert any(f"template {name} is ready" in m for m in messages), messages
     assert e2b.Template.exists(name) is True
+    # Built again unchanged, every step (the COPY too, uploaded again) comes from the cache.
+    again = []
+    e2b.Template.build(template, name, on_build_logs=again.append)
+    steps = [e.message for e in again if e.message.startswith("step ") and "/" in e.message.split()[1]]
+    assert len(steps) == 7 and all(m.endswith("(cached)") for m in steps), steps
     assert e2b.Template.exists(name + "-none") is False
     s = e2b.Sandbox.create(name, timeout=120)
     try:

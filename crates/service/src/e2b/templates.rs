@@ -43,6 +43,8 @@ const MAX_BUILDS: usize = 256;
 const MAX_LINKS: usize = 1024;
 /// How long an upload link stays usable.
 const LINK_TTL: Duration = Duration::from_secs(3600);
+/// How long an upload no build used is kept.
+const ARCHIVE_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Most log entries one build keeps; later ones are counted in a last entry.
 const MAX_LOG_ENTRIES: usize = 20_000;
 /// Most entries one status answer carries (E2B's own page).
@@ -338,6 +340,7 @@ async fn upload(
         use std::io::Write;
         use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir2)?;
+        prune(&dir2);
         let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&part2)?;
         while let Some(b) = rx.blocking_recv() {
             f.write_all(&b)?;
@@ -388,6 +391,19 @@ async fn upload(
     Ok(StatusCode::OK)
 }
 
+/// Removes a template's uploads that no build used within [`ARCHIVE_TTL`] (a client that
+/// uploaded and never built).
+fn prune(dir: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let old =
+            e.metadata().and_then(|m| m.modified()).is_ok_and(|t| t.elapsed().is_ok_and(|a| a > ARCHIVE_TTL));
+        if old {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 /// `POST /v2/templates/{id}/builds/{build}`: checks the steps and the uploads, then builds in
 /// the background (202); progress is read from the status route.
 async fn start_build(
@@ -416,6 +432,9 @@ async fn start_build(
         b.phase = Phase::Building;
     }
     let ctx = st.builds.root.join("builds").join(&build);
+    // A build uses up its uploads, whatever its end: the engine caches each COPY's result under
+    // its content's hash, so a rebuild that changes nothing reuses it after uploading again.
+    let used: Vec<PathBuf> = plan.copies.iter().map(|c| st.builds.archive(&name, &c.hash)).collect();
     let prepared = prepare(&st, &name, &plan, ctx.clone()).await;
     let place = match prepared {
         Ok(()) => st.app.blocking(|engine, app| app.reserve(engine, 1)).await.map_err(E2bError),
@@ -425,13 +444,13 @@ async fn start_build(
         Ok(p) => p,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&ctx);
+            used.iter().for_each(|a| drop(std::fs::remove_file(a)));
             let step = Some("base".to_string());
             let reason = Reason { message: e.0.message.clone(), step, log_entries: Vec::new() };
             st.builds.finish(&build, Phase::Error, Some(reason));
             return Err(e);
         }
     };
-    let used: Vec<PathBuf> = plan.copies.iter().map(|c| st.builds.archive(&name, &c.hash)).collect();
     tokio::spawn(async move {
         let builds = st.builds.clone();
         let (b2, id2, name2, ctx2) = (builds.clone(), build.clone(), name.clone(), ctx.clone());
@@ -468,12 +487,8 @@ async fn start_build(
                 );
             }
         }
-        // The build's context and the uploads it used are done with: the engine cached each
-        // COPY's result under its content's hash, so a rebuild that changes nothing reuses it.
         let _ = std::fs::remove_dir_all(&ctx);
-        for archive in used {
-            let _ = std::fs::remove_file(archive);
-        }
+        used.iter().for_each(|a| drop(std::fs::remove_file(a)));
     });
     Ok(StatusCode::ACCEPTED)
 }
