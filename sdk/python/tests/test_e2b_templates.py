@@ -20,13 +20,24 @@ from test_e2b_fixes import e2b_env  # noqa: F401  (the fixture)
 e2b = pytest.importorskip("e2b", reason="the e2b package is not installed (pip install -r sdk/python/requirements-test.txt)")
 
 
-def _name(what: str) -> str:
-    return f"e2bt-{what}-{uuid.uuid4().hex[:8]}"
+@pytest.fixture
+def names(service):
+    """Template names for one test; the templates built under them are removed afterwards."""
+    made = []
+
+    def name(what: str) -> str:
+        made.append(f"e2bt-{what}-{uuid.uuid4().hex[:8]}")
+        return made[-1]
+
+    yield name
+    with service.client() as c:
+        for n in made:
+            c.delete(f"/v1/templates/{n}")
 
 
-def test_a_template_built_with_e2bs_builder_starts_sandboxes_from_it(e2b_env, tmp_path):  # noqa: F811
+def test_a_template_built_with_e2bs_builder_starts_sandboxes_from_it(e2b_env, names, tmp_path):  # noqa: F811
     (tmp_path / "hello.txt").write_text("copied by the e2b builder\n")
-    name = _name("full")
+    name = names("full")
     template = (
         e2b.Template(file_context_path=str(tmp_path))
         .from_base_image()
@@ -61,11 +72,11 @@ def test_a_template_built_with_e2bs_builder_starts_sandboxes_from_it(e2b_env, tm
         s.kill()
 
 
-def test_a_refused_step_fails_the_build_naming_it(e2b_env, tmp_path):  # noqa: F811
+def test_a_refused_step_fails_the_build_naming_it(e2b_env, names, tmp_path):  # noqa: F811
     (tmp_path / "a.txt").write_text("a")
     registry = e2b.Template().from_image("python:3.12").run_cmd("true")
     with pytest.raises(e2b.BuildException, match=r'fromImage "python:3\.12".*registries'):
-        e2b.Template.build(registry, _name("registry"))
+        e2b.Template.build(registry, names("registry"))
     moded = (
         e2b.Template(file_context_path=str(tmp_path))
         .from_base_image()
@@ -73,14 +84,14 @@ def test_a_refused_step_fails_the_build_naming_it(e2b_env, tmp_path):  # noqa: F
         .copy("a.txt", "/srv/", mode=0o755)
     )
     with pytest.raises(e2b.BuildException, match=r"step 2 \(COPY\): a mode"):
-        e2b.Template.build(moded, _name("mode"))
+        e2b.Template.build(moded, names("mode"))
     forced = e2b.Template().from_base_image().skip_cache().run_cmd("true")
     with pytest.raises(e2b.BuildException, match=r"step 1 \(RUN\): force"):
-        e2b.Template.build(forced, _name("force"))
+        e2b.Template.build(forced, names("force"))
 
 
-def test_a_failing_run_step_reports_its_output(e2b_env):  # noqa: F811
-    name = _name("fails")
+def test_a_failing_run_step_reports_its_output(e2b_env, names):  # noqa: F811
+    name = names("fails")
     template = e2b.Template().from_base_image().run_cmd("echo about to fail; echo oops-on-stderr >&2; exit 3")
     info = e2b.Template.build_in_background(template, name)
     deadline = time.monotonic() + 120
@@ -109,9 +120,9 @@ def _tar(files: dict) -> bytes:
     return buf.getvalue()
 
 
-def test_uploads_with_a_wrong_hash_or_over_the_limit_are_refused(e2b_env):  # noqa: F811
+def test_uploads_with_a_wrong_hash_or_over_the_limit_are_refused(e2b_env, names):  # noqa: F811
     api = httpx.Client(base_url=f"{e2b_env.url}/e2b", headers={"X-API-Key": e2b_env.token}, timeout=60)
-    name = _name("hash")
+    name = names("hash")
     r = api.post("/v3/templates", json={"name": name})
     assert r.status_code == 202, r.text
     build = r.json()["buildID"]
