@@ -37,12 +37,16 @@ def names(service):
 
 def test_a_template_built_with_e2bs_builder_starts_sandboxes_from_it(e2b_env, names, tmp_path):  # noqa: F811
     (tmp_path / "hello.txt").write_text("copied by the e2b builder\n")
+    (tmp_path / "conf" / "sub").mkdir(parents=True)
+    (tmp_path / "conf" / "a.ini").write_text("a = 1\n")
+    (tmp_path / "conf" / "sub" / "b.ini").write_text("b = 2\n")
     name = names("full")
     template = (
         e2b.Template(file_context_path=str(tmp_path))
         .from_base_image()
         .run_cmd("echo built > /built.txt && echo the-run-step-says-hi")
         .copy("hello.txt", "/srv/app/")
+        .copy("conf", "/etc/app/")
         .set_envs({"GREETING": "hi from the template"})
         .set_workdir("/srv/app")
         .set_start_cmd("touch /tmp/started; exec sleep 600", e2b.wait_for_file("/tmp/started"))
@@ -58,11 +62,12 @@ def test_a_template_built_with_e2bs_builder_starts_sandboxes_from_it(e2b_env, na
     again = []
     e2b.Template.build(template, name, on_build_logs=again.append)
     steps = [e.message for e in again if e.message.startswith("step ") and "/" in e.message.split()[1]]
-    assert len(steps) == 7 and all(m.endswith("(cached)") for m in steps), steps
+    assert len(steps) == 8 and all(m.endswith("(cached)") for m in steps), steps
     assert e2b.Template.exists(name + "-none") is False
     s = e2b.Sandbox.create(name, timeout=120)
     try:
         assert s.files.read("/srv/app/hello.txt") == "copied by the e2b builder\n"
+        assert s.files.read("/etc/app/sub/b.ini") == "b = 2\n"  # a directory's contents
         out = s.commands.run("pwd; echo $GREETING; cat /built.txt").stdout.splitlines()
         assert out == ["/srv/app", "hi from the template", "built"], out
         # The start command was running when the build's last snapshot was taken, so it is
