@@ -6,10 +6,13 @@
  *
  * The binary is `$BRANCHBOXD`, or `target/debug/branchboxd` of this repository; the agent and
  * shim are taken from the same directory. Data directories go under `$BRANCHBOX_TEST_DIR` when
- * set, else a temporary directory. Images come from `$BRANCHBOX_IMAGES` when set.
+ * set, else a temporary directory. Images come from `$BRANCHBOX_IMAGES` when set. Networked
+ * sandboxes' uplinks end in a network namespace this run makes (`bbjs-<pid>`, only its loopback
+ * up) and deletes afterwards, never at the host's interfaces, as the Python tests' `networked`
+ * service does (needs root, as gVisor's sandboxes do).
  */
 
-import { spawn } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
 import { closeSync, existsSync, mkdirSync, mkdtempSync, openSync, readFileSync, readdirSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
@@ -60,7 +63,10 @@ async function main() {
   const log = `${data}-branchboxd.log`;
   const port = await freePort();
   const url = `http://127.0.0.1:${port}`;
-  const env = { ...process.env };
+  const netns = `bbjs-${process.pid}`;
+  execFileSync("ip", ["netns", "add", netns]);
+  execFileSync("ip", ["-n", netns, "link", "set", "lo", "up"]);
+  const env = { ...process.env, BRANCHBOX_NET_UPLINK_NETNS: netns, BRANCHBOX_NET_STATE: `${data}-net` };
   env.BRANCHBOX_AGENT ??= join(dirname(binary), "branchbox-agent");
   env.BRANCHBOX_SHIM ??= join(dirname(binary), "branchbox-shim");
   env.RUST_LOG ??= "warn";
@@ -127,8 +133,15 @@ async function main() {
       console.error(`processes left behind under ${data}: ${leaked.join(", ")}`);
       rc = 1;
     }
+    try {
+      execFileSync("ip", ["netns", "delete", netns]);
+    } catch (e) {
+      console.error(`deleting the network namespace ${netns} failed: ${e.message}`);
+      rc = 1;
+    }
     if (rc === 0) {
       rmSync(data, { recursive: true, force: true });
+      rmSync(`${data}-net`, { recursive: true, force: true });
       rmSync(log, { force: true });
       if (!base) rmSync(work, { recursive: true, force: true });
     } else {
