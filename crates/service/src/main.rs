@@ -52,8 +52,10 @@ struct Args {
     /// (repeatable); other names are refused, which stops DNS rebinding.
     #[arg(long)]
     allowed_host: Vec<String>,
-    /// Fleet peers file (JSON `{"peers": [{name, url, token}]}`, mode 0600, re-read when it
-    /// changes): requests naming a sandbox a peer holds are forwarded to it (docs/fleet.md).
+    /// Fleet peers file (JSON `{"node": NAME, "peers": [{name, url, token}]}`, `node` optional,
+    /// mode 0600, re-read when it changes): requests naming a sandbox a peer holds are forwarded
+    /// to it, listings cover every peer, and a create this node has no room for goes to the peer
+    /// with the most (docs/fleet.md).
     #[arg(long, env = "BRANCHBOXD_PEERS")]
     peers: Option<PathBuf>,
     #[command(flatten)]
