@@ -46,7 +46,7 @@ trap cleanup EXIT
 # background at the lowest priority, on the CPU time the rest of the suite leaves idle (the
 # gVisor and service tests spend much of theirs waiting), and the tests that need it run last.
 stage "guest kernel (building in the background; log: $work/guest-kernel.log)"
-cargo build --quiet -p branchbox --bin branchbox -p branchbox-agent
+cargo build --quiet -p branchbox --bin branchbox -p branchbox-agent --bin branchbox-agent
 # Its exit status goes to a file: the guest's tests wait for it from a background job of their
 # own, which cannot `wait` for a job of this shell.
 setsid nice -n 19 sh -c './target/debug/branchbox guest kernel; echo $? >"$1.rc"' sh "$work/guest-kernel" \
