@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import codecs
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 from urllib.parse import quote, urlencode
@@ -73,6 +74,12 @@ def pull_snapshot(snapshot_id: str, peer: Optional[str]) -> Call:
     """Pulls a pushed snapshot into the service, from peer node `peer` first when named."""
     body = compact({"id": check_snapshot_ref(snapshot_id), "peer": peer})
     return Call("POST", "/v1/snapshots/pull", json=body, timeout=TRANSFER_TIMEOUT)
+
+
+def fleet_capacity() -> Call:
+    """How much room the service has for new sandboxes (what a full fleet peer asks before it
+    passes a create on)."""
+    return Call("GET", "/v1/fleet/capacity")
 
 
 def gc(dry_run: bool) -> Call:
@@ -144,13 +151,41 @@ def udp_path(sandbox_id: str, port: int) -> str:
     return sandbox_path(sandbox_id, f"/udp/{_port(port)}")
 
 
-def list_sandboxes(metadata: Optional[Mapping[str, str]], state: Optional[str]) -> Call:
+def list_sandboxes(metadata: Optional[Mapping[str, str]], state: Optional[str], local: bool = False) -> Call:
+    """The listing: through a node with fleet peers, every node's sandboxes unless `local`."""
     params: Dict[str, Any] = {}
     if metadata:
         params["metadata"] = urlencode(dict(metadata))
     if state:
         params["state"] = state
+    if local:
+        params["local"] = "true"
     return Call("GET", "/v1/sandboxes", params=params)
+
+
+#: The answer header of a fleet listing naming the peers whose sandboxes it lacks.
+UNANSWERED_HEADER = "x-branchbox-peers-unanswered"
+#: One `NAME (REASON)` of that header: a peer name as peers files allow it, then the reason up
+#: to the next `, NAME (` or the end.
+_UNANSWERED_ITEM = re.compile(r"([A-Za-z0-9._-]{1,64}) \((.*?)\)(?:, (?=[A-Za-z0-9._-]{1,64} \()|$)")
+
+
+def unanswered_peers(r: httpx.Response) -> Dict[str, str]:
+    """The peers a fleet listing's answer names as unanswered, each with why (empty when every
+    peer answered, or the service has none). A header that does not read as `NAME (REASON), ...`
+    is kept whole, under the name "?", rather than dropped."""
+    raw = r.headers.get(UNANSWERED_HEADER, "").strip()
+    if not raw:
+        return {}
+    found: Dict[str, str] = {}
+    at = 0
+    while at < len(raw):
+        m = _UNANSWERED_ITEM.match(raw, at)
+        if m is None:
+            return {"?": raw}
+        found[m.group(1)] = m.group(2)
+        at = m.end()
+    return found
 
 
 def command_body(

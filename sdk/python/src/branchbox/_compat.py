@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import functools
 import posixpath
+import warnings
 from datetime import datetime, timezone
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Type, TypeVar, Union
 
-from .exceptions import BranchboxError, InvalidArgumentError
+import httpx
+
+from . import _api
+from .exceptions import BranchboxError, InvalidArgumentError, PartialListWarning
 from .models import SandboxInfo, SandboxMetrics
 
 #: The account commands and file operations use unless told otherwise, as in E2B: the default
@@ -101,18 +105,35 @@ class class_or_instance:
 class SandboxPaginator(List[SandboxInfo]):
     """What `Sandbox.list()` returns: the sandboxes (a list, as before) and E2B's paginator
     surface (`has_next`, `next_token`, `next_items()`). The service answers in one page, so the
-    first `next_items()` returns them all and `has_next` becomes false."""
+    first `next_items()` returns them all and `has_next` becomes false. `unanswered_peers`
+    names the fleet peers whose sandboxes a listing through a node with peers lacks, each with
+    why (empty when it is whole)."""
 
-    def __init__(self, items: Iterable[SandboxInfo]) -> None:
+    def __init__(self, items: Iterable[SandboxInfo], unanswered_peers: Optional[Mapping[str, str]] = None) -> None:
         super().__init__(items)
         self.has_next = True
         self.next_token: Optional[str] = None
+        self.unanswered_peers: Dict[str, str] = dict(unanswered_peers or {})
 
     def next_items(self) -> List[SandboxInfo]:
         if not self.has_next:
             raise BranchboxError("no more sandboxes to list: check has_next before next_items()")
         self.has_next = False
         return list(self)
+
+
+P = TypeVar("P", bound=SandboxPaginator)
+
+
+def listing(paginator: Type[P], r: httpx.Response, states: Optional[List[str]]) -> P:
+    """The paginator of a listing's answer, the states kept that were asked for; a listing that
+    lacks unanswered peers' sandboxes says so with `PartialListWarning` as well as in
+    `unanswered_peers`, so that a partial fleet is never taken for a whole one unnoticed."""
+    found = [SandboxInfo.parse(d) for d in r.json()]
+    missing = _api.unanswered_peers(r)
+    if missing:
+        warnings.warn(PartialListWarning(missing), stacklevel=3)
+    return paginator((i for i in found if states is None or i.state in states), missing)
 
 
 def list_filters(

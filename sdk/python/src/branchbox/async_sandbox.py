@@ -423,16 +423,18 @@ class AsyncSandbox:
 
     @classmethod
     async def list(cls, metadata: Optional[Mapping[str, str]] = None, state: Optional[str] = None, *,
-                   query: Any = None, api_url: Optional[str] = None, token: Optional[str] = None,
-                   api_key: Optional[str] = None, **_paging: Any) -> AsyncSandboxPaginator:
-        """As `Sandbox.list`; the paginator's `next_items()` is awaited."""
+                   query: Any = None, local: bool = False, api_url: Optional[str] = None,
+                   token: Optional[str] = None, api_key: Optional[str] = None,
+                   **_paging: Any) -> AsyncSandboxPaginator:
+        """As `Sandbox.list` (`local`, `unanswered_peers` and `PartialListWarning` included); the
+        paginator's `next_items()` is awaited."""
         metadata, state, states = _compat.list_filters(query, metadata, state)
         http = _AsyncHttp(ConnectionConfig.resolve(api_url, _compat.token_of(api_key, token)))
         try:
-            found = [SandboxInfo.parse(d) for d in (await http.call(_api.list_sandboxes(metadata, state))).json()]
+            r = await http.call(_api.list_sandboxes(metadata, state, local))
+            return _compat.listing(AsyncSandboxPaginator, r, states)
         finally:
             await http.client.aclose()
-        return AsyncSandboxPaginator(i for i in found if states is None or i.state in states)
 
     @classmethod
     def _by_id(cls, sandbox_id: str, api_url: Optional[str], token: Optional[str],
@@ -457,6 +459,15 @@ class AsyncSandbox:
         http = _AsyncHttp(ConnectionConfig.resolve(api_url, token))
         try:
             return (await http.call(_api.pull_snapshot(snapshot_id, peer))).json()
+        finally:
+            await http.client.aclose()
+
+    @classmethod
+    async def fleet_capacity(cls, *, api_url: Optional[str] = None, token: Optional[str] = None) -> Dict[str, int]:
+        """As `Sandbox.fleet_capacity`."""
+        http = _AsyncHttp(ConnectionConfig.resolve(api_url, token))
+        try:
+            return (await http.call(_api.fleet_capacity())).json()
         finally:
             await http.client.aclose()
 

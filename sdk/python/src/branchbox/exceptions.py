@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Dict, Optional
 
 
 class BranchboxError(Exception):
@@ -136,3 +136,13 @@ def from_code(code: Optional[str], message: str) -> BranchboxError:
     if status is None:
         return BranchboxError(message, code=code)
     return from_response(status, code, message)
+
+
+class PartialListWarning(UserWarning):
+    """A fleet listing lacks the sandboxes of peers that did not answer (the service's
+    `X-Branchbox-Peers-Unanswered` header). `unanswered` maps each such peer's name to why."""
+
+    def __init__(self, unanswered: Dict[str, str]) -> None:
+        shown = ", ".join(f"{n} ({why})" for n, why in unanswered.items())
+        super().__init__(f"the listing lacks the sandboxes of fleet peers that did not answer: {shown}")
+        self.unanswered = dict(unanswered)

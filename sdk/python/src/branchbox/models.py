@@ -36,6 +36,9 @@ class SandboxInfo:
     #: and that template's name.
     template_id: str = ""
     name: str = ""
+    #: The fleet node that holds it: given in a listing through a node with peers (docs/fleet.md),
+    #: None otherwise.
+    node: Optional[str] = None
 
     @staticmethod
     def parse(d: Dict[str, Any]) -> "SandboxInfo":
@@ -56,6 +59,7 @@ class SandboxInfo:
             created_by=d.get("created_by"),
             lost_reason=d.get("lost_reason"),
             flagged=d.get("flagged"),
+            node=d.get("node"),
         )
 
 

@@ -431,19 +431,20 @@ class Sandbox:
 
     @classmethod
     def list(cls, metadata: Optional[Mapping[str, str]] = None, state: Optional[str] = None, *, query: Any = None,
-             api_url: Optional[str] = None, token: Optional[str] = None, api_key: Optional[str] = None,
-             **_paging: Any) -> SandboxPaginator:
+             local: bool = False, api_url: Optional[str] = None, token: Optional[str] = None,
+             api_key: Optional[str] = None, **_paging: Any) -> SandboxPaginator:
         """Sandboxes, optionally only those with all the given metadata pairs or in one state
         (or E2B's `query=` with `metadata` and `state`). A list, and E2B's paginator too
         (`has_next`, `next_items()`); the service answers in one page, so E2B's `limit` and
-        `next_token` are accepted and change nothing."""
+        `next_token` are accepted and change nothing. Through a node with fleet peers it lists
+        every node's sandboxes, each with its `node` (`local=True`: that node's own only); peers
+        that did not answer are in the answer's `unanswered_peers` and a `PartialListWarning`."""
         metadata, state, states = _compat.list_filters(query, metadata, state)
         http = _Http(ConnectionConfig.resolve(api_url, _compat.token_of(api_key, token)))
         try:
-            found = [SandboxInfo.parse(d) for d in http.call(_api.list_sandboxes(metadata, state)).json()]
+            return _compat.listing(SandboxPaginator, http.call(_api.list_sandboxes(metadata, state, local)), states)
         finally:
             http.client.close()
-        return SandboxPaginator(i for i in found if states is None or i.state in states)
 
     @classmethod
     def _by_id(cls, sandbox_id: str, api_url: Optional[str], token: Optional[str], api_key: Optional[str]) -> "Sandbox":
@@ -493,6 +494,16 @@ class Sandbox:
         http = _Http(ConnectionConfig.resolve(api_url, token))
         try:
             return http.call(_api.pull_snapshot(snapshot_id, peer)).json()
+        finally:
+            http.client.close()
+
+    @classmethod
+    def fleet_capacity(cls, *, api_url: Optional[str] = None, token: Optional[str] = None) -> Dict[str, int]:
+        """The service's sandboxes against its `--max-sandboxes`: `sandboxes` (running or paused),
+        `max_sandboxes`, and `room` (how many more it would start now)."""
+        http = _Http(ConnectionConfig.resolve(api_url, token))
+        try:
+            return http.call(_api.fleet_capacity()).json()
         finally:
             http.client.close()
 
