@@ -1,60 +1,15 @@
 //! E2B's template build (`POST /v2/templates/{id}/builds/{buildID}`, the SDK's
-//! `TemplateBuildStartV2`) read into branchbox's own template definition
-//! ([`branchbox_template::TemplateSpec`]), for the steps branchbox's templates express: the
-//! base (`fromImage`: E2B's base image or one of this host's images by name; `fromTemplate`),
-//! `RUN` (with its optional user), `COPY` (files uploaded through the link the service hands
-//! out: `template_files.rs`), `ENV`, `WORKDIR`, `USER`, and the start and ready commands.
-//! Anything else (a registry image, registry credentials, `force`/skip_cache, a COPY's owner or
-//! mode, a wildcard source, an unknown step type or field) is refused with a message naming
-//! the step and what to change. Pure: no sandbox, no files (unit-tested below).
+//! `TemplateBuildStartV2`) mapped onto branchbox's own template definition
+//! ([`branchbox_template::TemplateSpec`]). The body is read and refused by name in
+//! [`branchbox_e2b_wire::template`] (pure, fuzzed): this module maps its plan's base and steps
+//! onto the definition's, checks each against the definition's rules (naming E2B's step), and
+//! turns the start and ready commands into the build's last steps. Pure: no sandbox, no files
+//! (unit-tested below).
 
+use branchbox_e2b_wire::template::{self as wire, Base, Op};
 use branchbox_template::{RunCmd, Step, TemplateSpec};
-use serde::Deserialize;
-use std::collections::BTreeMap;
 
-/// The body of E2B's build start. Unknown fields are refused by name (serde's message).
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct BuildStart {
-    from_image: Option<String>,
-    from_template: Option<String>,
-    from_image_registry: Option<serde_json::Value>,
-    start_cmd: Option<String>,
-    ready_cmd: Option<String>,
-    #[serde(default)]
-    steps: Vec<E2bStep>,
-    #[serde(default)]
-    force: bool,
-}
-
-/// One of E2B's steps (`TemplateStep`).
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct E2bStep {
-    #[serde(rename = "type")]
-    kind: String,
-    #[serde(default)]
-    args: Vec<String>,
-    #[serde(default)]
-    force: bool,
-    files_hash: Option<String>,
-    force_upload: Option<bool>,
-}
-
-/// A COPY step's files: which upload, and where in the build's context they are unpacked.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Copy {
-    /// E2B's step number (1-based), for messages.
-    pub step: usize,
-    /// E2B's files hash (64 hex digits), which the upload must match.
-    pub hash: String,
-    /// The source as E2B's SDK sent it (part of the hash).
-    pub src: String,
-    /// The destination as sent (part of the hash).
-    pub dest: String,
-    /// The directory, relative to the build's context, the archive is unpacked into.
-    pub dir: String,
-}
+pub use branchbox_e2b_wire::template::{BuildStart, Copy};
 
 /// What a build start becomes.
 #[derive(Debug)]
@@ -69,202 +24,66 @@ pub struct Plan {
     pub copies: Vec<Copy>,
 }
 
-/// E2B's default base image (`Template()`, `from_base_image()`), which is branchbox's default
-/// image here.
-const E2B_BASE_IMAGES: [&str; 2] = ["e2bdev/base", "e2bdev/base:latest"];
-
 /// How long a build waits for the ready command to succeed, in tries 0.2 s apart (120 s).
 const READY_TRIES: u32 = 600;
 
 /// Where the start command's output goes in the sandbox.
 pub const START_LOG: &str = "/tmp/.e2b-start.log";
 
-fn refuse(step: &str, what: &str) -> String {
-    format!("{step}: {what}")
-}
-
-/// The base: E2B's base image is the default image; a bare name is one of this host's images;
-/// a registry reference is refused (branchbox does not pull images).
-fn base_of(b: &BuildStart) -> Result<String, String> {
-    if b.from_image_registry.as_ref().is_some_and(|v| !v.is_null()) {
-        return Err(refuse(
-            "fromImageRegistry",
-            "registry credentials are not served: branchbox does not pull images from registries",
-        ));
-    }
-    match (&b.from_template, &b.from_image) {
-        (Some(_), Some(_)) => Err("give fromImage or fromTemplate, not both".into()),
-        (Some(t), None) => {
-            branchbox_model::Name::parse("fromTemplate", t).map_err(|e| e.to_string())?;
-            Ok(if t == "base" || t == "default" {
-                branchbox_template::DEFAULT_IMAGE.to_string()
-            } else {
-                format!("template:{t}")
-            })
+/// The base's image reference: a template or host image must be a valid name.
+fn base_of(base: Base) -> Result<String, String> {
+    Ok(match base {
+        Base::Default => branchbox_template::DEFAULT_IMAGE.to_string(),
+        Base::Template(t) => {
+            branchbox_model::Name::parse("fromTemplate", &t).map_err(|e| e.to_string())?;
+            format!("template:{t}")
         }
-        (None, Some(i)) if E2B_BASE_IMAGES.contains(&i.as_str()) => {
-            Ok(branchbox_template::DEFAULT_IMAGE.to_string())
+        Base::Image(i) => {
+            branchbox_model::Name::parse("image", &i).map_err(|_| wire::not_pulled(&i))?;
+            format!("image:{i}")
         }
-        (None, Some(i))
-            if !i.contains(['/', ':', '@']) && branchbox_model::Name::parse("image", i).is_ok() =>
-        {
-            Ok(format!("image:{i}"))
-        }
-        (None, Some(i)) => Err(refuse(
-            &format!("fromImage {:?}", i.chars().take(128).collect::<String>()),
-            "branchbox does not pull images from registries; start from from_base_image() (branchbox's \
-             default image), from_template(NAME), or from_image(NAME) naming an image on this host",
-        )),
-        (None, None) => Ok(branchbox_template::DEFAULT_IMAGE.to_string()),
-    }
-}
-
-/// A COPY source, normalized as E2B's SDK names it in the archive (no `./`); wildcards and
-/// paths leaving the context are refused.
-fn copy_source(step: &str, src: &str) -> Result<String, String> {
-    if src.contains(['*', '?', '[', '{']) {
-        return Err(refuse(step, "a wildcard source is not served; copy each file or directory by name"));
-    }
-    let mut parts = Vec::new();
-    for c in std::path::Path::new(src).components() {
-        match c {
-            std::path::Component::Normal(p) => parts.push(p.to_string_lossy().into_owned()),
-            std::path::Component::CurDir => {}
-            _ => {
-                return Err(refuse(step, "the source must be a path inside the build context, without '..'"))
-            }
-        }
-    }
-    Ok(if parts.is_empty() { ".".into() } else { parts.join("/") })
-}
-
-fn is_hash(h: &str) -> bool {
-    h.len() == 64 && h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
 }
 
 /// The build's steps, and for each its E2B label.
 struct Steps {
     steps: Vec<Step>,
     labels: Vec<String>,
-    user: Option<String>,
-    workdir: Option<String>,
 }
 
 impl Steps {
     fn push(&mut self, label: &str, s: Step) -> Result<(), String> {
-        s.validate().map_err(|e| refuse(&format!("step {label}"), &e.to_string()))?;
+        s.validate().map_err(|e| format!("step {label}: {e}"))?;
         self.steps.push(s);
         self.labels.push(label.to_string());
         Ok(())
     }
 }
 
-/// Reads E2B's build start into branchbox's definition of template `name`.
+/// Reads E2B's build start into branchbox's definition of template `name`. E2B's own refusals
+/// (in the order of its steps) come first, then the base's name and each step against the
+/// definition's rules.
 pub fn plan(name: &str, b: BuildStart) -> Result<Plan, String> {
-    let base = base_of(&b)?;
-    if b.force {
-        return Err(refuse(
-            "force",
-            "skip_cache is not served: branchbox reuses a step's cached result whenever it and every \
-             step before it are unchanged; change the step (or a COPY's files) to rebuild it",
-        ));
+    let p = wire::plan(&b)?;
+    let base = base_of(p.base)?;
+    let mut out = Steps { steps: Vec::new(), labels: vec!["base".into()] };
+    for (label, op) in p.ops {
+        let step = match op {
+            Op::Run(cmd) => Step::Run(RunCmd::Shell(cmd)),
+            Op::User(u) => Step::User(u),
+            Op::Upload { src, to } => Step::Upload { src, to },
+            Op::Env(vars) => Step::Env(vars),
+            Op::Workdir(dir) => Step::Workdir(dir),
+        };
+        out.push(&label, step)?;
     }
-    let mut out = Steps { steps: Vec::new(), labels: vec!["base".into()], user: None, workdir: None };
-    let mut copies = Vec::new();
-    for (i, s) in b.steps.iter().enumerate() {
-        let n = i + 1;
-        let label = n.to_string();
-        let kind: String = s.kind.chars().take(32).collect();
-        let at = format!("step {n} ({kind})");
-        if s.files_hash.is_some() && s.kind != "COPY" {
-            return Err(refuse(&at, "filesHash belongs to a COPY step"));
-        }
-        if s.force && !(s.kind == "COPY" && s.force_upload == Some(true)) {
-            return Err(refuse(&at, "force (skip_cache) is not served: branchbox reuses unchanged steps"));
-        }
-        let args: Vec<&str> = s.args.iter().map(String::as_str).collect();
-        match (s.kind.as_str(), args.as_slice()) {
-            ("RUN", [cmd]) => out.push(&label, Step::Run(RunCmd::Shell(cmd.to_string())))?,
-            ("RUN", [cmd, user]) => {
-                let now = out.user.clone().unwrap_or_else(|| "root".into());
-                if *user == now || user.is_empty() {
-                    out.push(&label, Step::Run(RunCmd::Shell(cmd.to_string())))?;
-                } else {
-                    out.push(&label, Step::User(user.to_string()))?;
-                    out.push(&label, Step::Run(RunCmd::Shell(cmd.to_string())))?;
-                    out.push(&label, Step::User(now))?;
-                }
-            }
-            ("COPY", [src, dest, user, mode]) => {
-                if !user.is_empty() {
-                    return Err(refuse(
-                        &at,
-                        "an owner (user) for copied files is not served; chown them in a RUN step",
-                    ));
-                }
-                if !mode.is_empty() {
-                    return Err(refuse(
-                        &at,
-                        "a mode for copied files is not served; chmod them in a RUN step",
-                    ));
-                }
-                let hash = s
-                    .files_hash
-                    .clone()
-                    .filter(|h| is_hash(h))
-                    .ok_or_else(|| refuse(&at, "filesHash must be the 64 hex digits the SDK computed"))?;
-                let rel = copy_source(&at, src)?;
-                let dir = format!("s{n}");
-                let to = if dest.starts_with('/') {
-                    dest.to_string()
-                } else {
-                    // Relative destinations are taken from the working directory, as Docker does.
-                    let wd = out.workdir.clone().unwrap_or_else(|| "/".into());
-                    format!("{}/{dest}", wd.trim_end_matches('/'))
-                };
-                out.push(&label, Step::Upload { src: format!("{dir}/{rel}"), to })?;
-                copies.push(Copy { step: n, hash, src: src.to_string(), dest: dest.to_string(), dir });
-            }
-            ("ENV", kv) if !kv.is_empty() && kv.len() % 2 == 0 => {
-                let vars: BTreeMap<String, String> =
-                    kv.chunks(2).map(|p| (p[0].to_string(), p[1].to_string())).collect();
-                out.push(&label, Step::Env(vars))?;
-            }
-            ("WORKDIR", [dir]) => {
-                let abs = if dir.starts_with('/') {
-                    dir.to_string()
-                } else {
-                    let wd = out.workdir.clone().unwrap_or_else(|| "/".into());
-                    format!("{}/{dir}", wd.trim_end_matches('/'))
-                };
-                out.workdir = Some(abs.clone());
-                out.push(&label, Step::Workdir(abs))?;
-            }
-            ("USER", [user]) => {
-                out.user = Some(user.to_string());
-                out.push(&label, Step::User(user.to_string()))?;
-            }
-            ("RUN" | "COPY" | "ENV" | "WORKDIR" | "USER", _) => {
-                return Err(refuse(&at, &format!("{} arguments is not a form branchbox serves", args.len())));
-            }
-            _ => return Err(refuse(
-                &at,
-                "this step type is not served; branchbox's templates take RUN, COPY, ENV, WORKDIR and USER",
-            )),
-        }
-    }
-    for (what, cmd) in [("startCmd", &b.start_cmd), ("readyCmd", &b.ready_cmd)] {
-        if cmd.as_deref().is_some_and(|c| c.trim().is_empty()) {
-            return Err(refuse(what, "the command is empty"));
-        }
-    }
-    if let Some(start) = &b.start_cmd {
+    if let Some(start) = &p.start_cmd {
         // Started in the background; the snapshot after the ready check keeps it running, so
         // every sandbox made from the template starts with it already up.
         let line = format!("(\n{start}\n) </dev/null >>{START_LOG} 2>&1 &");
         out.push("finalize", Step::Run(RunCmd::Shell(line)))?;
     }
-    if let Some(ready) = &b.ready_cmd {
+    if let Some(ready) = &p.ready_cmd {
         let line = format!(
             "i=0\nuntil (\n{ready}\n) >/tmp/.e2b-ready.log 2>&1; do\n  i=$((i+1))\n  if [ \"$i\" -ge {READY_TRIES} ]; then\n    \
              echo 'the ready command did not succeed within 120 s; its last output:' >&2\n    \
@@ -274,7 +93,7 @@ pub fn plan(name: &str, b: BuildStart) -> Result<Plan, String> {
     }
     let spec = TemplateSpec { name: name.to_string(), base, steps: out.steps };
     spec.validate().map_err(|e| e.to_string())?;
-    Ok(Plan { spec, labels: out.labels, copies })
+    Ok(Plan { spec, labels: out.labels, copies: p.copies })
 }
 
 #[cfg(test)]
@@ -318,6 +137,8 @@ mod tests {
         let cases = [
             (serde_json::json!({"steps": [{"type": "ADD", "args": ["x"]}]}), "step 1 (ADD)"),
             (serde_json::json!({"fromImage": "python:3", "steps": []}), "fromImage \"python:3\""),
+            (serde_json::json!({"fromImage": "-x"}), "fromImage \"-x\": branchbox does not pull"),
+            (serde_json::json!({"fromTemplate": ".."}), "invalid fromTemplate"),
             (serde_json::json!({"fromImageRegistry": {"type": "registry"}}), "fromImageRegistry"),
             (serde_json::json!({"force": true}), "force"),
             (serde_json::json!({"steps": [{"type": "RUN", "args": ["x"], "force": true}]}), "step 1 (RUN)"),
