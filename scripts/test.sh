@@ -134,7 +134,7 @@ fuzz_one() {
     echo "$t: $(grep -E '^Done' "$log")"
 }
 set -- mmio_registers blk_requests vsock_packets net_frames rng_chains layer_file process_frames image_import \
-    template_parse dns_queries connect_requests proc_net_tcp
+    template_parse dns_queries connect_requests proc_net_tcp e2b_template_steps e2b_template_archive
 while [ $# -gt 0 ]; do
     fuzz_one "$1" & first=$!
     second=
