@@ -16,9 +16,10 @@ import warnings
 from pathlib import Path
 from typing import Dict, Iterator, Tuple
 
+import httpx
 import pytest
 
-from branchbox import AsyncSandbox, PartialListWarning, Sandbox
+from branchbox import AsyncSandbox, PartialListWarning, Sandbox, _api
 
 from conftest import Service, _serve
 
@@ -114,3 +115,13 @@ def test_a_dead_peer_is_named_in_a_warning_and_on_the_listing(pair: Pair) -> Non
             assert Sandbox.list(metadata={"t": pair.tag}, local=True, **pair.a.sdk()).unanswered_peers == {}
     finally:
         pair.a_peers_with({})
+
+
+def test_the_unanswered_header_reads_as_names_and_reasons_and_an_odd_one_is_kept_whole() -> None:
+    def read(header: str) -> Dict[str, str]:
+        return _api.unanswered_peers(httpx.Response(200, headers={_api.UNANSWERED_HEADER: header}))
+
+    assert read("n4 (no answer in 3 s), n5 (did not answer: error (refused), again)") == {
+        "n4": "no answer in 3 s", "n5": "did not answer: error (refused), again"}
+    assert read("not the service's shape") == {"?": "not the service's shape"}
+    assert _api.unanswered_peers(httpx.Response(200)) == {}
