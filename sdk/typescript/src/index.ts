@@ -7,7 +7,9 @@
  */
 
 export { Sandbox, DEFAULT_USER } from "./sandbox";
-export type { NetworkPolicy, SandboxListOpts, SandboxOpts } from "./sandbox";
+export type { FleetCapacity, NetworkPolicy, PullReport, PushReport, SandboxListOpts, SandboxOpts } from "./sandbox";
+export { UNANSWERED_HEADER, parseUnanswered } from "./listing";
+export type { SandboxList } from "./listing";
 export { Commands, CommandHandle, DEFAULT_COMMAND_TIMEOUT_MS } from "./commands";
 export type { CommandOpts, CommandStartOpts } from "./commands";
 export { Files } from "./files";

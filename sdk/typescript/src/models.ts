@@ -36,6 +36,9 @@ export interface SandboxInfo {
   lostReason: string | null;
   /** The host limit its answers broke, when they did. */
   flagged: string | null;
+  /** The fleet node that holds it: given in a listing through a node with peers
+   *  (docs/fleet.md), null otherwise. */
+  node: string | null;
 }
 
 export function parseSandboxInfo(d: Wire<typeof SANDBOX_INFO>, template?: string): SandboxInfo {
@@ -58,6 +61,7 @@ export function parseSandboxInfo(d: Wire<typeof SANDBOX_INFO>, template?: string
     createdBy: d.created_by,
     lostReason: d.lost_reason,
     flagged: d.flagged,
+    node: d.node ?? null,
   };
 }
 

@@ -4,15 +4,16 @@ import { Commands } from "./commands";
 import { resolveConfig, type ConnectionOpts } from "./config";
 import { BranchboxError, InvalidArgumentError, NotFoundError, fromCode } from "./errors";
 import { Files } from "./files";
-import { Http, sandboxPath, seg } from "./http";
+import { Http, sandboxPath, seg, type Call } from "./http";
+import { sandboxList, type SandboxList } from "./listing";
 import {
   parseLineage, parseSandboxInfo, parseSnapshotInfo, type Lineage, type SandboxInfo, type SandboxState, type SnapshotInfo,
 } from "./models";
 import { checkName, checkSnapshotRef } from "./names";
 import { Pty } from "./pty";
 import type {
-  Body, CONNECT_SANDBOX, CREATE_SANDBOX, FORK_RESULT, FORK_SANDBOX, HOST_INFO, LINEAGE, NETWORK_POLICY, ROLLBACK, SANDBOX_INFO,
-  SET_TIMEOUT, SNAPSHOT_INFO, TAKE_SNAPSHOT, Wire,
+  Body, CAPACITY, CONNECT_SANDBOX, CREATE_SANDBOX, FORK_RESULT, FORK_SANDBOX, HOST_INFO, LINEAGE, NETWORK_POLICY, PULL_ANSWER,
+  PULL_BODY, PUSH_ANSWER, ROLLBACK, SANDBOX_INFO, SET_TIMEOUT, SNAPSHOT_INFO, TAKE_SNAPSHOT, Wire,
 } from "./wire";
 
 /** The account commands and file operations use unless told otherwise, as in E2B: the default
@@ -60,7 +61,47 @@ export interface SandboxOpts extends ConnectionOpts {
 export interface SandboxListOpts extends ConnectionOpts {
   /** E2B's query: metadata pairs all of which a sandbox has, and its state (or states). */
   query?: { metadata?: Record<string, string>; state?: SandboxState | SandboxState[] };
+  /** Through a node with fleet peers: only that node's own sandboxes (else every node's). */
+  local?: boolean;
 }
+
+/** What a push of a snapshot to the service's S3 store did (docs/remote.md). */
+export interface PushReport {
+  snapshot: string;
+  /** Chunks in its manifest. */
+  chunks: number;
+  sentChunks: number;
+  sentBytes: number;
+  /** Bytes the store had already. */
+  skippedBytes: number;
+  seconds: number;
+}
+
+/** What a pull of a pushed snapshot did: `fetchedBytes` = `peerBytes` + `s3Bytes`. */
+export interface PullReport {
+  snapshot: string;
+  chunks: number;
+  fetchedBytes: number;
+  /** Bytes copied from snapshots the service had already. */
+  reusedBytes: number;
+  peerBytes: number;
+  s3Bytes: number;
+  /** Why the pull stopped asking the peer, when it had one and it failed. */
+  peerError: string | null;
+  seconds: number;
+}
+
+/** A service's sandboxes against its `--max-sandboxes` (`GET /v1/fleet/capacity`). */
+export interface FleetCapacity {
+  /** Sandboxes it holds (running or paused). */
+  sandboxes: number;
+  maxSandboxes: number;
+  /** How many more it would start now. */
+  room: number;
+}
+
+/** A push or pull moves a snapshot's bytes to or from S3: up to an hour. */
+const TRANSFER_TIMEOUT_MS = 3_600_000;
 
 /** The account a sandbox's commands and files use when a call names none. */
 function defaultUserOf(user?: string, template?: string, image?: string): string | undefined {
@@ -171,16 +212,72 @@ export class Sandbox {
   }
 
   /** Sandboxes (ready pool members are not listed), optionally only those with all the given
-   *  metadata pairs and in the given state(s). */
-  static async list(opts: SandboxListOpts = {}): Promise<SandboxInfo[]> {
+   *  metadata pairs and in the given state(s). Through a node with fleet peers, every node's,
+   *  each with its `node` (`local: true`: that node's own only); the answer's `unanswered` and
+   *  `partial` say which peers did not answer, whose sandboxes it lacks. */
+  static async list(opts: SandboxListOpts = {}): Promise<SandboxList> {
     const http = new Http(await resolveConfig(opts));
     const q = opts.query ?? {};
     const states = q.state === undefined ? undefined : Array.isArray(q.state) ? q.state : [q.state];
     const query: Record<string, string> = {};
     if (q.metadata && Object.keys(q.metadata).length) query.metadata = new URLSearchParams(q.metadata).toString();
     if (states?.length === 1) query.state = states[0] as string;
-    const d = await http.json<Wire<typeof SANDBOX_INFO>[]>({ method: "GET", path: "/v1/sandboxes", query });
-    return d.map((x) => parseSandboxInfo(x)).filter((i) => states === undefined || states.includes(i.state));
+    if (opts.local) query.local = "true";
+    const c: Call = { method: "GET", path: "/v1/sandboxes", query };
+    const r = await http.call(c);
+    let d: Wire<typeof SANDBOX_INFO>[];
+    try {
+      d = (await r.json()) as Wire<typeof SANDBOX_INFO>[];
+    } catch (e) {
+      throw http.transportError(c, e);
+    }
+    const found = d.map((x) => parseSandboxInfo(x)).filter((i) => states === undefined || states.includes(i.state));
+    return sandboxList(found, r.headers);
+  }
+
+  /** Pushes a snapshot (id or name) to the service's S3 store: the chunks the store lacks, then
+   *  its manifest (docs/remote.md). */
+  static async pushSnapshot(snapshot: string, opts: ConnectionOpts = {}): Promise<PushReport> {
+    const http = new Http(await resolveConfig(opts));
+    const path = `/v1/snapshots/${seg(checkSnapshotRef(snapshot))}/push`;
+    const d = await http.json<Wire<typeof PUSH_ANSWER>>({ method: "POST", path, timeoutMs: TRANSFER_TIMEOUT_MS });
+    return {
+      snapshot: d.snapshot,
+      chunks: d.chunks,
+      sentChunks: d.sent_chunks,
+      sentBytes: d.sent_bytes,
+      skippedBytes: d.skipped_bytes,
+      seconds: d.seconds,
+    };
+  }
+
+  /** Pulls a pushed snapshot into the service under the same id (`Sandbox.create({snapshotId})`
+   *  then starts it). With `peer` (a node of the service's peers file that holds it), each
+   *  chunk comes from that node first and from S3 when it fails. */
+  static async pullSnapshot(snapshotId: string, opts: ConnectionOpts & { peer?: string } = {}): Promise<PullReport> {
+    const http = new Http(await resolveConfig(opts));
+    const json: Body<typeof PULL_BODY> = { id: checkSnapshotRef(snapshotId) };
+    if (opts.peer !== undefined) json.peer = opts.peer;
+    const d = await http.json<Wire<typeof PULL_ANSWER>>({
+      method: "POST", path: "/v1/snapshots/pull", json, timeoutMs: TRANSFER_TIMEOUT_MS,
+    });
+    return {
+      snapshot: d.snapshot,
+      chunks: d.chunks,
+      fetchedBytes: d.fetched_bytes,
+      reusedBytes: d.reused_bytes,
+      peerBytes: d.peer_bytes,
+      s3Bytes: d.s3_bytes,
+      peerError: d.peer_error,
+      seconds: d.seconds,
+    };
+  }
+
+  /** The service's sandboxes against its `--max-sandboxes`, and how many more it would start. */
+  static async fleetCapacity(opts: ConnectionOpts = {}): Promise<FleetCapacity> {
+    const http = new Http(await resolveConfig(opts));
+    const d = await http.json<Wire<typeof CAPACITY>>({ method: "GET", path: "/v1/fleet/capacity" });
+    return { sandboxes: d.sandboxes, maxSandboxes: d.max_sandboxes, room: d.room };
   }
 
   /** Kills a sandbox by id; false when it was already gone. */

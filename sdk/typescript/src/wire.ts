@@ -70,6 +70,7 @@ export const SANDBOX_INFO = {
   created_by: "string?",
   lost_reason: "string?",
   flagged: "string?",
+  node: "string?",
 } as const;
 
 export const SNAPSHOT_INFO = {
@@ -177,6 +178,27 @@ export const MAKE_DIR = { path: "string", parents: "boolean?", user: "string?" }
 export const MADE = { created: "boolean" } as const;
 export const CHALLENGE = { listen: "string", proofs: "string[]" } as const;
 
+export const PUSH_ANSWER = {
+  snapshot: "string",
+  chunks: "integer",
+  sent_chunks: "integer",
+  sent_bytes: "integer",
+  skipped_bytes: "integer",
+  seconds: "number",
+} as const;
+export const PULL_BODY = { id: "string", peer: "string?" } as const;
+export const PULL_ANSWER = {
+  snapshot: "string",
+  chunks: "integer",
+  fetched_bytes: "integer",
+  reused_bytes: "integer",
+  peer_bytes: "integer",
+  s3_bytes: "integer",
+  peer_error: "string?",
+  seconds: "number",
+} as const;
+export const CAPACITY = { sandboxes: "integer", max_sandboxes: "integer", room: "integer" } as const;
+
 export type Method = "GET" | "POST" | "PUT" | "DELETE";
 
 /** One route the SDK calls: its query parameters, request body and JSON answer. */
@@ -194,7 +216,7 @@ export interface RouteUse {
 export const ROUTES: readonly RouteUse[] = [
   { method: "GET", path: "/v1/auth/challenge", query: ["nonce"], response: CHALLENGE },
   { method: "POST", path: "/v1/sandboxes", request: CREATE_SANDBOX, response: SANDBOX_INFO },
-  { method: "GET", path: "/v1/sandboxes", query: ["metadata", "state"], response: SANDBOX_INFO, list: true },
+  { method: "GET", path: "/v1/sandboxes", query: ["metadata", "state", "local"], response: SANDBOX_INFO, list: true },
   { method: "GET", path: "/v1/sandboxes/{id}", response: SANDBOX_INFO },
   { method: "DELETE", path: "/v1/sandboxes/{id}" },
   { method: "POST", path: "/v1/sandboxes/{id}/connect", request: CONNECT_SANDBOX, response: SANDBOX_INFO },
@@ -208,6 +230,9 @@ export const ROUTES: readonly RouteUse[] = [
   { method: "POST", path: "/v1/sandboxes/{id}/rollback", request: ROLLBACK, response: SANDBOX_INFO },
   { method: "GET", path: "/v1/snapshots", response: SNAPSHOT_INFO, list: true },
   { method: "DELETE", path: "/v1/snapshots/{snapshot}", query: ["cascade"] },
+  { method: "POST", path: "/v1/snapshots/{snapshot}/push", response: PUSH_ANSWER },
+  { method: "POST", path: "/v1/snapshots/pull", request: PULL_BODY, response: PULL_ANSWER },
+  { method: "GET", path: "/v1/fleet/capacity", response: CAPACITY },
   { method: "GET", path: "/v1/lineage", query: ["sandbox"], response: LINEAGE },
   { method: "POST", path: "/v1/sandboxes/{id}/commands", request: RUN_COMMAND, response: COMMAND_RESULT },
   { method: "POST", path: "/v1/sandboxes/{id}/commands/stream", request: RUN_COMMAND },

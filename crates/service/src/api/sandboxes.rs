@@ -34,8 +34,12 @@ pub async fn create(
 }
 
 /// Lists sandboxes, optionally only those with given metadata or state.
-#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", params(ListSandboxes),
-    responses((status = 200, body = Vec<SandboxInfo>), (status = "4XX", body = ErrorBody, description = "bad query")))]
+#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes",
+    params(ListSandboxes, ("local" = Option<bool>, Query,
+        description = "With fleet peers: only this node's sandboxes (else every node's; `crate::fleet::listing` reads it)")),
+    responses((status = 200, body = Vec<SandboxInfo>, headers(("x-branchbox-peers-unanswered" = String,
+                  description = "With fleet peers: the peers whose sandboxes the listing lacks, `NAME (REASON), ...`"))),
+              (status = "4XX", body = ErrorBody, description = "bad query")))]
 pub async fn list(
     State(st): State<AppState>,
     ApiQuery(q): ApiQuery<ListSandboxes>,
