@@ -161,11 +161,11 @@ def test_listing_serves_template_started_after_order_and_pages(e2b_env):
                 pages.append([i.sandbox_id for i in p.next_items()])
             return pages
 
-        assert listed() == [ids]
+        assert listed() == [ids[::-1]]
         assert listed(order="desc") == [ids[::-1]]
         assert listed(limit=2, order="desc") == [ids[:0:-1], ids[:1]]
         assert listed(limit=2, order="asc") == [ids[:2], ids[2:]]
-        assert listed(template="base") == [ids]
+        assert listed(template="base", order="asc") == [ids]
         assert listed(template="no-such-template") == [[]]
         third = made[2].get_info().started_at
         assert listed(started_after=third) == [ids[2:]]
@@ -179,6 +179,29 @@ def test_listing_serves_template_started_after_order_and_pages(e2b_env):
     finally:
         for s in made:
             s.kill()
+
+
+def test_a_listing_without_order_pages_newest_first_across_states(e2b_env):
+    """E2B's server lists newest first unless `order` says otherwise, whatever the states asked
+    for; E2B's own suite pages with limit=1 and expects the sandbox made last on the first page."""
+    import uuid
+
+    tag = {"suite": uuid.uuid4().hex}
+    older = e2b.Sandbox.create(timeout=300, metadata=tag)
+    newer = e2b.Sandbox.create(timeout=300, metadata=tag)
+    try:
+        newer.beta_pause()
+        for state in ([e2b.SandboxState.RUNNING, e2b.SandboxState.PAUSED], None):
+            p = e2b.Sandbox.list(query=e2b.SandboxQuery(metadata=tag, state=state), limit=1)
+            first = p.next_items()
+            assert [i.sandbox_id for i in first] == [newer.sandbox_id]
+            assert first[0].state == e2b.SandboxState.PAUSED and p.has_next
+            second = p.next_items()
+            assert [(i.sandbox_id, i.state) for i in second] == [(older.sandbox_id, e2b.SandboxState.RUNNING)]
+            assert not p.has_next
+    finally:
+        older.kill()
+        newer.kill()
 
 
 def test_a_pause_without_memory_is_refused_and_a_strict_pause_pauses(e2b_env):

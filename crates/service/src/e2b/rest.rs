@@ -279,8 +279,9 @@ fn page_token(t: &str) -> E2bResult<(i64, String)> {
 }
 
 /// One page of a listing: E2B's filters (`state`, `metadata`, `template`, `startedAfter`), in
-/// start-time order (`order` `asc`, the default, or `desc`), `limit` at a time; the next
-/// page's token goes in the `x-next-token` header while more are left.
+/// start-time order (`order` `desc`, newest first, the default as on E2B's server, or `asc`),
+/// `limit` at a time; the next page's token goes in the `x-next-token` header while more are
+/// left.
 async fn listing(st: AppState, q: ListQuery, default_states: &[&str]) -> E2bResult<Response> {
     if q.team_id.as_deref().is_some_and(|t| !t.is_empty()) {
         return Err(not_served("teamID (branchbox has no teams; leave it out)"));
@@ -293,8 +294,8 @@ async fn listing(st: AppState, q: ListQuery, default_states: &[&str]) -> E2bResu
         return Err(bad_query(format!("state {:?} is not running or paused", shown(bad))));
     }
     let desc = match q.order.as_deref() {
-        None | Some("asc") => false,
-        Some("desc") => true,
+        Some("asc") => false,
+        None | Some("desc") => true,
         Some(o) => return Err(bad_query(format!("order {:?} is not asc or desc", shown(o)))),
     };
     let after_ms = match q.started_after.as_deref() {
