@@ -252,4 +252,33 @@ mod route_tests {
             assert!(String::from_utf8_lossy(&body).contains(code), "port {port}: {body:?}");
         }
     }
+
+    #[test]
+    fn push_pull_and_chunks_are_in_the_openapi_document_with_their_answers() {
+        let (_dir, _router, doc) = app();
+        let doc = serde_json::to_value(&doc).unwrap();
+        let paths = &doc["paths"];
+        let op = |path: &str, method: &str| paths[path][method].clone();
+        let chunk = op("/v1/snapshots/{snapshot}/chunks/{hash}", "get");
+        assert!(chunk["responses"]["200"]["content"]["application/octet-stream"].is_object(), "{chunk}");
+        let push = op("/v1/snapshots/{snapshot}/push", "post");
+        assert_eq!(
+            push["responses"]["200"]["content"]["application/json"]["schema"]["$ref"],
+            "#/components/schemas/PushAnswer"
+        );
+        let pull = op("/v1/snapshots/pull", "post");
+        assert_eq!(
+            pull["requestBody"]["content"]["application/json"]["schema"]["$ref"],
+            "#/components/schemas/PullBody"
+        );
+        for o in [&chunk, &push, &pull] {
+            assert_eq!(o["security"], serde_json::json!([{"bearer": []}]), "{o}");
+        }
+        let schemas = &doc["components"]["schemas"];
+        for (name, field) in
+            [("PushAnswer", "sent_bytes"), ("PullAnswer", "peer_bytes"), ("PullBody", "peer")]
+        {
+            assert!(schemas[name]["properties"][field].is_object(), "{name}: {}", schemas[name]);
+        }
+    }
 }

@@ -14,7 +14,7 @@ use crate::auth::Tokens;
 use crate::caller::Caller;
 use crate::error::ApiError;
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -100,20 +100,10 @@ pub(super) fn authenticate(
     }
 }
 
-/// The middleware: a listing answers for the whole fleet ([`super::listing`]), a create this
-/// node has no room for goes to a peer ([`super::spill`]); otherwise it serves here what names
-/// no sandbox, what this node holds or what no peer holds, and forwards the rest to the peer
-/// holding it.
-pub async fn forward(State(fleet): State<Fleet>, req: Request, next: Next) -> Response {
-    if let Some(plane) = super::listing::plane_of(req.method(), req.uri().path()) {
-        return super::listing::list(fleet, plane, req, next).await;
-    }
-    if !fleet.enabled() || was_forwarded(req.headers()) {
-        return next.run(req).await;
-    }
-    if let Some(plane) = super::spill::plane_of(req.method(), req.uri().path()) {
-        return super::spill::create(fleet, plane, req, next).await;
-    }
+/// A request naming a sandbox: served here when it names none, when this node holds it or when
+/// no peer holds it; otherwise forwarded to the peer holding it. [`super::dispatch`] sends
+/// listings and creates elsewhere first.
+pub(super) async fn to_owner(fleet: Fleet, req: Request, next: Next) -> Response {
     let Some((id, plane)) = target_of(req.uri().path(), req.headers()) else { return next.run(req).await };
     let peers = fleet.peers();
     if peers.is_empty() {

@@ -15,12 +15,13 @@
 //! and pulls snapshots through the API, a pull asking a peer before the store.
 
 pub mod capacity;
+pub mod dispatch;
 pub mod forward;
 pub mod listing;
 pub mod remote;
 pub mod spill;
 
-pub use forward::forward;
+pub use dispatch::forward;
 
 use serde::Deserialize;
 use std::collections::HashMap;
