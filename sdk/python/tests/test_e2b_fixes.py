@@ -204,6 +204,15 @@ def test_a_listing_without_order_pages_newest_first_across_states(e2b_env):
         newer.kill()
 
 
+def test_template_exists_answers_true_for_base_as_create_takes_it(e2b_env):
+    """`Template.exists("base")`: E2B's public template, which create and the template list take
+    as the default image here, exists; a name no template has does not."""
+    import uuid
+
+    assert e2b.Template.exists("base") is True
+    assert e2b.Template.exists(f"no-such-{uuid.uuid4().hex[:12]}") is False
+
+
 def test_a_pause_without_memory_is_refused_and_a_strict_pause_pauses(e2b_env):
     sbx = e2b.Sandbox.create(timeout=300)
     try:

@@ -578,8 +578,12 @@ async fn status(
     Ok(Json(body).into_response())
 }
 
-/// `GET /templates/aliases/{alias}`: whether a template of that name exists.
+/// `GET /templates/aliases/{alias}`: whether a template of that name exists. `base`, E2B's
+/// public template, is the default image here, as create and `GET /templates` take it.
 async fn alias(State(st): State<TemplateState>, Path(alias): Path<String>) -> E2bResult<Response> {
+    if alias == "base" {
+        return Ok(Json(serde_json::json!({ "templateID": "base", "public": true })).into_response());
+    }
     let name = name_of(&alias)?;
     let n = name.clone();
     let found = st.app.blocking(move |engine, _| Ok(engine.template(&n).is_ok())).await?;
