@@ -4,16 +4,21 @@
 //! within the template limits, refuses anything but regular files and directories under
 //! relative paths, and recomputes E2B's files hash. [`read_archive`] here opens the upload and,
 //! when told where, unpacks what that walk hands on. A build uses an upload only when the hash
-//! it recomputes is the step's `filesHash`, so the files built are the ones the SDK hashed.
+//! it recomputes is the step's `filesHash`, so the files built are the ones the SDK hashed,
+//! with one exception, [`unpack_copy`]'s: E2B's JavaScript SDK also hashes each directory's
+//! size on its own disk, which no archive carries, so an upload that holds a directory, all
+//! under the step's source, is taken unverified (the caller keeps it to the template whose link
+//! it came through and says so in the build's log); one of files only must verify.
 //!
 //! A fresh directory that holds no link is what is unpacked into, and files are created with
 //! `create_new` and `O_NOFOLLOW`, so no entry can write outside it.
 
+use branchbox_e2b_wire::template::Copy;
 use branchbox_e2b_wire::template_files::{self as wire, CheckOnly, Limits, Unpack};
 use branchbox_template::{MAX_PATH_BYTES, MAX_UPLOAD_BYTES, MAX_UPLOAD_ENTRIES};
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Component, Path};
 
 /// Most bytes of one uploaded archive, as sent (a gzipped one unpacks to at most
 /// [`MAX_UPLOAD_BYTES`] of file content).
@@ -80,6 +85,91 @@ pub fn read_archive(archive: &Path, copy: (&str, &str), into: Option<&Path>) -> 
     }
 }
 
+/// How a COPY's upload was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checked {
+    /// It hashes to the step's `filesHash`.
+    Verified,
+    /// It does not, but it holds a directory, every entry under the step's source: the hash of
+    /// E2B's JavaScript SDK, which counts directory sizes, cannot be recomputed.
+    Unverified,
+}
+
+/// Counts an archive's directories and finds the first entry outside the step's source, while
+/// handing each entry on.
+struct Watch<'a, U> {
+    inner: U,
+    source: &'a str,
+    dirs: usize,
+    outside: Option<String>,
+}
+
+impl<U: Unpack> Watch<'_, U> {
+    fn see(&mut self, rel: &str) {
+        let under = self.source == "."
+            || rel == self.source
+            || rel.strip_prefix(self.source).is_some_and(|r| r.starts_with('/'));
+        if !under && self.outside.is_none() {
+            self.outside = Some(rel.to_string());
+        }
+    }
+}
+
+impl<U: Unpack> Unpack for Watch<'_, U> {
+    fn dir(&mut self, rel: &str, mode: u32) -> Result<(), String> {
+        self.see(rel);
+        self.dirs += 1;
+        self.inner.dir(rel, mode)
+    }
+
+    fn file(&mut self, rel: &str, mode: u32, size: u64) -> Result<Box<dyn Write + '_>, String> {
+        self.see(rel);
+        self.inner.file(rel, mode, size)
+    }
+}
+
+/// A COPY source as the archive names it: normalized, `.` for the whole context.
+fn source_of(src: &str) -> String {
+    let parts: Vec<_> = Path::new(src)
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(p) => Some(p.to_string_lossy().into_owned()),
+            _ => None,
+        })
+        .collect();
+    if parts.is_empty() {
+        ".".into()
+    } else {
+        parts.join("/")
+    }
+}
+
+/// Unpacks COPY `c`'s upload into `into` (a directory that exists and is empty) and says how it
+/// was taken; refuses it (the caller names the step) when it does not hash to the step's
+/// `filesHash` and holds no directory, or holds an entry the step's source does not name.
+pub fn unpack_copy(archive: &Path, c: &Copy, into: &Path) -> Result<Checked, String> {
+    let source = source_of(&c.src);
+    let file = std::fs::File::open(archive).map_err(|e| format!("the upload cannot be read: {e}"))?;
+    let mut w = Watch { inner: IntoDir(into), source: &source, dirs: 0, outside: None };
+    let got = wire::read_archive(file, (&c.src, &c.dest), &LIMITS, &mut w)?;
+    if got == c.hash {
+        return Ok(Checked::Verified);
+    }
+    if let Some(rel) = w.outside {
+        return Err(format!(
+            "the uploaded files hash to {got}, not the step's filesHash {}, and entry {rel:?} is not under the source {source:?}; upload them again",
+            c.hash
+        ));
+    }
+    if w.dirs == 0 {
+        return Err(format!(
+            "the uploaded files hash to {got}, not the step's filesHash {}; upload them again",
+            c.hash
+        ));
+    }
+    Ok(Checked::Unverified)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -139,6 +229,65 @@ mod tests {
         }
         let missing = read_archive(&t.path().join("none"), ("a", "/a"), None).unwrap_err();
         assert!(missing.contains("cannot be read"), "{missing}");
+    }
+
+    /// COPY `src` to `/srv/` of `archive`, with `hash` as the step's filesHash.
+    fn copy_of(src: &str, hash: String) -> Copy {
+        Copy { step: 2, hash, src: src.into(), dest: "/srv/".into(), dir: "s2".into() }
+    }
+
+    fn fresh(t: &Path, name: &str) -> std::path::PathBuf {
+        let into = t.join(name);
+        std::fs::create_dir(&into).unwrap();
+        into
+    }
+
+    #[test]
+    fn an_upload_that_hashes_to_the_files_hash_is_verified() {
+        let t = tempfile::tempdir().unwrap();
+        let a = archive(t.path(), true, |b| {
+            dir(b, "app/");
+            file(b, "app/x.txt", 0o644, b"x");
+        });
+        let hash = read_archive(&a, ("./app", "/srv/"), None).unwrap();
+        let got = unpack_copy(&a, &copy_of("./app", hash), &fresh(t.path(), "u")).unwrap();
+        assert_eq!(got, Checked::Verified);
+        assert_eq!(std::fs::read(t.path().join("u/app/x.txt")).unwrap(), b"x");
+    }
+
+    #[test]
+    fn a_directory_whose_hash_cannot_be_recomputed_is_taken_unverified() {
+        let t = tempfile::tempdir().unwrap();
+        let a = archive(t.path(), true, |b| {
+            dir(b, "conf/");
+            dir(b, "conf/sub/");
+            file(b, "conf/sub/b.ini", 0o644, b"b = 2\n");
+        });
+        // What E2B's JavaScript SDK sends: its hash counts each directory's size (4096 here).
+        let js = "f".repeat(64);
+        let got = unpack_copy(&a, &copy_of("conf/", js.clone()), &fresh(t.path(), "u")).unwrap();
+        assert_eq!(got, Checked::Unverified);
+        assert_eq!(std::fs::read(t.path().join("u/conf/sub/b.ini")).unwrap(), b"b = 2\n");
+        // An entry the step's source does not name is refused, directory or not.
+        let e = unpack_copy(&a, &copy_of("con", js.clone()), &fresh(t.path(), "v")).unwrap_err();
+        assert!(e.contains("entry \"conf\" is not under the source \"con\""), "{e}");
+        let any = unpack_copy(&a, &copy_of(".", js), &fresh(t.path(), "w")).unwrap();
+        assert_eq!(any, Checked::Unverified);
+    }
+
+    #[test]
+    fn files_only_that_do_not_hash_to_the_files_hash_are_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let a = archive(t.path(), false, |b| file(b, "a.txt", 0o644, b"other"));
+        let right = read_archive(&a, ("a.txt", "/srv/"), None).unwrap();
+        let wrong = "0".repeat(64);
+        let e = unpack_copy(&a, &copy_of("a.txt", wrong.clone()), &fresh(t.path(), "u")).unwrap_err();
+        assert_eq!(
+            e,
+            format!(
+                "the uploaded files hash to {right}, not the step's filesHash {wrong}; upload them again"
+            )
+        );
     }
 
     fn raw_entry(b: &mut tar::Builder<Vec<u8>>, name: &[u8], kind: tar::EntryType, data: &[u8]) {

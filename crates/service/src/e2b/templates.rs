@@ -11,12 +11,15 @@
 //!
 //! The build itself is [`branchbox_core::Engine::build_template`], so its steps are cached and
 //! `Sandbox.create(name)` starts from its last snapshot as from any template. A COPY's upload is
-//! unpacked into the build's own context directory only when it hashes to the step's
-//! `filesHash` (`template_files.rs`). Builds and upload links live in memory (a restart forgets
-//! builds in progress; the templates they made stay), each map bounded.
+//! kept under the template whose link it came through, so only that template's `present`
+//! answers and builds ever see it, and is unpacked into the build's own context directory when
+//! it hashes to the step's `filesHash`, or, unverified, when it holds a directory
+//! (`template_files.rs`: E2B's JavaScript SDK hashes directory sizes). Builds and upload links
+//! live in memory (a restart forgets builds in progress; the templates they made stay), each map
+//! bounded.
 
-use super::template_build::{self, BuildStart, Plan};
-use super::template_files::{read_archive, MAX_ARCHIVE_BYTES};
+use super::template_build::{self, BuildStart, Copy};
+use super::template_files::{read_archive, unpack_copy, Checked, MAX_ARCHIVE_BYTES};
 use super::template_logs::Follow;
 use super::{E2bError, PREFIX};
 use crate::error::ApiError;
@@ -31,7 +34,7 @@ use axum::{Json, Router};
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path as FsPath, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -126,8 +129,43 @@ impl Builds {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Where the upload for `hash` through one of `template`'s links is kept: only that
+    /// template's answers and builds look there.
     fn archive(&self, template: &str, hash: &str) -> PathBuf {
         self.root.join("files").join(template).join(format!("{hash}.tar"))
+    }
+
+    /// Whether `template` has an upload for `hash` that no build used yet.
+    fn present(&self, template: &str, hash: &str) -> bool {
+        self.archive(template, hash).is_file()
+    }
+
+    /// Unpacks each COPY's upload for template `name` into `ctx`, refusing one that is missing
+    /// or that [`unpack_copy`] refuses. Returns, per upload taken unverified, its step and the
+    /// line the build's log says it with.
+    fn unpack(&self, name: &str, copies: &[Copy], ctx: &FsPath) -> Result<Vec<(String, String)>, String> {
+        let mut notes = Vec::new();
+        for c in copies {
+            let at = format!("step {} (COPY {})", c.step, c.src);
+            let archive = self.archive(name, &c.hash);
+            if !archive.is_file() {
+                return Err(format!(
+                    "{at}: no files were uploaded for filesHash {} to template {name}; ask GET /templates/{{id}}/files/{{hash}} for a link and put them there",
+                    c.hash
+                ));
+            }
+            let into = ctx.join(&c.dir);
+            let _ = std::fs::remove_dir_all(&into);
+            std::fs::create_dir_all(&into).map_err(|e| format!("{at}: {e}"))?;
+            if unpack_copy(&archive, c, &into).map_err(|e| format!("{at}: {e}"))? == Checked::Unverified {
+                let note = format!(
+                    "{at}: the files hash could not be checked (it counts directory sizes, which the upload does not carry); \
+                     the files are used as uploaded through this template's link"
+                );
+                notes.push((c.step.to_string(), note));
+            }
+        }
+        Ok(notes)
     }
 
     fn log(&self, build: &str, level: &'static str, step: Option<&str>, message: String) {
@@ -291,7 +329,7 @@ async fn upload_link(
     let name = name_of(&id)?;
     check_hash(&hash)?;
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("127.0.0.1");
-    let present = st.builds.archive(&name, &hash).is_file();
+    let present = st.builds.present(&name, &hash);
     let token = hex::encode(rand::random::<[u8; 32]>());
     {
         let mut g = st.builds.lock();
@@ -435,7 +473,7 @@ async fn start_build(
     // A build uses up its uploads, whatever its end: the engine caches each COPY's result under
     // its content's hash, so a rebuild that changes nothing reuses it after uploading again.
     let used: Vec<PathBuf> = plan.copies.iter().map(|c| st.builds.archive(&name, &c.hash)).collect();
-    let prepared = prepare(&st, &name, &plan, ctx.clone()).await;
+    let prepared = prepare(&st, &build, &name, &plan.copies, ctx.clone()).await;
     let place = match prepared {
         Ok(()) => st.app.blocking(|engine, app| app.reserve(engine, 1)).await.map_err(E2bError),
         Err(e) => Err(e),
@@ -493,35 +531,23 @@ async fn start_build(
     Ok(StatusCode::ACCEPTED)
 }
 
-/// Unpacks each COPY's upload into the build's context, refusing one that is missing or does
-/// not hash to the step's `filesHash`.
-async fn prepare(st: &TemplateState, name: &str, plan: &Plan, ctx: PathBuf) -> E2bResult<()> {
-    let jobs: Vec<_> =
-        plan.copies.iter().map(|c| (c.clone(), st.builds.archive(name, &c.hash), ctx.join(&c.dir))).collect();
-    let r = tokio::task::spawn_blocking(move || -> Result<(), String> {
-        for (c, archive, into) in jobs {
-            let at = format!("step {} (COPY {})", c.step, c.src);
-            if !archive.is_file() {
-                return Err(format!(
-                    "{at}: no files were uploaded for filesHash {}; ask GET /templates/{{id}}/files/{{hash}} for a link and put them there",
-                    c.hash
-                ));
-            }
-            let _ = std::fs::remove_dir_all(&into);
-            std::fs::create_dir_all(&into).map_err(|e| format!("{at}: {e}"))?;
-            let got = read_archive(&archive, (&c.src, &c.dest), Some(&into)).map_err(|e| format!("{at}: {e}"))?;
-            if got != c.hash {
-                return Err(format!(
-                    "{at}: the uploaded files hash to {got}, not the step's filesHash {}; upload them again",
-                    c.hash
-                ));
-            }
-        }
-        Ok(())
-    })
-    .await
-    .map_err(|e| E2bError(ApiError::internal(format!("unpacking the uploads failed: {e}"))))?;
-    r.map_err(|m| bad("bad_files", m))
+/// Unpacks the COPYs' uploads into the build's context ([`Builds::unpack`]) and says in the
+/// build's log which were taken unverified.
+async fn prepare(
+    st: &TemplateState,
+    build: &str,
+    name: &str,
+    copies: &[Copy],
+    ctx: PathBuf,
+) -> E2bResult<()> {
+    let (builds, name, copies) = (st.builds.clone(), name.to_string(), copies.to_vec());
+    let r = tokio::task::spawn_blocking(move || builds.unpack(&name, &copies, &ctx))
+        .await
+        .map_err(|e| E2bError(ApiError::internal(format!("unpacking the uploads failed: {e}"))))?;
+    for (step, note) in r.map_err(|m| bad("bad_files", m))? {
+        st.builds.log(build, "warn", Some(&step), note);
+    }
+    Ok(())
 }
 
 /// The status query the SDK sends.
@@ -591,4 +617,95 @@ async fn alias(State(st): State<TemplateState>, Path(alias): Path<String>) -> E2
         return Err(E2bError(ApiError::not_found(format!("template {name} not found"))));
     }
     Ok(Json(serde_json::json!({ "templateID": name, "public": false })).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A gzipped tar of `conf/` holding `conf/b.ini`, or of `a.txt` alone.
+    fn archive(with_dir: bool) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        let mut entry = |path: &str, kind: tar::EntryType, data: &[u8]| {
+            let mut h = tar::Header::new_ustar();
+            h.set_entry_type(kind);
+            h.set_mode(if kind.is_dir() { 0o755 } else { 0o644 });
+            h.set_size(data.len() as u64);
+            h.set_path(path).unwrap();
+            h.set_cksum();
+            b.append(&h, data).unwrap();
+        };
+        if with_dir {
+            entry("conf/", tar::EntryType::Directory, b"");
+            entry("conf/b.ini", tar::EntryType::Regular, b"b = 2\n");
+        } else {
+            entry("a.txt", tar::EntryType::Regular, b"a\n");
+        }
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&b.into_inner().unwrap()).unwrap();
+        gz.finish().unwrap()
+    }
+
+    /// Keeps `data` as the upload through a link of `template` for `hash`.
+    fn upload(builds: &Builds, template: &str, hash: &str, data: &[u8]) {
+        let at = builds.archive(template, hash);
+        std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+        std::fs::write(at, data).unwrap();
+    }
+
+    fn copy(src: &str, hash: &str) -> Copy {
+        Copy { step: 2, hash: hash.into(), src: src.into(), dest: "/etc/app/".into(), dir: "s2".into() }
+    }
+
+    fn builds() -> (tempfile::TempDir, Builds) {
+        let t = tempfile::tempdir().unwrap();
+        let b = Builds { root: t.path().join("root"), inner: Default::default() };
+        (t, b)
+    }
+
+    #[test]
+    fn a_verified_upload_is_present_and_used_by_the_templates_builds() {
+        let (t, b) = builds();
+        let data = archive(true);
+        let f = t.path().join("a.tar");
+        std::fs::write(&f, &data).unwrap();
+        let hash = read_archive(&f, ("conf", "/etc/app/"), None).unwrap();
+        upload(&b, "web", &hash, &data);
+        assert!(b.present("web", &hash));
+        let ctx = t.path().join("ctx");
+        assert_eq!(b.unpack("web", &[copy("conf", &hash)], &ctx), Ok(Vec::new()));
+        assert_eq!(std::fs::read(ctx.join("s2/conf/b.ini")).unwrap(), b"b = 2\n");
+        // Used again by a later build while it is kept.
+        assert_eq!(b.unpack("web", &[copy("conf", &hash)], &t.path().join("ctx2")), Ok(Vec::new()));
+    }
+
+    #[test]
+    fn an_unverified_upload_serves_only_the_template_whose_link_it_came_through() {
+        let (t, b) = builds();
+        // The JavaScript SDK's hash of `conf`: it counts the directory's size, so ours differs.
+        let js = "a".repeat(64);
+        upload(&b, "web", &js, &archive(true));
+        assert!(b.present("web", &js));
+        let ctx = t.path().join("ctx");
+        let notes = b.unpack("web", &[copy("conf", &js)], &ctx).unwrap();
+        assert_eq!(notes.len(), 1);
+        assert_eq!(notes[0].0, "2");
+        assert!(notes[0].1.contains("step 2 (COPY conf): the files hash could not be checked"), "{notes:?}");
+        assert_eq!(std::fs::read(ctx.join("s2/conf/b.ini")).unwrap(), b"b = 2\n");
+
+        assert!(!b.present("other", &js), "another template is told the upload is there");
+        let e = b.unpack("other", &[copy("conf", &js)], &t.path().join("ctx2")).unwrap_err();
+        assert!(e.contains("no files were uploaded for filesHash"), "{e}");
+    }
+
+    #[test]
+    fn an_upload_of_files_only_that_does_not_verify_is_refused_naming_the_step() {
+        let (t, b) = builds();
+        let wrong = "b".repeat(64);
+        upload(&b, "web", &wrong, &archive(false));
+        let e = b.unpack("web", &[copy("a.txt", &wrong)], &t.path().join("ctx")).unwrap_err();
+        assert!(e.starts_with("step 2 (COPY a.txt): the uploaded files hash to "), "{e}");
+        assert!(e.contains(&format!("not the step's filesHash {wrong}")), "{e}");
+    }
 }
