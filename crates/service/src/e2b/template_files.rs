@@ -10,6 +10,10 @@
 //! under the step's source, is taken unverified (the caller keeps it to the template whose link
 //! it came through and says so in the build's log); one of files only must verify.
 //!
+//! [`Uploads`] keeps the uploads, each under the template whose link it came through, so only
+//! that template's `present` answers and builds ever see it: an upload taken unverified never
+//! stands for another template's files.
+//!
 //! A fresh directory that holds no link is what is unpacked into, and files are created with
 //! `create_new` and `O_NOFOLLOW`, so no entry can write outside it.
 
@@ -18,11 +22,15 @@ use branchbox_e2b_wire::template_files::{self as wire, CheckOnly, Limits, Unpack
 use branchbox_template::{MAX_PATH_BYTES, MAX_UPLOAD_BYTES, MAX_UPLOAD_ENTRIES};
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Component, Path};
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
 
 /// Most bytes of one uploaded archive, as sent (a gzipped one unpacks to at most
 /// [`MAX_UPLOAD_BYTES`] of file content).
 pub const MAX_ARCHIVE_BYTES: u64 = MAX_UPLOAD_BYTES;
+
+/// How long an upload no build used is kept.
+const ARCHIVE_TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// The limits of an upload: those of a template's uploads.
 const LIMITS: Limits =
@@ -168,6 +176,72 @@ pub fn unpack_copy(archive: &Path, c: &Copy, into: &Path) -> Result<Checked, Str
         ));
     }
     Ok(Checked::Unverified)
+}
+
+/// Where the COPY uploads are kept: `<root>/<template>/<filesHash>.tar`.
+pub struct Uploads {
+    root: PathBuf,
+}
+
+impl Uploads {
+    /// Uploads kept under `root`.
+    pub fn new(root: PathBuf) -> Uploads {
+        Uploads { root }
+    }
+
+    /// Where the upload for `hash` through one of `template`'s links is kept: only that
+    /// template's answers and builds look there.
+    pub fn path(&self, template: &str, hash: &str) -> PathBuf {
+        self.root.join(template).join(format!("{hash}.tar"))
+    }
+
+    /// Whether `template` has an upload for `hash` that no build used yet.
+    pub fn present(&self, template: &str, hash: &str) -> bool {
+        self.path(template, hash).is_file()
+    }
+
+    /// Removes the uploads in a template's `dir` that no build used within [`ARCHIVE_TTL`] (a
+    /// client that uploaded and never built).
+    pub fn prune(dir: &Path) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        for e in entries.flatten() {
+            let old = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().is_ok_and(|a| a > ARCHIVE_TTL));
+            if old {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+
+    /// Unpacks each COPY's upload for template `name` into `ctx`, refusing one that is missing
+    /// or that [`unpack_copy`] refuses, naming the step. Returns, per upload taken unverified,
+    /// E2B's step number and the line the build's log says it with.
+    pub fn unpack(&self, name: &str, copies: &[Copy], ctx: &Path) -> Result<Vec<(String, String)>, String> {
+        let mut notes = Vec::new();
+        for c in copies {
+            let at = format!("step {} (COPY {})", c.step, c.src);
+            let archive = self.path(name, &c.hash);
+            if !archive.is_file() {
+                return Err(format!(
+                    "{at}: no files were uploaded for filesHash {} to template {name}; ask GET /templates/{{id}}/files/{{hash}} for a link and put them there",
+                    c.hash
+                ));
+            }
+            let into = ctx.join(&c.dir);
+            let _ = std::fs::remove_dir_all(&into);
+            std::fs::create_dir_all(&into).map_err(|e| format!("{at}: {e}"))?;
+            if unpack_copy(&archive, c, &into).map_err(|e| format!("{at}: {e}"))? == Checked::Unverified {
+                let note = format!(
+                    "{at}: the files hash could not be checked (it counts directory sizes, which the upload does not carry); \
+                     the files are used as uploaded through this template's link"
+                );
+                notes.push((c.step.to_string(), note));
+            }
+        }
+        Ok(notes)
+    }
 }
 
 #[cfg(test)]
@@ -331,5 +405,69 @@ mod tests {
         assert!(read_archive(&twice, ("a", "/a"), Some(&into)).unwrap_err().contains("twice"));
         let empty = archive(t.path(), false, |_| {});
         assert!(read_archive(&empty, ("a", "/a"), None).unwrap_err().contains("empty"));
+    }
+
+    /// Keeps `archive` as the upload through a link of `template` for `hash`.
+    fn keep(u: &Uploads, template: &str, hash: &str, archive: &Path) {
+        let at = u.path(template, hash);
+        std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+        std::fs::copy(archive, at).unwrap();
+    }
+
+    fn conf(t: &Path) -> std::path::PathBuf {
+        archive(t, true, |b| {
+            dir(b, "conf/");
+            file(b, "conf/b.ini", 0o644, b"b = 2\n");
+        })
+    }
+
+    #[test]
+    fn a_verified_upload_is_present_and_used_by_the_templates_builds() {
+        let t = tempfile::tempdir().unwrap();
+        let u = Uploads::new(t.path().join("files"));
+        let a = conf(t.path());
+        let hash = read_archive(&a, ("conf", "/srv/"), None).unwrap();
+        keep(&u, "web", &hash, &a);
+        assert!(u.present("web", &hash));
+        let ctx = t.path().join("ctx");
+        assert_eq!(u.unpack("web", &[copy_of("conf", hash.clone())], &ctx), Ok(Vec::new()));
+        assert_eq!(std::fs::read(ctx.join("s2/conf/b.ini")).unwrap(), b"b = 2\n");
+        // Used again by a later build while it is kept.
+        let again = u.unpack("web", &[copy_of("conf", hash)], &t.path().join("ctx2"));
+        assert_eq!(again, Ok(Vec::new()));
+    }
+
+    #[test]
+    fn an_unverified_upload_serves_only_the_template_whose_link_it_came_through() {
+        let t = tempfile::tempdir().unwrap();
+        let u = Uploads::new(t.path().join("files"));
+        // The JavaScript SDK's hash of `conf`: it counts the directory's size, so ours differs.
+        let js = "a".repeat(64);
+        keep(&u, "web", &js, &conf(t.path()));
+        assert!(u.present("web", &js));
+        let ctx = t.path().join("ctx");
+        let notes = u.unpack("web", &[copy_of("conf", js.clone())], &ctx).unwrap();
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert_eq!(notes[0].0, "2");
+        assert!(
+            notes[0].1.starts_with("step 2 (COPY conf): the files hash could not be checked"),
+            "{notes:?}"
+        );
+        assert_eq!(std::fs::read(ctx.join("s2/conf/b.ini")).unwrap(), b"b = 2\n");
+
+        assert!(!u.present("other", &js), "another template is told the upload is there");
+        let e = u.unpack("other", &[copy_of("conf", js)], &t.path().join("ctx2")).unwrap_err();
+        assert!(e.contains("no files were uploaded for filesHash"), "{e}");
+    }
+
+    #[test]
+    fn an_upload_of_files_only_that_does_not_verify_is_refused_naming_the_step() {
+        let t = tempfile::tempdir().unwrap();
+        let u = Uploads::new(t.path().join("files"));
+        let wrong = "b".repeat(64);
+        keep(&u, "web", &wrong, &archive(t.path(), false, |b| file(b, "a.txt", 0o644, b"a")));
+        let e = u.unpack("web", &[copy_of("a.txt", wrong.clone())], &t.path().join("ctx")).unwrap_err();
+        assert!(e.starts_with("step 2 (COPY a.txt): the uploaded files hash to "), "{e}");
+        assert!(e.contains(&format!("not the step's filesHash {wrong}")), "{e}");
     }
 }

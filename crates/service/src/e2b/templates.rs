@@ -19,7 +19,7 @@
 //! bounded.
 
 use super::template_build::{self, BuildStart, Copy};
-use super::template_files::{read_archive, unpack_copy, Checked, MAX_ARCHIVE_BYTES};
+use super::template_files::{read_archive, Uploads, MAX_ARCHIVE_BYTES};
 use super::template_logs::Follow;
 use super::{E2bError, PREFIX};
 use crate::error::ApiError;
@@ -34,7 +34,7 @@ use axum::{Json, Router};
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::path::{Path as FsPath, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -46,8 +46,6 @@ const MAX_BUILDS: usize = 256;
 const MAX_LINKS: usize = 1024;
 /// How long an upload link stays usable.
 const LINK_TTL: Duration = Duration::from_secs(3600);
-/// How long an upload no build used is kept.
-const ARCHIVE_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Most log entries one build keeps; later ones are counted in a last entry.
 const MAX_LOG_ENTRIES: usize = 20_000;
 /// Most entries one status answer carries (E2B's own page).
@@ -117,6 +115,7 @@ struct Inner {
 /// The builds E2B's SDK requested and the upload links handed out.
 pub struct Builds {
     root: PathBuf,
+    uploads: Uploads,
     inner: Mutex<Inner>,
 }
 
@@ -127,45 +126,6 @@ fn now() -> String {
 impl Builds {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Where the upload for `hash` through one of `template`'s links is kept: only that
-    /// template's answers and builds look there.
-    fn archive(&self, template: &str, hash: &str) -> PathBuf {
-        self.root.join("files").join(template).join(format!("{hash}.tar"))
-    }
-
-    /// Whether `template` has an upload for `hash` that no build used yet.
-    fn present(&self, template: &str, hash: &str) -> bool {
-        self.archive(template, hash).is_file()
-    }
-
-    /// Unpacks each COPY's upload for template `name` into `ctx`, refusing one that is missing
-    /// or that [`unpack_copy`] refuses. Returns, per upload taken unverified, its step and the
-    /// line the build's log says it with.
-    fn unpack(&self, name: &str, copies: &[Copy], ctx: &FsPath) -> Result<Vec<(String, String)>, String> {
-        let mut notes = Vec::new();
-        for c in copies {
-            let at = format!("step {} (COPY {})", c.step, c.src);
-            let archive = self.archive(name, &c.hash);
-            if !archive.is_file() {
-                return Err(format!(
-                    "{at}: no files were uploaded for filesHash {} to template {name}; ask GET /templates/{{id}}/files/{{hash}} for a link and put them there",
-                    c.hash
-                ));
-            }
-            let into = ctx.join(&c.dir);
-            let _ = std::fs::remove_dir_all(&into);
-            std::fs::create_dir_all(&into).map_err(|e| format!("{at}: {e}"))?;
-            if unpack_copy(&archive, c, &into).map_err(|e| format!("{at}: {e}"))? == Checked::Unverified {
-                let note = format!(
-                    "{at}: the files hash could not be checked (it counts directory sizes, which the upload does not carry); \
-                     the files are used as uploaded through this template's link"
-                );
-                notes.push((c.step.to_string(), note));
-            }
-        }
-        Ok(notes)
     }
 
     fn log(&self, build: &str, level: &'static str, step: Option<&str>, message: String) {
@@ -208,7 +168,8 @@ impl FromRef<TemplateState> for AppState {
 /// and the upload route (authenticated by its one-use link), each with its state applied.
 pub fn routes<S: Clone + Send + Sync + 'static>(app: &AppState) -> (Router<S>, Router) {
     let root = app.cfg.engine.data_dir.join("e2b-templates");
-    let st = TemplateState { app: app.clone(), builds: Arc::new(Builds { root, inner: Default::default() }) };
+    let builds = Builds { uploads: Uploads::new(root.join("files")), root, inner: Default::default() };
+    let st = TemplateState { app: app.clone(), builds: Arc::new(builds) };
     let control = Router::new()
         .route("/v3/templates", post(request_build))
         .route("/templates/{id}/files/{hash}", get(upload_link))
@@ -329,7 +290,7 @@ async fn upload_link(
     let name = name_of(&id)?;
     check_hash(&hash)?;
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("127.0.0.1");
-    let present = st.builds.present(&name, &hash);
+    let present = st.builds.uploads.present(&name, &hash);
     let token = hex::encode(rand::random::<[u8; 32]>());
     {
         let mut g = st.builds.lock();
@@ -369,7 +330,7 @@ async fn upload(
     if declared.is_some_and(|n| n > MAX_ARCHIVE_BYTES) {
         return Err(too_large());
     }
-    let final_path = st.builds.archive(&link.template, &link.hash);
+    let final_path = st.builds.uploads.path(&link.template, &link.hash);
     let dir = final_path.parent().map(PathBuf::from).unwrap_or_default();
     let part = dir.join(format!(".{}.part", hex::encode(rand::random::<[u8; 8]>())));
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(8);
@@ -378,7 +339,7 @@ async fn upload(
         use std::io::Write;
         use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir2)?;
-        prune(&dir2);
+        Uploads::prune(&dir2);
         let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&part2)?;
         while let Some(b) = rx.blocking_recv() {
             f.write_all(&b)?;
@@ -429,19 +390,6 @@ async fn upload(
     Ok(StatusCode::OK)
 }
 
-/// Removes a template's uploads that no build used within [`ARCHIVE_TTL`] (a client that
-/// uploaded and never built).
-fn prune(dir: &std::path::Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for e in entries.flatten() {
-        let old =
-            e.metadata().and_then(|m| m.modified()).is_ok_and(|t| t.elapsed().is_ok_and(|a| a > ARCHIVE_TTL));
-        if old {
-            let _ = std::fs::remove_file(e.path());
-        }
-    }
-}
-
 /// `POST /v2/templates/{id}/builds/{build}`: checks the steps and the uploads, then builds in
 /// the background (202); progress is read from the status route.
 async fn start_build(
@@ -472,7 +420,7 @@ async fn start_build(
     let ctx = st.builds.root.join("builds").join(&build);
     // A build uses up its uploads, whatever its end: the engine caches each COPY's result under
     // its content's hash, so a rebuild that changes nothing reuses it after uploading again.
-    let used: Vec<PathBuf> = plan.copies.iter().map(|c| st.builds.archive(&name, &c.hash)).collect();
+    let used: Vec<PathBuf> = plan.copies.iter().map(|c| st.builds.uploads.path(&name, &c.hash)).collect();
     let prepared = prepare(&st, &build, &name, &plan.copies, ctx.clone()).await;
     let place = match prepared {
         Ok(()) => st.app.blocking(|engine, app| app.reserve(engine, 1)).await.map_err(E2bError),
@@ -531,7 +479,7 @@ async fn start_build(
     Ok(StatusCode::ACCEPTED)
 }
 
-/// Unpacks the COPYs' uploads into the build's context ([`Builds::unpack`]) and says in the
+/// Unpacks the COPYs' uploads into the build's context ([`Uploads::unpack`]) and says in the
 /// build's log which were taken unverified.
 async fn prepare(
     st: &TemplateState,
@@ -541,7 +489,7 @@ async fn prepare(
     ctx: PathBuf,
 ) -> E2bResult<()> {
     let (builds, name, copies) = (st.builds.clone(), name.to_string(), copies.to_vec());
-    let r = tokio::task::spawn_blocking(move || builds.unpack(&name, &copies, &ctx))
+    let r = tokio::task::spawn_blocking(move || builds.uploads.unpack(&name, &copies, &ctx))
         .await
         .map_err(|e| E2bError(ApiError::internal(format!("unpacking the uploads failed: {e}"))))?;
     for (step, note) in r.map_err(|m| bad("bad_files", m))? {
@@ -617,95 +565,4 @@ async fn alias(State(st): State<TemplateState>, Path(alias): Path<String>) -> E2
         return Err(E2bError(ApiError::not_found(format!("template {name} not found"))));
     }
     Ok(Json(serde_json::json!({ "templateID": name, "public": false })).into_response())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::io::Write;
-
-    /// A gzipped tar of `conf/` holding `conf/b.ini`, or of `a.txt` alone.
-    fn archive(with_dir: bool) -> Vec<u8> {
-        let mut b = tar::Builder::new(Vec::new());
-        let mut entry = |path: &str, kind: tar::EntryType, data: &[u8]| {
-            let mut h = tar::Header::new_ustar();
-            h.set_entry_type(kind);
-            h.set_mode(if kind.is_dir() { 0o755 } else { 0o644 });
-            h.set_size(data.len() as u64);
-            h.set_path(path).unwrap();
-            h.set_cksum();
-            b.append(&h, data).unwrap();
-        };
-        if with_dir {
-            entry("conf/", tar::EntryType::Directory, b"");
-            entry("conf/b.ini", tar::EntryType::Regular, b"b = 2\n");
-        } else {
-            entry("a.txt", tar::EntryType::Regular, b"a\n");
-        }
-        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-        gz.write_all(&b.into_inner().unwrap()).unwrap();
-        gz.finish().unwrap()
-    }
-
-    /// Keeps `data` as the upload through a link of `template` for `hash`.
-    fn upload(builds: &Builds, template: &str, hash: &str, data: &[u8]) {
-        let at = builds.archive(template, hash);
-        std::fs::create_dir_all(at.parent().unwrap()).unwrap();
-        std::fs::write(at, data).unwrap();
-    }
-
-    fn copy(src: &str, hash: &str) -> Copy {
-        Copy { step: 2, hash: hash.into(), src: src.into(), dest: "/etc/app/".into(), dir: "s2".into() }
-    }
-
-    fn builds() -> (tempfile::TempDir, Builds) {
-        let t = tempfile::tempdir().unwrap();
-        let b = Builds { root: t.path().join("root"), inner: Default::default() };
-        (t, b)
-    }
-
-    #[test]
-    fn a_verified_upload_is_present_and_used_by_the_templates_builds() {
-        let (t, b) = builds();
-        let data = archive(true);
-        let f = t.path().join("a.tar");
-        std::fs::write(&f, &data).unwrap();
-        let hash = read_archive(&f, ("conf", "/etc/app/"), None).unwrap();
-        upload(&b, "web", &hash, &data);
-        assert!(b.present("web", &hash));
-        let ctx = t.path().join("ctx");
-        assert_eq!(b.unpack("web", &[copy("conf", &hash)], &ctx), Ok(Vec::new()));
-        assert_eq!(std::fs::read(ctx.join("s2/conf/b.ini")).unwrap(), b"b = 2\n");
-        // Used again by a later build while it is kept.
-        assert_eq!(b.unpack("web", &[copy("conf", &hash)], &t.path().join("ctx2")), Ok(Vec::new()));
-    }
-
-    #[test]
-    fn an_unverified_upload_serves_only_the_template_whose_link_it_came_through() {
-        let (t, b) = builds();
-        // The JavaScript SDK's hash of `conf`: it counts the directory's size, so ours differs.
-        let js = "a".repeat(64);
-        upload(&b, "web", &js, &archive(true));
-        assert!(b.present("web", &js));
-        let ctx = t.path().join("ctx");
-        let notes = b.unpack("web", &[copy("conf", &js)], &ctx).unwrap();
-        assert_eq!(notes.len(), 1);
-        assert_eq!(notes[0].0, "2");
-        assert!(notes[0].1.contains("step 2 (COPY conf): the files hash could not be checked"), "{notes:?}");
-        assert_eq!(std::fs::read(ctx.join("s2/conf/b.ini")).unwrap(), b"b = 2\n");
-
-        assert!(!b.present("other", &js), "another template is told the upload is there");
-        let e = b.unpack("other", &[copy("conf", &js)], &t.path().join("ctx2")).unwrap_err();
-        assert!(e.contains("no files were uploaded for filesHash"), "{e}");
-    }
-
-    #[test]
-    fn an_upload_of_files_only_that_does_not_verify_is_refused_naming_the_step() {
-        let (t, b) = builds();
-        let wrong = "b".repeat(64);
-        upload(&b, "web", &wrong, &archive(false));
-        let e = b.unpack("web", &[copy("a.txt", &wrong)], &t.path().join("ctx")).unwrap_err();
-        assert!(e.starts_with("step 2 (COPY a.txt): the uploaded files hash to "), "{e}");
-        assert!(e.contains(&format!("not the step's filesHash {wrong}")), "{e}");
-    }
 }
