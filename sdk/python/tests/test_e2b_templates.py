@@ -114,6 +114,45 @@ def test_a_failing_run_step_reports_its_output(e2b_env, names):  # noqa: F811
         e2b.Template.build(template, name)
 
 
+def test_cpu_count_and_memory_mb_are_the_limits_of_the_templates_sandboxes(e2b_env, names):  # noqa: F811
+    name = names("limits")
+    template = e2b.Template().from_base_image().run_cmd("echo limited > /limited.txt")
+    e2b.Template.build(template, name, cpu_count=1, memory_mb=512)
+    s = e2b.Sandbox.create(name, timeout=120)
+    try:
+        info = s.get_info()
+        assert (info.cpu_count, info.memory_mb) == (1, 512), info
+        assert s.commands.run("cat /limited.txt").stdout == "limited\n"
+    finally:
+        s.kill()
+    # A sandbox of no template keeps the service's limits.
+    plain = e2b.Sandbox.create(timeout=60)
+    try:
+        default_mb = plain.get_info().memory_mb
+        assert default_mb != 512
+    finally:
+        plain.kill()
+    # The same steps without limits take none of the limited build's cached steps.
+    unlimited = names("unlimited")
+    e2b.Template.build(template, unlimited)
+    s = e2b.Sandbox.create(unlimited, timeout=60)
+    try:
+        assert s.get_info().memory_mb == default_mb
+    finally:
+        s.kill()
+    # A template built on it keeps its limits: others are refused, naming them.
+    on_it = e2b.Template().from_template(name).run_cmd("true")
+    with pytest.raises(e2b.BuildException, match=r"built on template .* keeps its limits \(512 MiB, 1 CPUs"):
+        e2b.Template.build(on_it, names("onit"), cpu_count=1, memory_mb=default_mb)
+    # Out of the bounds of branchbox's own create: refused before anything is built.
+    with pytest.raises(e2b.BuildException, match=r"400: memoryMB: memory limit 32 MiB is out of range"):
+        e2b.Template.build(template, names("small"), memory_mb=32)
+    with pytest.raises(e2b.BuildException, match=r"400: cpuCount: cpu limit 0 is out of range"):
+        e2b.Template.build(template, names("nocpu"), cpu_count=0, memory_mb=512)
+    with pytest.raises(e2b.BuildException, match=r"400: minFreeDiskMb is not served: gVisor keeps"):
+        e2b.Template.build(template, names("disk"), cpu_count=1, memory_mb=512, min_free_disk_mb=1024)
+
+
 def _tar(files: dict) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:

@@ -7,6 +7,7 @@
 //! (unit-tested below).
 
 use branchbox_e2b_wire::template::{self as wire, Base, Op};
+use branchbox_model::Limits;
 use branchbox_template::{RunCmd, Step, TemplateSpec};
 
 pub use branchbox_e2b_wire::template::{BuildStart, Copy};
@@ -96,6 +97,31 @@ pub fn plan(name: &str, b: BuildStart) -> Result<Plan, String> {
     Ok(Plan { spec, labels: out.labels, copies: p.copies })
 }
 
+/// The limits of a template's sandboxes from E2B's build request: the service's, with
+/// `cpuCount` and `memoryMB` (MiB) where given, each checked against the bounds of branchbox's
+/// own create ([`Limits::validate`]); an error names the field. None when neither is given.
+pub fn limits(
+    cpu_count: Option<&serde_json::Number>,
+    memory_mb: Option<&serde_json::Number>,
+    service: Limits,
+) -> Result<Option<Limits>, String> {
+    if cpu_count.is_none() && memory_mb.is_none() {
+        return Ok(None);
+    }
+    let whole = |what: &str, n: Option<&serde_json::Number>, or: u64| match n {
+        None => Ok(or),
+        Some(n) => n.as_u64().ok_or_else(|| format!("{what} must be a whole number, not {n}")),
+    };
+    let cpus = whole("cpuCount", cpu_count, service.cpus.into())?;
+    let cpus =
+        u32::try_from(cpus).map_err(|_| format!("cpuCount: cpu limit {cpus} is out of range (1..1024)"))?;
+    let with_cpus = Limits { cpus, ..service };
+    with_cpus.validate().map_err(|e| format!("cpuCount: {e}"))?;
+    let both = Limits { memory_mib: whole("memoryMB", memory_mb, service.memory_mib)?, ..with_cpus };
+    both.validate().map_err(|e| format!("memoryMB: {e}"))?;
+    Ok(Some(both))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,6 +196,33 @@ mod tests {
         for (body, want) in cases {
             let e = start(body.clone()).err().unwrap_or_else(|| panic!("{body} was accepted"));
             assert!(e.contains(want), "{body}: {e:?} does not name {want:?}");
+        }
+    }
+
+    #[test]
+    fn limits_take_cpu_count_and_memory_mb_within_creates_bounds() {
+        let service = Limits { memory_mib: 1024, cpus: 1, pids: 512 };
+        let of = |c: serde_json::Value, m: serde_json::Value| {
+            let n = |v: serde_json::Value| serde_json::from_value::<Option<serde_json::Number>>(v).unwrap();
+            limits(n(c).as_ref(), n(m).as_ref(), service)
+        };
+        use serde_json::json;
+        assert_eq!(of(json!(null), json!(null)), Ok(None));
+        assert_eq!(of(json!(2), json!(512)), Ok(Some(Limits { memory_mib: 512, cpus: 2, pids: 512 })));
+        assert_eq!(of(json!(null), json!(64)), Ok(Some(Limits { memory_mib: 64, ..service })));
+        assert_eq!(of(json!(1024), json!(null)), Ok(Some(Limits { cpus: 1024, ..service })));
+        for (c, m, field) in [
+            (json!(0), json!(512), "cpuCount"),
+            (json!(1025), json!(null), "cpuCount"),
+            (json!(4294967296u64), json!(null), "cpuCount"),
+            (json!(-1), json!(null), "cpuCount"),
+            (json!(1.5), json!(null), "cpuCount"),
+            (json!(1), json!(63), "memoryMB"),
+            (json!(null), json!(1024 * 1024 + 1), "memoryMB"),
+            (json!(null), json!(-512), "memoryMB"),
+        ] {
+            let e = of(c.clone(), m.clone()).expect_err(&format!("{c} {m} was accepted"));
+            assert!(e.starts_with(field), "{c} {m}: {e:?} does not name {field}");
         }
     }
 

@@ -9,8 +9,9 @@
 //! GET  /templates/{id}/builds/{buildID}/status        building | ready | error, logs by offset
 //! ```
 //!
-//! The build itself is [`branchbox_core::Engine::build_template`], so its steps are cached and
-//! `Sandbox.create(name)` starts from its last snapshot as from any template. A COPY's upload is
+//! The build itself is [`branchbox_core::Engine::build_template_limited`], so its steps are
+//! cached and `Sandbox.create(name)` starts from its last snapshot as from any template, with
+//! the limits the request gave (`cpuCount`, `memoryMB`), which that snapshot keeps. A COPY's upload is
 //! kept under the template whose link it came through, so only that template's `present`
 //! answers and builds ever see it, and is unpacked into the build's own context directory when
 //! it hashes to the step's `filesHash`, or, unverified, when it holds a directory
@@ -31,6 +32,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
+use branchbox_model::Limits;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -93,6 +95,8 @@ struct Reason {
 
 struct Build {
     template: String,
+    /// The limits the request gave (`cpuCount`, `memoryMB`), for the template's sandboxes.
+    limits: Option<Limits>,
     phase: Phase,
     logs: Vec<LogEntry>,
     dropped: usize,
@@ -203,7 +207,8 @@ fn json<T: serde::de::DeserializeOwned>(raw: &Bytes) -> E2bResult<T> {
         .map_err(|e| bad("not_served", format!("the JSON body does not fit this operation: {e}")))
 }
 
-/// E2B's `TemplateBuildRequestV3`: what is served is the name (or the older alias).
+/// E2B's `TemplateBuildRequestV3`: what is served is the name (or the older alias) and the
+/// sandboxes' CPUs and memory.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct BuildRequest {
@@ -213,9 +218,9 @@ struct BuildRequest {
     tags: Vec<String>,
     #[serde(rename = "teamID")]
     team_id: Option<String>,
-    cpu_count: Option<u32>,
+    cpu_count: Option<serde_json::Number>,
     #[serde(rename = "memoryMB")]
-    memory_mb: Option<u64>,
+    memory_mb: Option<serde_json::Number>,
     #[serde(rename = "minFreeDiskMb")]
     min_free_disk_mb: Option<u64>,
 }
@@ -225,13 +230,18 @@ async fn request_build(State(st): State<TemplateState>, raw: Bytes) -> E2bResult
     let refused = [
         ("tags", !req.tags.is_empty(), "a branchbox template keeps one build, under its name"),
         ("teamID", req.team_id.is_some(), "branchbox has no teams"),
-        ("cpuCount", req.cpu_count.is_some(), "a template's sandboxes get the service's limits"),
-        ("memoryMB", req.memory_mb.is_some(), "a template's sandboxes get the service's limits"),
-        ("minFreeDiskMb", req.min_free_disk_mb.is_some(), "a template's sandboxes get the service's disk"),
+        (
+            "minFreeDiskMb",
+            req.min_free_disk_mb.is_some(),
+            "gVisor keeps a sandbox's files in memory, so memoryMB bounds them",
+        ),
     ];
     if let Some((what, _, why)) = refused.iter().find(|r| r.1) {
         return Err(bad("not_served", format!("{what} is not served: {why}; leave it out")));
     }
+    let limits =
+        template_build::limits(req.cpu_count.as_ref(), req.memory_mb.as_ref(), st.app.cfg.engine.limits)
+            .map_err(|m| bad("bad_limits", m))?;
     let name = name_of(req.name.or(req.alias).as_deref().unwrap_or(""))?;
     let build = format!("{:x}", u128::from_be_bytes(rand::random()));
     let build =
@@ -258,6 +268,7 @@ async fn request_build(State(st): State<TemplateState>, raw: Bytes) -> E2bResult
         }
         let b = Build {
             template: name.clone(),
+            limits,
             phase: Phase::Waiting,
             logs: Vec::new(),
             dropped: 0,
@@ -400,7 +411,7 @@ async fn start_build(
     let name = name_of(&id)?;
     let start: BuildStart = json(&raw)?;
     let plan = template_build::plan(&name, start).map_err(|m| bad("not_served", m))?;
-    {
+    let limits = {
         let mut g = st.builds.lock();
         let b = g.builds.get_mut(&build).filter(|b| b.template == name).ok_or_else(|| {
             E2bError(ApiError::not_found(format!(
@@ -416,7 +427,8 @@ async fn start_build(
             )));
         }
         b.phase = Phase::Building;
-    }
+        b.limits
+    };
     let ctx = st.builds.root.join("builds").join(&build);
     // A build uses up its uploads, whatever its end: the engine caches each COPY's result under
     // its content's hash, so a rebuild that changes nothing reuses it after uploading again.
@@ -448,7 +460,7 @@ async fn start_build(
                     b2.log(&id2, level, Some(step), message)
                 };
                 let mut f = Follow::new(plan.labels, sink);
-                let r = engine.build_template(plan.spec, Some(&ctx2), &mut |ev| f.on(ev));
+                let r = engine.build_template_limited(plan.spec, limits, Some(&ctx2), &mut |ev| f.on(ev));
                 f.flush();
                 Ok((r.map_err(|e| ApiError::from(e).message), f.label(), f.tail().to_string()))
             })

@@ -6,7 +6,7 @@
 use super::locks::{steps_lock, BuildLock};
 use super::{Built, StepRecord, Template, TemplateStatus};
 use crate::engine::{agent_error, BackendChoice, Engine, SnapshotOptions};
-use branchbox_model::{now_ms, Error, Result, SandboxId, SnapshotId, SnapshotKind};
+use branchbox_model::{now_ms, Error, Limits, Result, SandboxId, SnapshotId, SnapshotKind};
 use branchbox_protocol::{ExecSpec, OutStream, MAX_EXEC_OUTPUT};
 use branchbox_template::chain::{self, Entry, Upload};
 use branchbox_template::{Base, ExecDefaults, Step, TemplateSpec};
@@ -55,7 +55,8 @@ pub enum BuildEvent {
 
 /// Where a build starts when nothing is cached.
 enum Start {
-    Image(String),
+    /// An image, started with these limits (the engine's when none).
+    Image(String, Option<Limits>),
     Snapshot(SnapshotId),
 }
 
@@ -104,7 +105,25 @@ impl Engine {
         context: Option<&Path>,
         on: &mut dyn FnMut(&BuildEvent),
     ) -> Result<Template> {
+        self.build_template_limited(spec, None, context, on)
+    }
+
+    /// [`Engine::build_template`] whose sandboxes get `limits` instead of the engine's: the
+    /// base starts with them, so every step's snapshot, and every sandbox made from the
+    /// template, keeps them (a restore keeps its snapshot's limits). Given limits are part of
+    /// the base's chain key, so no step cached under other limits is reused. A template built
+    /// on another template keeps that one's limits: other limits are refused.
+    pub fn build_template_limited(
+        &self,
+        spec: TemplateSpec,
+        limits: Option<Limits>,
+        context: Option<&Path>,
+        on: &mut dyn FnMut(&BuildEvent),
+    ) -> Result<Template> {
         spec.validate()?;
+        if let Some(l) = &limits {
+            l.validate()?;
+        }
         let name = spec.name.clone();
         let _only = BuildLock::take(&self.template_dir(), &name)?;
         // Held shared while this build's steps are cached but not yet named by its record, so
@@ -116,7 +135,7 @@ impl Engine {
             Err(Error::NotFound { .. }) => None,
             Err(e) => return Err(e),
         };
-        let (start, base_key, mut defaults) = self.resolve_base(&spec)?;
+        let (start, base_key, mut defaults) = self.resolve_base(&spec, limits)?;
         // Scan uploads first: their content hashes are part of the keys.
         let uploads = spec
             .steps
@@ -306,7 +325,11 @@ impl Engine {
     }
 
     /// What the base is: where to start, its chain key and the defaults it gives.
-    fn resolve_base(&self, spec: &TemplateSpec) -> Result<(Start, String, ExecDefaults)> {
+    fn resolve_base(
+        &self,
+        spec: &TemplateSpec,
+        limits: Option<Limits>,
+    ) -> Result<(Start, String, ExecDefaults)> {
         let template = |n: &str| -> Result<(Start, String, ExecDefaults)> {
             if n == spec.name {
                 return Err(Error::InvalidInput(format!("template {n} cannot be its own base")));
@@ -315,14 +338,28 @@ impl Engine {
             let b = t.built.ok_or_else(|| {
                 Error::Conflict(format!("base template {n} has no successful build; build it first"))
             })?;
+            if let Some(l) = limits {
+                let theirs = self.find_snapshot(b.snapshot.as_str())?.limits;
+                if theirs != l {
+                    return Err(Error::InvalidInput(format!(
+                        "a template built on template {n} keeps its limits ({} MiB, {} CPUs, {} processes); \
+                         leave the limits out or build on an image",
+                        theirs.memory_mib, theirs.cpus, theirs.pids
+                    )));
+                }
+            }
             Ok((Start::Snapshot(b.snapshot), chain::base_key(&format!("template:{}", b.key)), b.defaults))
         };
         let image = |n: &str| -> Result<(Start, String, ExecDefaults)> {
             let img = self.build_image(n, &mut |_| {})?;
             let kind = self.resolve(BackendChoice::Auto);
+            // The engine's own limits are none given; without limits the key is as before, so
+            // such a build shares the plain build's cache.
+            let limits = limits.filter(|l| *l != self.cfg.limits);
+            let lim = limits.map(|l| format!(":{}/{}/{}", l.memory_mib, l.cpus, l.pids)).unwrap_or_default();
             Ok((
-                Start::Image(n.to_string()),
-                chain::base_key(&format!("image:{}:{}", img.id, kind.as_str())),
+                Start::Image(n.to_string(), limits),
+                chain::base_key(&format!("image:{}:{}{lim}", img.id, kind.as_str())),
                 self.image_defaults(n)?,
             ))
         };
@@ -362,8 +399,8 @@ impl Engine {
     /// whose snapshot is the base's).
     fn start_base(&self, start: &Start) -> Result<(SandboxId, SnapshotId)> {
         match start {
-            Start::Image(name) => {
-                let s = self.create_from(BackendChoice::Auto, None, name, &mut |_| {})?;
+            Start::Image(name, limits) => {
+                let s = self.create_from(BackendChoice::Auto, *limits, name, &mut |_| {})?;
                 let opts = SnapshotOptions { kind: SnapshotKind::Snapshot, name: None, ttl: None };
                 match self.snapshot(&s.id, &opts) {
                     Ok(snap) => Ok((s.id, snap.id)),
