@@ -54,7 +54,17 @@ pub fn plane_of(method: &Method, path: &str) -> Option<Plane> {
 struct Query {
     local: bool,
     limit: Option<usize>,
-    desc: bool,
+    /// `order` as given: `Some(true)` for `desc`, `Some(false)` for `asc`.
+    desc: Option<bool>,
+}
+
+impl Query {
+    /// Whether the merged listing runs newest first: as asked, else as each node's own handler
+    /// orders it without `order` (E2B's newest first, as E2B's server answers; branchbox's
+    /// `/v1` listing in creation order).
+    fn newest_first(&self, plane: Plane) -> bool {
+        self.desc.unwrap_or(plane != Plane::V1)
+    }
 }
 
 fn query(raw: Option<&str>) -> Result<Query, String> {
@@ -72,7 +82,13 @@ fn query(raw: Option<&str>) -> Result<Query, String> {
                 }
             }
             "limit" => q.limit = v.parse().ok(),
-            "order" => q.desc = v == "desc",
+            "order" => {
+                q.desc = match &*v {
+                    "desc" => Some(true),
+                    "asc" => Some(false),
+                    _ => None,
+                }
+            }
             _ => {}
         }
     }
@@ -174,7 +190,7 @@ pub async fn list(fleet: Fleet, plane: Plane, req: Request, next: Next) -> Respo
         }
     }
     let limit = (plane != Plane::V1).then(|| q.limit.unwrap_or(E2B_DEFAULT_PAGE));
-    let (mut entries, next_token) = merge(plane, pages, limit, q.desc);
+    let (mut entries, next_token) = merge(plane, pages, limit, q.newest_first(plane));
     if plane != Plane::V1 {
         entries.iter_mut().for_each(|e| rewrite_access_tokens(e, presented.as_deref(), 0));
     }
@@ -246,7 +262,13 @@ mod tests {
     fn the_query_says_local_only_and_a_bad_value_is_named() {
         assert_eq!(query(None).unwrap(), Query::default());
         let q = query(Some("limit=5&order=desc&local=false&metadata=a%3Db")).unwrap();
-        assert_eq!(q, Query { local: false, limit: Some(5), desc: true });
+        assert_eq!(q, Query { local: false, limit: Some(5), desc: Some(true) });
+        // Without `order`, E2B's listings merge newest first, as each node's handler answers
+        // them; branchbox's own in creation order.
+        let q = query(Some("limit=1")).unwrap();
+        assert!(q.newest_first(Plane::E2bControl));
+        assert!(!q.newest_first(Plane::V1));
+        assert!(!query(Some("order=asc")).unwrap().newest_first(Plane::E2bControl));
         assert!(query(Some("local=true")).unwrap().local);
         let err = query(Some("local=yes")).unwrap_err();
         assert!(err.contains("local") && err.contains("yes"), "{err}");
