@@ -44,19 +44,21 @@ trap cleanup EXIT
 # The Linux guest's kernel, built by the project's own command into the image cache: a cold
 # build is about 20 CPU-minutes, a cached one milliseconds (docs/guest.md). It builds in the
 # background at the lowest priority, on the CPU time the rest of the suite leaves idle (the
-# gVisor and service tests spend much of theirs waiting), and the tests that need it run last.
+# gVisor and service tests spend much of theirs waiting), and the tests that need it run from
+# the Python stage on.
 stage "guest kernel (building in the background; log: $work/guest-kernel.log)"
-cargo build --quiet -p branchbox --bin branchbox -p branchbox-agent --bin branchbox-agent
+cargo build --quiet -p branchbox --bin branchbox
 # Its exit status goes to a file: the guest's tests wait for it from a background job of their
 # own, which cannot `wait` for a job of this shell.
 setsid nice -n 19 sh -c './target/debug/branchbox guest kernel; echo $? >"$1.rc"' sh "$work/guest-kernel" \
     >"$work/guest-kernel.log" 2>&1 &
 kernel_pid=$!
 
-# The default image and the guest's root disk build beside clippy and the build: debootstrap
-# mostly waits for downloads and dpkg, the compilers only compute. The image takes the agent
-# built just above; if the workspace build below relinks it, the tests' first `image build`
-# redoes the agent stage only (seconds, docs/image.md).
+stage build
+cargo build --workspace --quiet
+
+# The default image and the guest's root disk build beside clippy: debootstrap mostly waits for
+# downloads and dpkg, clippy only computes. They take the agent just built.
 stage "default image and guest root disk (in the background; log: $work/images.log)"
 ( ./target/debug/branchbox --data-dir "$work/bench" image build && ./target/debug/branchbox guest disk ) \
     >"$work/images.log" 2>&1 &
@@ -64,9 +66,6 @@ images_pid=$!
 
 stage clippy
 cargo clippy --workspace --all-targets --quiet -- -D warnings
-
-stage build
-cargo build --workspace --quiet
 
 stage "waiting for the image and guest root disk"
 images_ok=0
@@ -183,6 +182,25 @@ cat "$work/fuzz.log"
 # first half is the files that bring up clusters, floods and restarts; every other file,
 # a new one included, is in the second. Each half has its own services and data directories
 # (and network namespaces, named by pid).
+# The Linux guest's tests (they wait for its kernel, then boot it under our VMM and QEMU) run
+# beside the Python tests and the two JavaScript stages after them, which mostly wait for their
+# sandboxes; by then the kernel, built from the suite's first minutes, is normally done.
+stage "Linux guest: waiting for its kernel, then the boot-protocol, QEMU and hardware-KVM tests (log: $work/guest.log)"
+guest_stage() {
+    while [ ! -s "$work/guest-kernel.rc" ]; do
+        kill -0 "$kernel_pid" 2>/dev/null || break
+        sleep 2
+    done
+    if [ "$(cat "$work/guest-kernel.rc" 2>/dev/null)" != 0 ]; then
+        tail -n 40 "$work/guest-kernel.log"
+        echo "the guest kernel build failed: its log ends above"
+        return 1
+    fi
+    tail -n 2 "$work/guest-kernel.log"
+    cargo test -p branchbox-guest-tests --no-fail-fast -- --test-threads=1
+}
+guest_stage >"$work/guest.log" 2>&1 &
+guest_pid=$!
 stage "service and Python SDK (two halves at once; logs: $work/pytest-*.log)"
 heavy="test_fleet.py test_store_stress.py test_load.py test_recovery.py test_stream_lifetimes.py
 test_network.py test_security.py test_pools.py test_images.py test_templates.py test_module_graph.py"
@@ -211,24 +229,6 @@ for name in first second; do
     cat "$work/pytest-$name.log"
 done
 [ "$py_failed" = 0 ] || { echo "Python SDK tests failed: the failures are above"; exit 1; }
-# The Linux guest's tests (they wait for its kernel, then boot it under our VMM and QEMU) run
-# beside the two JavaScript stages below, which mostly wait for their sandboxes.
-stage "Linux guest: waiting for its kernel, then the boot-protocol, QEMU and hardware-KVM tests (log: $work/guest.log)"
-guest_stage() {
-    while [ ! -s "$work/guest-kernel.rc" ]; do
-        kill -0 "$kernel_pid" 2>/dev/null || break
-        sleep 2
-    done
-    if [ "$(cat "$work/guest-kernel.rc" 2>/dev/null)" != 0 ]; then
-        tail -n 40 "$work/guest-kernel.log"
-        echo "the guest kernel build failed: its log ends above"
-        return 1
-    fi
-    tail -n 2 "$work/guest-kernel.log"
-    cargo test -p branchbox-guest-tests --no-fail-fast -- --test-threads=1
-}
-guest_stage >"$work/guest.log" 2>&1 &
-guest_pid=$!
 # The TypeScript SDK's tests start one branchboxd of their own the same way (test/run.ts) and
 # run node:test's files against it; its dependencies come from the committed package-lock.json,
 # installed again when node_modules is missing or older than the lock file.
