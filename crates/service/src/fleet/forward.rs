@@ -62,6 +62,16 @@ pub fn target_of(path: &str, headers: &HeaderMap) -> Option<(SandboxId, Plane)> 
 }
 
 /// Whether a request must be served here and never forwarded: it was forwarded already.
+/// The plane of a path naming the collection of sandboxes (`/v1/sandboxes`, E2B's
+/// `/e2b/sandboxes` and `/e2b/v2/sandboxes`), whose listings and creates the fleet handles.
+pub(super) fn sandboxes_collection(path: &str) -> Option<Plane> {
+    match path {
+        "/v1/sandboxes" => Some(Plane::V1),
+        "/e2b/sandboxes" | "/e2b/v2/sandboxes" => Some(Plane::E2bControl),
+        _ => None,
+    }
+}
+
 pub fn was_forwarded(headers: &HeaderMap) -> bool {
     headers.contains_key(FORWARDED)
 }

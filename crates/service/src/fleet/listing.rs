@@ -41,11 +41,7 @@ pub fn plane_of(method: &Method, path: &str) -> Option<Plane> {
     if method != Method::GET {
         return None;
     }
-    match path {
-        "/v1/sandboxes" => Some(Plane::V1),
-        "/e2b/sandboxes" | "/e2b/v2/sandboxes" => Some(Plane::E2bControl),
-        _ => None,
-    }
+    super::forward::sandboxes_collection(path)
 }
 
 /// What the merge needs of the query: `local`, and E2B's `limit` and `order` (which each node's

@@ -24,11 +24,7 @@ pub fn plane_of(method: &Method, path: &str) -> Option<Plane> {
     if method != Method::POST {
         return None;
     }
-    match path {
-        "/v1/sandboxes" => Some(Plane::V1),
-        "/e2b/sandboxes" | "/e2b/v2/sandboxes" => Some(Plane::E2bControl),
-        _ => None,
-    }
+    super::forward::sandboxes_collection(path)
 }
 
 /// Serves a create here, and passes it to a peer when this node is at capacity.
