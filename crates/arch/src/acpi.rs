@@ -4,23 +4,31 @@
 //! PM timer or SCI blocks to emulate). The MADT lists one local APIC per vCPU, the IOAPIC,
 //! and the override that routes the PIT's IRQ 0 to IOAPIC pin 2 (where KVM's in-kernel
 //! PIT delivers it). The DSDT holds the VMGenID device, whose `ADDR` names the page the
-//! vmgenid device writes the generation id into, and a generic event device (GED) that turns
-//! an interrupt on [`VMGENID_IRQ`] into the `Notify` the guest's vmgenid driver waits for.
+//! vmgenid device writes the generation id into, a generic event device (GED) that turns
+//! an interrupt on [`VMGENID_IRQ`] into the `Notify` the guest's vmgenid driver waits for,
+//! and one `LNRO0005` device per virtio-mmio slot with its registers and interrupt in `_CRS`.
+//!
+//! The virtio-mmio devices must be described here, not on the command line: a hardware-reduced
+//! ACPI platform has no legacy PIC, so Linux creates no interrupt for an IOAPIC pin until an
+//! ACPI resource names it (`acpi_register_gsi`). A `virtio_mmio.device=...:5` entry hands the
+//! driver a bare number 5 that no interrupt stands behind, and every probe fails with -EINVAL
+//! (seen under nested KVM: no /dev/vda, no vsock, `VFS: Unable to mount root fs`).
 
 use crate::layout::{
-    ACPI_TABLES_ADDR, ACPI_TABLES_END, IOAPIC_ADDR, LAPIC_ADDR, MAX_VCPUS, RSDP_ADDR, VMGENID_ADDR,
-    VMGENID_IRQ,
+    ACPI_TABLES_ADDR, ACPI_TABLES_END, IOAPIC_ADDR, LAPIC_ADDR, MAX_VCPUS, RSDP_ADDR, VIRTIO_MMIO_MAX,
+    VMGENID_ADDR, VMGENID_IRQ,
 };
 use crate::{Error, Result};
 use acpi_tables::aml::{
-    Arg, Device, Equal, If, Interrupt, Method, Name, Notify, Package, Path, ResourceTemplate, Scope,
+    Arg, Device, Equal, If, Interrupt, Memory32Fixed, Method, Name, Notify, Package, Path, ResourceTemplate,
+    Scope,
 };
 use acpi_tables::fadt::{FADTBuilder, Flags};
 use acpi_tables::madt::{EnabledStatus, IoApic, ProcessorLocalApic};
 use acpi_tables::rsdp::Rsdp;
 use acpi_tables::sdt::Sdt;
 use acpi_tables::xsdt::XSDT;
-use acpi_tables::Aml;
+use acpi_tables::{Aml, AmlSink};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 const OEM_ID: [u8; 6] = *b"BRBOX ";
@@ -46,8 +54,55 @@ pub struct AcpiTables {
     pub dsdt: u64,
 }
 
-/// The DSDT's AML: the VMGenID device and the generic event device under `\_SB`.
-pub fn dsdt_aml() -> Vec<u8> {
+/// A virtio-mmio device as the DSDT describes it: its register window and its IOAPIC pin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MmioDevice {
+    /// Guest-physical address of the registers (below 4 GiB).
+    pub addr: u64,
+    /// Bytes of the register window.
+    pub len: u64,
+    /// IOAPIC pin (GSI) of its interrupt.
+    pub irq: u32,
+}
+
+/// Linux's ACPI id for a virtio-mmio device (drivers/virtio/virtio_mmio.c matches it).
+const VIRTIO_MMIO_HID: &str = "LNRO0005";
+
+/// The AML of virtio-mmio device number `index`: `\_SB.VRxx` with `_HID` LNRO0005, a `_UID`,
+/// and in `_CRS` its registers (32-bit fixed memory, read-write) and its interrupt (edge,
+/// active high, exclusive: the VMM raises it through an irqfd).
+fn mmio_device_aml(index: usize, dev: &MmioDevice) -> Result<Vec<u8>> {
+    let (Ok(base), Ok(len)) = (u32::try_from(dev.addr), u32::try_from(dev.len)) else {
+        return Err(Error::DeviceAbove4G { index, addr: dev.addr, len: dev.len });
+    };
+    let name = format!("VR{index:02X}");
+    let hid = Name::new(Path::new("_HID"), &VIRTIO_MMIO_HID);
+    let uid_value = index as u32;
+    let uid = Name::new(Path::new("_UID"), &uid_value);
+    let regs = Memory32Fixed::new(true, base, len);
+    let irq = Interrupt::new(true, true, false, false, dev.irq);
+    let crs_template = ResourceTemplate::new(vec![&regs, &irq]);
+    let crs = Name::new(Path::new("_CRS"), &crs_template);
+    let mut aml = Vec::new();
+    Device::new(Path::new(&name), vec![&hid, &uid, &crs]).to_aml_bytes(&mut aml);
+    Ok(aml)
+}
+
+/// AML bytes already encoded, placed as they are.
+struct Raw(Vec<u8>);
+
+impl Aml for Raw {
+    fn to_aml_bytes(&self, sink: &mut dyn AmlSink) {
+        sink.vec(&self.0);
+    }
+}
+
+/// The DSDT's AML under `\_SB`: the VMGenID device, the generic event device and one device
+/// per virtio-mmio slot in `devices` (at most [`VIRTIO_MMIO_MAX`]).
+pub fn dsdt_aml(devices: &[MmioDevice]) -> Result<Vec<u8>> {
+    if devices.len() > VIRTIO_MMIO_MAX as usize {
+        return Err(Error::TooManyDevices { index: devices.len() as u32 - 1, max: VIRTIO_MMIO_MAX });
+    }
     let low = (VMGENID_ADDR & 0xffff_ffff) as u32;
     let high = (VMGENID_ADDR >> 32) as u32;
     let addr = Package::new(vec![&low, &high]);
@@ -70,9 +125,16 @@ pub fn dsdt_aml() -> Vec<u8> {
     let evt = Method::new(Path::new("_EVT"), 1, true, vec![&when]);
     let ged = Device::new(Path::new("GED_"), vec![&ged_hid, &crs, &evt]);
 
+    let virtio = devices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| mmio_device_aml(i, d).map(Raw))
+        .collect::<Result<Vec<Raw>>>()?;
+    let mut children: Vec<&dyn Aml> = vec![&vgen, &ged];
+    children.extend(virtio.iter().map(|d| d as &dyn Aml));
     let mut aml = Vec::new();
-    Scope::new(Path::new("\\_SB_"), vec![&vgen, &ged]).to_aml_bytes(&mut aml);
-    aml
+    Scope::new(Path::new("\\_SB_"), children).to_aml_bytes(&mut aml);
+    Ok(aml)
 }
 
 /// The MADT for `vcpus` processors.
@@ -96,9 +158,13 @@ pub fn madt(vcpus: u8) -> Result<Vec<u8>> {
     Ok(madt.as_slice().to_vec())
 }
 
-/// Writes all tables for `vcpus` processors, the RSDP at [`RSDP_ADDR`] and the rest from
-/// [`ACPI_TABLES_ADDR`].
-pub fn write_acpi_tables<M: GuestMemoryBackend>(mem: &M, vcpus: u8) -> Result<AcpiTables> {
+/// Writes all tables for `vcpus` processors and the virtio-mmio `devices`, the RSDP at
+/// [`RSDP_ADDR`] and the rest from [`ACPI_TABLES_ADDR`].
+pub fn write_acpi_tables<M: GuestMemoryBackend>(
+    mem: &M,
+    vcpus: u8,
+    devices: &[MmioDevice],
+) -> Result<AcpiTables> {
     let mut next = ACPI_TABLES_ADDR;
     let mut place = |bytes: &[u8]| -> Result<u64> {
         let at = next;
@@ -114,7 +180,7 @@ pub fn write_acpi_tables<M: GuestMemoryBackend>(mem: &M, vcpus: u8) -> Result<Ac
     };
 
     let mut dsdt = Sdt::new(*b"DSDT", 36, 6, OEM_ID, *b"BRBXDSDT", OEM_REVISION);
-    dsdt.append_slice(&dsdt_aml());
+    dsdt.append_slice(&dsdt_aml(devices)?);
     let dsdt_addr = place(dsdt.as_slice())?;
 
     let mut fadt = FADTBuilder::new(OEM_ID, *b"BRBXFACP", OEM_REVISION)
@@ -168,9 +234,18 @@ mod tests {
         bytes.iter().fold(0u8, |a, b| a.wrapping_add(*b))
     }
 
+    fn slots(n: u32) -> Vec<MmioDevice> {
+        (0..n)
+            .map(|i| {
+                let (addr, irq) = crate::layout::virtio_mmio_slot(i).unwrap();
+                MmioDevice { addr: addr.0, len: crate::layout::VIRTIO_MMIO_SIZE, irq }
+            })
+            .collect()
+    }
+
     fn written(vcpus: u8) -> (GuestMemoryMmap, AcpiTables) {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
-        let t = write_acpi_tables(&mem, vcpus).unwrap();
+        let t = write_acpi_tables(&mem, vcpus, &slots(VIRTIO_MMIO_MAX)).unwrap();
         (mem, t)
     }
 
@@ -227,7 +302,7 @@ mod tests {
 
     #[test]
     fn dsdt_carries_the_vmgenid_device_and_its_address() {
-        let aml = dsdt_aml();
+        let aml = dsdt_aml(&[]).unwrap();
         let has = |needle: &[u8]| aml.windows(needle.len()).any(|w| w == needle);
         assert!(has(b"VGEN"));
         assert!(has(b"VM_GEN_COUNTER\0"));
@@ -244,6 +319,49 @@ mod tests {
         assert!(has(&irq), "the GED's interrupt");
         // Notify(\_SB.VGEN, 0x80): NotifyOp, root, dual name, then the value.
         assert!(has(b"\x86\\\x2e_SB_VGEN"), "the notification of VGEN");
+    }
+
+    #[test]
+    fn dsdt_describes_each_virtio_mmio_slot_with_its_registers_and_interrupt() {
+        let devices = slots(3);
+        let aml = dsdt_aml(&devices).unwrap();
+        let has = |needle: &[u8]| aml.windows(needle.len()).any(|w| w == needle);
+        assert_eq!(aml.windows(9).filter(|w| w == b"LNRO0005\0").count(), 3, "one _HID per device");
+        for (i, d) in devices.iter().enumerate() {
+            assert!(has(format!("VR{i:02X}").as_bytes()), "device VR{i:02X}");
+            // Memory32Fixed: tag 0x86, length 9, read-write, then base and length.
+            let mut regs = vec![0x86, 9, 0, 1];
+            regs.extend_from_slice(&(d.addr as u32).to_le_bytes());
+            regs.extend_from_slice(&(d.len as u32).to_le_bytes());
+            assert!(has(&regs), "device {i}'s registers");
+            // Extended IRQ: consumer, edge, active high, exclusive, one interrupt: its pin.
+            let mut irq = vec![0x89, 6, 0, 0x03, 1];
+            irq.extend_from_slice(&d.irq.to_le_bytes());
+            assert!(has(&irq), "device {i}'s interrupt");
+        }
+        assert_eq!(devices.iter().map(|d| d.irq).collect::<Vec<_>>(), vec![5, 6, 7]);
+        assert!(!has(b"VR03"), "no device past the ones given");
+        // The whole table is valid AML: the scope's length covers every device.
+        let (mem, t) = {
+            let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+            let t = write_acpi_tables(&mem, 1, &devices).unwrap();
+            (mem, t)
+        };
+        let dsdt = read_table(&mem, t.dsdt);
+        assert_eq!(sum(&dsdt), 0);
+        assert_eq!(&dsdt[36..], &aml[..], "the DSDT carries the AML as built");
+    }
+
+    #[test]
+    fn devices_past_the_slots_or_above_4g_are_refused() {
+        let mut too_many = slots(VIRTIO_MMIO_MAX);
+        too_many.push(too_many[0]);
+        assert!(matches!(dsdt_aml(&too_many), Err(Error::TooManyDevices { .. })));
+        let high = MmioDevice { addr: 1 << 32, len: 0x1000, irq: 5 };
+        match dsdt_aml(&[high]) {
+            Err(e @ Error::DeviceAbove4G { .. }) => assert!(e.to_string().contains("0x100000000"), "{e}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
-//! The kernel command line: the caller's arguments plus one `virtio_mmio.device=` entry per
-//! virtio-mmio device, checked against the kernel's own limit.
+//! The kernel command line: the caller's arguments, checked against the kernel's own limit.
+//! (The virtio-mmio devices are described in the DSDT, see [`crate::acpi`], not here.)
 
-use crate::layout::{virtio_mmio_slot, CMDLINE_ADDR, CMDLINE_MAX, VIRTIO_MMIO_SIZE};
+use crate::layout::{CMDLINE_ADDR, CMDLINE_MAX};
 use crate::{Error, Result};
 use linux_loader::cmdline::Cmdline;
 use vm_memory::{GuestAddress, GuestMemoryBackend};
@@ -10,7 +10,6 @@ use vm_memory::{GuestAddress, GuestMemoryBackend};
 #[derive(Debug, Clone)]
 pub struct KernelCmdline {
     inner: Cmdline,
-    devices: u32,
 }
 
 impl KernelCmdline {
@@ -25,18 +24,7 @@ impl KernelCmdline {
             )));
         }
         let inner = Cmdline::try_from(args, CMDLINE_MAX).map_err(|e| cmdline_error(args.len(), e))?;
-        Ok(KernelCmdline { inner, devices: 0 })
-    }
-
-    /// Adds the next virtio-mmio device and returns its register window and interrupt line.
-    pub fn add_virtio_mmio(&mut self) -> Result<(GuestAddress, u32)> {
-        let (addr, irq) = virtio_mmio_slot(self.devices)?;
-        let len = self.len();
-        self.inner
-            .add_virtio_mmio_device(VIRTIO_MMIO_SIZE, addr, irq, None)
-            .map_err(|e| cmdline_error(len, e))?;
-        self.devices += 1;
-        Ok((addr, irq))
+        Ok(KernelCmdline { inner })
     }
 
     /// Adds one argument (`key=value` or a flag).
@@ -81,14 +69,10 @@ mod tests {
     use vm_memory::{Bytes, GuestMemoryMmap};
 
     #[test]
-    fn devices_are_appended_in_slot_order() {
+    fn arguments_are_appended_in_order() {
         let mut c = KernelCmdline::new("console=ttyS0 pci=off").unwrap();
-        assert_eq!(c.add_virtio_mmio().unwrap(), (GuestAddress(0xd000_0000), 5));
-        assert_eq!(c.add_virtio_mmio().unwrap(), (GuestAddress(0xd000_1000), 6));
-        assert_eq!(
-            c.as_string().unwrap(),
-            "console=ttyS0 pci=off virtio_mmio.device=4K@0xd0000000:5 virtio_mmio.device=4K@0xd0001000:6"
-        );
+        c.push("quiet").unwrap();
+        assert_eq!(c.as_string().unwrap(), "console=ttyS0 pci=off quiet");
     }
 
     #[test]
@@ -99,7 +83,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let mut near = KernelCmdline::new(&"y".repeat(CMDLINE_MAX - 20)).unwrap();
-        assert!(matches!(near.add_virtio_mmio(), Err(Error::CmdlineTooLong { .. })));
+        assert!(matches!(near.push(&"z".repeat(40)), Err(Error::CmdlineTooLong { .. })));
     }
 
     #[test]

@@ -38,6 +38,11 @@ pub enum Error {
     /// More virtio-mmio devices than the layout has slots for.
     #[error("virtio-mmio device number {index} requested: the layout has {max} slots")]
     TooManyDevices { index: u32, max: u32 },
+    /// A virtio-mmio device's registers lie where a 32-bit ACPI resource cannot name them.
+    #[error(
+        "virtio-mmio device {index} at {addr:#x} (+{len:#x}) does not fit a 32-bit ACPI memory resource"
+    )]
+    DeviceAbove4G { index: usize, addr: u64, len: u64 },
     /// The kernel file could not be opened or read.
     #[error(
         "cannot read the kernel {path}: {error}; build one with `branchbox guest kernel` or pass --kernel"
@@ -83,17 +88,21 @@ pub struct BootInfo {
     pub cmdline: String,
     /// Where the ACPI tables went.
     pub acpi: acpi::AcpiTables,
+    /// The virtio-mmio devices the DSDT describes, in slot order.
+    pub virtio: Vec<acpi::MmioDevice>,
 }
 
 /// Writes everything a kernel entered at `startup_64` needs into `mem` (RAM of `mem_size`
 /// bytes laid out by [`layout::ram_regions`]): the kernel from `kernel`, `cmdline`, the zero
-/// page with the e820 map, the GDT, the identity map, the MP table and ACPI tables for `vcpus`.
+/// page with the e820 map, the GDT, the identity map, the MP table and ACPI tables for `vcpus`
+/// and the virtio-mmio `devices`.
 pub fn write_boot_structures<M: GuestMemoryBackend>(
     mem: &M,
     mem_size: u64,
     vcpus: u8,
     kernel: &Path,
     cmdline: &KernelCmdline,
+    devices: &[acpi::MmioDevice],
 ) -> Result<BootInfo> {
     layout::check_mem_size(mem_size)?;
     let loaded = kernel::load_vmlinux(mem, kernel)?;
@@ -108,6 +117,6 @@ pub fn write_boot_structures<M: GuestMemoryBackend>(
     gdt::write_gdt(mem)?;
     paging::write_identity_map(mem)?;
     mptable::write_mptable(mem, vcpus)?;
-    let acpi = acpi::write_acpi_tables(mem, vcpus)?;
-    Ok(BootInfo { entry: loaded.entry, e820, cmdline: text, acpi })
+    let acpi = acpi::write_acpi_tables(mem, vcpus, devices)?;
+    Ok(BootInfo { entry: loaded.entry, e820, cmdline: text, acpi, virtio: devices.to_vec() })
 }

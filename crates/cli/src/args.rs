@@ -699,7 +699,7 @@ pub struct BootArgs {
     /// Root disk (ext4), used read-only under an overlay in the work directory (/dev/vda).
     #[arg(long)]
     pub disk: Option<PathBuf>,
-    /// Kernel command line (virtio-mmio device entries are appended).
+    /// Kernel command line (the virtio-mmio devices are described in the ACPI tables).
     #[arg(long, default_value = "console=ttyS0 pci=off")]
     pub cmdline: String,
     /// Guest RAM, MiB.

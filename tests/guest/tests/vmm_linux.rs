@@ -91,7 +91,9 @@ fn boot_linux_reaches_the_kernel_and_status_reports_the_guest_end() {
         command_line(&log).unwrap_or_else(|| panic!("no `Command line:` in the serial log:\n{log}"));
     assert!(cmdline.starts_with("root=/dev/vda rw console=ttyS0"), "{cmdline}");
     assert!(cmdline.contains(HOSTNAME_ARG), "{cmdline}");
-    assert!(cmdline.contains("virtio_mmio.device="), "the devices are on the command line: {cmdline}");
+    // The devices are described in the DSDT (a command-line device has no interrupt on a
+    // hardware-reduced ACPI platform, and its probe fails with -EINVAL: docs/boot.md).
+    assert!(!cmdline.contains("virtio_mmio.device="), "devices on the command line: {cmdline}");
     if let Some(reason) = reason {
         // Under PVM: the kernel's first unsupported instruction, as the in-process boot sees it.
         assert!(reason.starts_with("vCPU 0:"), "{reason}");

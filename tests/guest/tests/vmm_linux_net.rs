@@ -111,7 +111,10 @@ fn the_vmm_attaches_the_guest_to_its_sandbox_tap_serves_its_resolver_and_a_resto
         cmdline.contains(&branchbox_net::guest_ip_arg()),
         "the kernel did not get its address: {cmdline}"
     );
-    assert_eq!(cmdline.matches("virtio_mmio.device=").count(), 4, "blk, vsock, rng and net: {cmdline}");
+    assert!(
+        !cmdline.contains("virtio_mmio.device="),
+        "the DSDT describes the devices, not the command line: {cmdline}"
+    );
     assert!(!tap_link(&a).contains("NO-CARRIER"), "the VMM did not attach to tap0: {}", tap_link(&a));
     assert_eq!(ask_resolver(&a, "files.example"), Ok(1), "the source's VMM does not serve its resolver");
     // Its threads run in the resolver's CPU cgroup, where the host has cgroup v1's CPU controller.

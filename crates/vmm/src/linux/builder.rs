@@ -7,6 +7,7 @@ use super::stop::{Hold, StopHandle};
 use super::vcpu;
 use crate::hypervisor::Hypervisor;
 use crate::vstate::PauseHandle;
+use branchbox_arch::acpi::MmioDevice;
 use branchbox_arch::layout::{
     self, I8042_PORT, I8042_PORT_LEN, SERIAL_IRQ, SERIAL_PORT, SERIAL_PORT_LEN, VMGENID_ADDR, VMGENID_IRQ,
 };
@@ -48,7 +49,7 @@ const KVM_TSS_ADDR: usize = 0xfffb_d000;
 pub struct LinuxVmConfig {
     /// The uncompressed kernel (`vmlinux`, ELF).
     pub kernel: PathBuf,
-    /// Kernel command line, before the virtio-mmio device entries are appended.
+    /// Kernel command line (the virtio-mmio devices are described in the DSDT).
     pub cmdline: String,
     /// Guest RAM in bytes.
     pub mem_size: u64,
@@ -83,6 +84,8 @@ pub struct LinuxVm {
     pub(super) hv: Arc<Hypervisor>,
     pub(super) config: LinuxVmConfig,
     pub(super) cmdline: KernelCmdline,
+    /// The virtio-mmio slots reserved so far, as the DSDT will describe them.
+    pub(super) slots: Vec<MmioDevice>,
     pub(super) pio: Bus,
     pub(super) mmio: Bus,
     pub(super) serial: Arc<Mutex<Serial>>,
@@ -163,6 +166,7 @@ impl LinuxVm {
             hv: Arc::clone(hv),
             config,
             cmdline,
+            slots: Vec::new(),
             pio,
             mmio: Bus::default(),
             serial,
@@ -188,19 +192,20 @@ impl LinuxVm {
         devices::lock(&self.vmgenid).generation_id()
     }
 
-    /// Reserves the next virtio-mmio slot: adds its `virtio_mmio.device=` entry to the
-    /// command line and wires its interrupt line. Put the device there with
+    /// Reserves the next virtio-mmio slot: the DSDT will describe it (registers and interrupt,
+    /// see branchbox-arch's `acpi`) and its interrupt line is wired. Put the device there with
     /// [`attach_virtio`](LinuxVm::attach_virtio).
     pub fn virtio_slot(&mut self) -> LinuxResult<VirtioSlot> {
         if self.boot.is_some() {
             return Err(LinuxError::Config("virtio devices must be added before the VM boots".into()));
         }
-        let (addr, irq) = self.cmdline.add_virtio_mmio()?;
+        let (addr, irq) = layout::virtio_mmio_slot(self.slots.len() as u32)?;
         let interrupt = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| LinuxError::Device {
             what: "a virtio-mmio slot",
             detail: format!("eventfd: {e}"),
         })?;
         self.vm.register_irqfd(&interrupt, irq).map_err(kvm("KVM_IRQFD (virtio-mmio)"))?;
+        self.slots.push(MmioDevice { addr: addr.0, len: layout::VIRTIO_MMIO_SIZE, irq });
         Ok(VirtioSlot { addr: addr.0, len: layout::VIRTIO_MMIO_SIZE, irq, interrupt })
     }
 
@@ -223,6 +228,7 @@ impl LinuxVm {
             c.vcpus,
             &c.kernel,
             &self.cmdline,
+            &self.slots,
         )?;
         for (id, fd) in self.vcpus.iter().enumerate() {
             let entry = (id == 0).then_some(info.entry.0);

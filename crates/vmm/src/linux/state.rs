@@ -63,8 +63,8 @@ pub struct MemoryFile {
 pub struct LinuxState {
     /// The kernel the guest booted (for the record; a restore does not load it).
     pub kernel: PathBuf,
-    /// The command line before the virtio-mmio entries (a restore re-adds the devices in
-    /// `virtio` order, so they land in the same slots).
+    /// The command line the guest booted with (a restore re-adds the devices in `virtio`
+    /// order, so they land in the same slots).
     pub cmdline: String,
     /// Number of vCPUs.
     pub vcpus: u8,

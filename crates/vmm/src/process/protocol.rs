@@ -30,7 +30,7 @@ pub const PROTOCOL_VERSION: u32 = 4;
 pub const MAX_FRAME: usize = 64 * 1024;
 
 /// Longest kernel command-line addition a [`BootLinux`] may carry, in bytes: the VMM's own
-/// part and the virtio-mmio entries must still fit the kernel's 2048-byte command line.
+/// part must still fit with it in the kernel's 2048-byte command line.
 pub const MAX_CMDLINE_EXTRA: usize = 1024;
 
 /// What to boot in a [`Request::BootLinux`]. Every path is absolute: the VMM's working
