@@ -224,3 +224,19 @@ seaweedfs_for_snapshot_tests() {
     fi
 }
 (cd "$(dirname "$0")/.." && seaweedfs_for_snapshot_tests)
+
+# moto's S3 server (`moto_server`), the second S3 server of the portable-snapshot tests
+# (crates/chunks/tests, docs/remote.md), from moto[server] and every package it pulls in, pinned by
+# hash in sdk/python/requirements-moto.txt. In a virtual environment of its own, target/moto:
+# botocore (through moto) needs python-dateutil below 3 and target/py's test tools resolve it to 4.
+# Made anew whenever that file changes, so that nothing an older list installed stays.
+moto_for_snapshot_tests() {
+    want="$(sha256sum sdk/python/requirements-moto.txt | cut -d' ' -f1)"
+    if [ ! -x target/moto/bin/moto_server ] || [ "$(cat target/moto/.installed-from 2>/dev/null)" != "$want" ]; then
+        echo "setup: installing moto's S3 server (sdk/python/requirements-moto.txt) into target/moto"
+        python3 -m venv --clear target/moto
+        target/moto/bin/pip install -q --require-hashes -r sdk/python/requirements-moto.txt
+        echo "$want" >target/moto/.installed-from
+    fi
+}
+(cd "$(dirname "$0")/.." && moto_for_snapshot_tests)
