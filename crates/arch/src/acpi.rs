@@ -6,22 +6,27 @@
 //! PIT delivers it). The DSDT holds the VMGenID device, whose `ADDR` names the page the
 //! vmgenid device writes the generation id into, a generic event device (GED) that turns
 //! an interrupt on [`VMGENID_IRQ`] into the `Notify` the guest's vmgenid driver waits for,
-//! and one `LNRO0005` device per virtio-mmio slot with its registers and interrupt in `_CRS`.
+//! COM1 (`PNP0501`, its ports and IRQ 4), and one `LNRO0005` device per virtio-mmio slot with
+//! its registers and interrupt in `_CRS`.
 //!
 //! The virtio-mmio devices must be described here, not on the command line: a hardware-reduced
 //! ACPI platform has no legacy PIC, so Linux creates no interrupt for an IOAPIC pin until an
 //! ACPI resource names it (`acpi_register_gsi`). A `virtio_mmio.device=...:5` entry hands the
 //! driver a bare number 5 that no interrupt stands behind, and every probe fails with -EINVAL
-//! (seen under nested KVM: no /dev/vda, no vsock, `VFS: Unable to mount root fs`).
+//! (seen under nested KVM: no /dev/vda, no vsock, `VFS: Unable to mount root fs`). COM1 is the
+//! same: the 8250 driver's built-in port names IRQ 4, which does not exist either, so the port
+//! cannot be opened and init's `/dev/console` is missing (the agent, PID 1, lost its standard
+//! error and its diagnostics); described in the DSDT, the 8250 PNP driver takes its interrupt
+//! from `_CRS`.
 
 use crate::layout::{
-    ACPI_TABLES_ADDR, ACPI_TABLES_END, IOAPIC_ADDR, LAPIC_ADDR, MAX_VCPUS, RSDP_ADDR, VIRTIO_MMIO_MAX,
-    VMGENID_ADDR, VMGENID_IRQ,
+    ACPI_TABLES_ADDR, ACPI_TABLES_END, IOAPIC_ADDR, LAPIC_ADDR, MAX_VCPUS, RSDP_ADDR, SERIAL_IRQ,
+    SERIAL_PORT, SERIAL_PORT_LEN, VIRTIO_MMIO_MAX, VMGENID_ADDR, VMGENID_IRQ,
 };
 use crate::{Error, Result};
 use acpi_tables::aml::{
-    Arg, Device, Equal, If, Interrupt, Memory32Fixed, Method, Name, Notify, Package, Path, ResourceTemplate,
-    Scope,
+    Arg, Device, EISAName, Equal, If, Interrupt, Memory32Fixed, Method, Name, Notify, Package, Path,
+    ResourceTemplate, Scope, IO,
 };
 use acpi_tables::fadt::{FADTBuilder, Flags};
 use acpi_tables::madt::{EnabledStatus, IoApic, ProcessorLocalApic};
@@ -88,6 +93,20 @@ fn mmio_device_aml(index: usize, dev: &MmioDevice) -> Result<Vec<u8>> {
     Ok(aml)
 }
 
+/// COM1 as `\_SB.COM1`: a 16550 (`PNP0501`) at its ports with its interrupt (edge, active
+/// high: the VMM raises it through an irqfd).
+fn com1_aml() -> Vec<u8> {
+    let hid = Name::new(Path::new("_HID"), &EISAName::new("PNP0501"));
+    let uid = Name::new(Path::new("_UID"), &0u8);
+    let ports = IO::new(SERIAL_PORT, SERIAL_PORT, 1, SERIAL_PORT_LEN as u8);
+    let irq = Interrupt::new(true, true, false, false, SERIAL_IRQ);
+    let crs_template = ResourceTemplate::new(vec![&ports, &irq]);
+    let crs = Name::new(Path::new("_CRS"), &crs_template);
+    let mut aml = Vec::new();
+    Device::new(Path::new("COM1"), vec![&hid, &uid, &crs]).to_aml_bytes(&mut aml);
+    aml
+}
+
 /// AML bytes already encoded, placed as they are.
 struct Raw(Vec<u8>);
 
@@ -97,8 +116,8 @@ impl Aml for Raw {
     }
 }
 
-/// The DSDT's AML under `\_SB`: the VMGenID device, the generic event device and one device
-/// per virtio-mmio slot in `devices` (at most [`VIRTIO_MMIO_MAX`]).
+/// The DSDT's AML under `\_SB`: the VMGenID device, the generic event device, COM1 and one
+/// device per virtio-mmio slot in `devices` (at most [`VIRTIO_MMIO_MAX`]).
 pub fn dsdt_aml(devices: &[MmioDevice]) -> Result<Vec<u8>> {
     if devices.len() > VIRTIO_MMIO_MAX as usize {
         return Err(Error::TooManyDevices { index: devices.len() as u32 - 1, max: VIRTIO_MMIO_MAX });
@@ -130,7 +149,8 @@ pub fn dsdt_aml(devices: &[MmioDevice]) -> Result<Vec<u8>> {
         .enumerate()
         .map(|(i, d)| mmio_device_aml(i, d).map(Raw))
         .collect::<Result<Vec<Raw>>>()?;
-    let mut children: Vec<&dyn Aml> = vec![&vgen, &ged];
+    let com1 = Raw(com1_aml());
+    let mut children: Vec<&dyn Aml> = vec![&vgen, &ged, &com1];
     children.extend(virtio.iter().map(|d| d as &dyn Aml));
     let mut aml = Vec::new();
     Scope::new(Path::new("\\_SB_"), children).to_aml_bytes(&mut aml);
@@ -350,6 +370,20 @@ mod tests {
         let dsdt = read_table(&mem, t.dsdt);
         assert_eq!(sum(&dsdt), 0);
         assert_eq!(&dsdt[36..], &aml[..], "the DSDT carries the AML as built");
+    }
+
+    #[test]
+    fn dsdt_describes_com1_with_its_ports_and_interrupt() {
+        let aml = dsdt_aml(&[]).unwrap();
+        let has = |needle: &[u8]| aml.windows(needle.len()).any(|w| w == needle);
+        assert!(has(b"COM1"));
+        // EISAID("PNP0501") as a DWord: 0x0105d041.
+        assert!(has(&[0x0c, 0x41, 0xd0, 0x05, 0x01]), "_HID PNP0501");
+        // IO descriptor: tag 0x47, 16-bit decode, min and max 0x3f8, alignment 1, 8 ports.
+        assert!(has(&[0x47, 1, 0xf8, 0x03, 0xf8, 0x03, 1, 8]), "COM1's ports");
+        let mut irq = vec![0x89, 6, 0, 0x03, 1];
+        irq.extend_from_slice(&SERIAL_IRQ.to_le_bytes());
+        assert!(has(&irq), "COM1's interrupt");
     }
 
     #[test]
