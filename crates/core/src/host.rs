@@ -9,8 +9,12 @@ use std::path::Path;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum KvmKind {
-    /// Hardware virtualization (VMX or SVM).
+    /// Hardware virtualization (VMX or SVM), on bare metal or nested in a virtual machine
+    /// whose own CPU is hardware-virtualized.
     Hardware,
+    /// VMX or SVM emulated by a software CPU (QEMU's TCG, as `scripts/nested-kvm.sh` runs):
+    /// Linux guests run on the real KVM path, correct but all of it emulated, so slowly.
+    Emulated,
     /// PVM: software nested virtualization; guest kernels need PVM support.
     Pvm,
     /// No usable `/dev/kvm`.
@@ -45,12 +49,35 @@ pub fn detect_kvm() -> KvmFacts {
         };
     }
     if hw_flag || module("kvm_intel") || module("kvm_amd") {
+        if let Some(model) = emulated_cpu(&cpuinfo) {
+            return KvmFacts {
+                kind: KvmKind::Emulated,
+                detail: format!(
+                    "/dev/kvm with VMX/SVM emulated by a software CPU ({model}): nested KVM, correct but slow"
+                ),
+            };
+        }
         return KvmFacts {
             kind: KvmKind::Hardware,
             detail: "/dev/kvm with hardware virtualization (VMX/SVM)".into(),
         };
     }
     KvmFacts { kind: KvmKind::None, detail: "/dev/kvm opens but no KVM module was identified".into() }
+}
+
+/// The CPU model when `cpuinfo` shows a software-emulated CPU under a hypervisor (QEMU's TCG
+/// names itself in the model: "QEMU TCG CPU version ..."), else `None`.
+fn emulated_cpu(cpuinfo: &str) -> Option<String> {
+    let first = |key: &str| {
+        cpuinfo
+            .lines()
+            .find(|l| l.split(':').next().is_some_and(|k| k.trim() == key))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+    };
+    let under_hypervisor = first("flags").is_some_and(|f| f.split_whitespace().any(|x| x == "hypervisor"));
+    let model = first("model name")?;
+    (under_hypervisor && model.contains("TCG")).then_some(model)
 }
 
 /// Why Linux microVMs cannot run here, or `None` when they can.
@@ -62,7 +89,7 @@ pub fn linux_microvm_blocker(kvm: &KvmFacts) -> Option<String> {
              instruction (`branchbox vm boot` shows how far it gets), and a PVM guest kernel fails the same way"
                 .into(),
         ),
-        KvmKind::Hardware => None,
+        KvmKind::Hardware | KvmKind::Emulated => None,
     }
 }
 
@@ -75,6 +102,14 @@ pub const MICROVM_NOT_AUTO: &str = "the microvm backend runs sandboxes here (cre
 
 /// The backend `auto` resolves to, and why.
 pub fn auto_backend(kvm: &KvmFacts) -> (BackendKind, String) {
+    if kvm.kind == KvmKind::Emulated {
+        return (
+            BackendKind::Gvisor,
+            "gvisor, because VMX/SVM is emulated by a software CPU here: microVMs run correctly but far slower \
+             (use --backend microvm to run them anyway)"
+                .into(),
+        );
+    }
     match linux_microvm_blocker(kvm) {
         None => (BackendKind::Gvisor, format!("gvisor, because {MICROVM_NOT_AUTO}")),
         Some(why) => (BackendKind::Gvisor, format!("gvisor, because microvm cannot run Linux here: {why}")),
@@ -87,6 +122,21 @@ mod tests {
 
     fn facts(kind: KvmKind) -> KvmFacts {
         KvmFacts { kind, detail: "test".into() }
+    }
+
+    #[test]
+    fn a_tcg_cpu_under_a_hypervisor_is_told_apart_from_hardware() {
+        let tcg = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: QEMU TCG CPU version 2.5+\nflags\t\t: fpu svm hypervisor\n";
+        assert_eq!(emulated_cpu(tcg).as_deref(), Some("QEMU TCG CPU version 2.5+"));
+        let cloud = "model name\t: AMD EPYC 7B13\nflags\t\t: fpu svm hypervisor\n";
+        assert_eq!(emulated_cpu(cloud), None, "hardware-assisted nesting is hardware");
+        let metal = "model name\t: QEMU TCG CPU\nflags\t\t: fpu svm\n";
+        assert_eq!(emulated_cpu(metal), None, "no hypervisor flag: not a guest");
+        assert_eq!(emulated_cpu(""), None);
+        assert_eq!(linux_microvm_blocker(&facts(KvmKind::Emulated)), None);
+        let (kind, why) = auto_backend(&facts(KvmKind::Emulated));
+        assert_eq!(kind, BackendKind::Gvisor);
+        assert!(why.contains("emulated"), "{why}");
     }
 
     #[test]

@@ -44,7 +44,7 @@ pub fn missing(backend: Backend) -> Option<String> {
         Backend::Microvm => {
             let kvm = detect_kvm();
             match kvm.kind {
-                KvmKind::Hardware => None,
+                KvmKind::Hardware | KvmKind::Emulated => None,
                 KvmKind::Pvm | KvmKind::None => Some(format!(
                     "Linux guests need hardware KVM (VMX/SVM), which this host lacks: {}",
                     kvm.detail
