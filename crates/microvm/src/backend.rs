@@ -21,6 +21,11 @@ pub(crate) const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
 const EXIT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long one vsock connection attempt may wait for the device's answer.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long one connection's handshake may wait for the agent before a fresh connection is
+/// tried. After a restore the guest handles the vsock transport-reset event on its own time and
+/// resets every connection it has by then, possibly the one it had just accepted from us: that
+/// connection never answers, and only a new one does.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where the microvm backend finds its programs and guest.
 #[derive(Debug, Clone)]
@@ -264,8 +269,13 @@ impl MicrovmBackend {
             let last = match connect_guest_port(&files::vsock(dir), AGENT_VSOCK_PORT, CONNECT_TIMEOUT) {
                 Ok(stream) => {
                     let mut agent = AgentClient::new(stream);
+                    let wait = agent.limits().timeout;
+                    agent.set_wait(Some(HELLO_TIMEOUT));
                     match agent.hello() {
-                        Ok(()) => return Ok(agent),
+                        Ok(()) => {
+                            agent.set_wait(wait);
+                            return Ok(agent);
+                        }
                         Err(e) => format!("the agent's handshake failed: {e}"),
                     }
                 }

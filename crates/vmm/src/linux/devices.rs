@@ -147,6 +147,17 @@ pub(super) fn serve_host_sides(sides: &HostSides, stop: &EventFd) -> LinuxResult
     }
     epoll.add(stop.as_raw_fd(), STOP).map_err(epoll_err)?;
     seccomp::apply(ThreadKind::Vmm)?;
+    // Work the devices already hold goes to the guest now, before any host event: after a
+    // restore the vsock device holds the transport-reset event. Delivered only with the first
+    // host connection, it reached the guest together with that connection's request, and the
+    // guest reset the connection it had just accepted (the agent logged "Transport endpoint
+    // is not connected" and the host's handshake waited out its 60 s).
+    if let Some(vsock) = &sides.vsock {
+        lock(vsock).process_pending();
+    }
+    if let Some(net) = &sides.net {
+        lock(net).process_pending();
+    }
     let mut events = [libc::epoll_event { events: 0, u64: 0 }; 3];
     loop {
         let n = match epoll.wait(&mut events) {
