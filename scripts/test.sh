@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs what is missing, checks formatting and
 # lints, runs every test (unit, agent protocol, microVM engine, devices, gVisor end to end,
-# service and the Python and TypeScript SDKs, E2B's own JavaScript SDK, the Linux guest under our VMM and under QEMU), the fuzz targets briefly, and
-# a short run of every benchmark so they never rot. Timings are printed, never asserted.
+# service and the Python and TypeScript SDKs, E2B's own JavaScript SDK, the Linux guest under our
+# VMM and under QEMU, microvm sandboxes with Linux guests under nested KVM in QEMU's emulated SVM),
+# the fuzz targets briefly, and a short run of every benchmark so they never rot. Timings are
+# printed, never asserted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,7 +26,9 @@ fuzz_pid=
 guest_pid=
 images_pid=
 walk_pid=
+nested_pid=
 cleanup() {
+    [ -z "$nested_pid" ] || kill -- "-$nested_pid" 2>/dev/null || true
     [ -z "$kernel_pid" ] || kill -- "-$kernel_pid" 2>/dev/null || true
     [ -z "$images_pid" ] || kill "$images_pid" 2>/dev/null || true
     [ -z "$walk_pid" ] || kill "$walk_pid" 2>/dev/null || true
@@ -185,7 +189,7 @@ cat "$work/fuzz.log"
 # The Linux guest's tests (they wait for its kernel, then boot it under our VMM and QEMU) run
 # beside the Python tests and the two JavaScript stages after them, which mostly wait for their
 # sandboxes; by then the kernel, built from the suite's first minutes, is normally done.
-stage "Linux guest: waiting for its kernel, then the boot-protocol, QEMU and hardware-KVM tests and the microvm conformance suite under nested KVM (log: $work/guest.log)"
+stage "Linux guest: waiting for its kernel, then the boot-protocol, QEMU and hardware-KVM tests (log: $work/guest.log)"
 guest_stage() {
     while [ ! -s "$work/guest-kernel.rc" ]; do
         kill -0 "$kernel_pid" 2>/dev/null || break
@@ -198,18 +202,6 @@ guest_stage() {
     fi
     tail -n 2 "$work/guest-kernel.log"
     cargo test -p branchbox-guest-tests --no-fail-fast -- --test-threads=1
-    # The microvm conformance suite with real Linux guests, under KVM inside QEMU's emulated SVM
-    # (docs/nested-kvm.md). Left out, named: the tests that still fail there (issue 35: a restored
-    # guest's agent does not answer, so snapshot, restore, fork and rollback fail; the memory and
-    # process limits are not enforced inside a VM; an 8 MiB download stalls).
-    ./scripts/nested-kvm.sh conformance \
-        --skip a_snapshot_restores_with_files_and_memory_after_its_source_is_gone \
-        --skip rollback_returns_files_memory_and_processes_to_the_checkpoint \
-        --skip children_continue_the_running_process_and_keep_their_writes_apart \
-        --skip log_and_ls_record_each_sandboxs_parent \
-        --skip a_memory_hog_is_killed_and_the_sandbox_keeps_answering \
-        --skip forks_past_the_process_limit_fail_with_eagain \
-        --skip a_big_binary_file_round_trips_byte_exact
 }
 guest_stage >"$work/guest.log" 2>&1 &
 guest_pid=$!
@@ -241,6 +233,26 @@ for name in first second; do
     cat "$work/pytest-$name.log"
 done
 [ "$py_failed" = 0 ] || { echo "Python SDK tests failed: the failures are above"; exit 1; }
+guest_ok=0
+wait "$guest_pid" || guest_ok=1
+guest_pid=
+kernel_pid=
+echo "--- Linux guest"
+cat "$work/guest.log"
+[ "$guest_ok" = 0 ] || { echo "the Linux guest's stage failed: its log is above"; exit 1; }
+# The microvm conformance suite with real Linux guests, under KVM inside QEMU's emulated SVM
+# (docs/nested-kvm.md). QEMU's software CPU takes both cores for its few minutes, so it runs
+# after the Python tests (beside them, the fleet's 3 s heartbeats were missed and RL episodes
+# timed out) and beside the two JavaScript stages, which mostly wait. Left out, named: the
+# tests that still fail there (issue 35).
+stage "microvm conformance under nested KVM (in the background; log: $work/nested.log)"
+setsid ./scripts/nested-kvm.sh conformance \
+    --skip rollback_returns_files_memory_and_processes_to_the_checkpoint \
+    --skip a_memory_hog_is_killed_and_the_sandbox_keeps_answering \
+    --skip forks_past_the_process_limit_fail_with_eagain \
+    --skip a_big_binary_file_round_trips_byte_exact \
+    >"$work/nested.log" 2>&1 &
+nested_pid=$!
 # The TypeScript SDK's tests start one branchboxd of their own the same way (test/run.ts) and
 # run node:test's files against it; its dependencies come from the committed package-lock.json,
 # installed again when node_modules is missing or older than the lock file.
@@ -262,11 +274,10 @@ stage "E2B's JavaScript SDK"
     fi
     BRANCHBOXD="$OLDPWD/target/debug/branchboxd" npm test
 )
-guest_ok=0
-wait "$guest_pid" || guest_ok=1
-guest_pid=
-kernel_pid=
-echo "--- Linux guest"
-cat "$work/guest.log"
-[ "$guest_ok" = 0 ] || { echo "the Linux guest's stage failed: its log is above"; exit 1; }
+nested_ok=0
+wait "$nested_pid" || nested_ok=1
+nested_pid=
+echo "--- microvm conformance under nested KVM"
+grep -v -e '^\[ ' -e 'Unhandled WRMSR' "$work/nested.log" || true
+[ "$nested_ok" = 0 ] || { echo "the microvm conformance suite under nested KVM failed: its log is above"; exit 1; }
 stage "all tests passed"
