@@ -396,3 +396,19 @@ fn vsock_rx_queue_not_ready_is_left_alone() {
     mem.read_slice(&mut low, GuestAddress(0)).unwrap();
     assert_eq!(low, [0xff; 64], "nothing written at guest address 0");
 }
+
+#[test]
+fn vsock_dropped_keeps_a_socket_another_device_bound_at_its_path_since() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vsock.sock");
+    let old = Vsock::new(CID, &path).unwrap();
+    // As a microvm rollback does: the old socket gets a second name, a new device binds the
+    // sandbox's path, then the old device goes.
+    std::fs::hard_link(&path, dir.path().join("vsock.sock.prev")).unwrap();
+    let new = Vsock::new(CID, &path).unwrap();
+    drop(old);
+    assert!(path.exists(), "the old device removed the new device's socket");
+    assert!(UnixStream::connect(&path).is_ok(), "the path is the new device's listener");
+    drop(new);
+    assert!(!path.exists(), "a device removes its own socket when it goes");
+}

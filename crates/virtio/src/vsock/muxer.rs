@@ -91,6 +91,9 @@ struct Handshake {
 pub struct Muxer {
     guest_cid: u64,
     path: PathBuf,
+    /// The socket file this muxer bound (device and inode): dropping it removes `path` only
+    /// while the file there is still that one.
+    bound: Option<(u64, u64)>,
     listener: UnixListener,
     epoll: Epoll,
     next_token: u64,
@@ -111,6 +114,7 @@ impl Muxer {
             std::fs::remove_file(path)?;
         }
         let listener = UnixListener::bind(path)?;
+        let bound = file_id(path);
         listener.set_nonblocking(true)?;
         let epoll = Epoll::new()?;
         epoll.ctl(
@@ -121,6 +125,7 @@ impl Muxer {
         Ok(Muxer {
             guest_cid,
             path: path.to_path_buf(),
+            bound,
             listener,
             epoll,
             next_token: LISTENER_TOKEN + 1,
@@ -491,9 +496,20 @@ impl Muxer {
     }
 }
 
+/// Device and inode of the file at `path` (not followed).
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
 impl Drop for Muxer {
+    /// Removes the socket file, unless another listener has bound that path since: a microvm
+    /// rollback's new VMM binds the sandbox's vsock path while the old VMM still runs, and the
+    /// old one's exit removed the new one's socket (every later connection found no file).
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        if self.bound.is_some() && file_id(&self.path) == self.bound {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
