@@ -80,30 +80,28 @@ fn mmio_device_aml(index: usize, dev: &MmioDevice) -> Result<Vec<u8>> {
     let (Ok(base), Ok(len)) = (u32::try_from(dev.addr), u32::try_from(dev.len)) else {
         return Err(Error::DeviceAbove4G { index, addr: dev.addr, len: dev.len });
     };
-    let name = format!("VR{index:02X}");
-    let hid = Name::new(Path::new("_HID"), &VIRTIO_MMIO_HID);
-    let uid_value = index as u32;
-    let uid = Name::new(Path::new("_UID"), &uid_value);
+    let uid = index as u32;
     let regs = Memory32Fixed::new(true, base, len);
-    let irq = Interrupt::new(true, true, false, false, dev.irq);
-    let crs_template = ResourceTemplate::new(vec![&regs, &irq]);
-    let crs = Name::new(Path::new("_CRS"), &crs_template);
-    let mut aml = Vec::new();
-    Device::new(Path::new(&name), vec![&hid, &uid, &crs]).to_aml_bytes(&mut aml);
-    Ok(aml)
+    Ok(device_aml(&format!("VR{index:02X}"), &VIRTIO_MMIO_HID, &uid, &regs, dev.irq))
 }
 
 /// COM1 as `\_SB.COM1`: a 16550 (`PNP0501`) at its ports with its interrupt (edge, active
 /// high: the VMM raises it through an irqfd).
 fn com1_aml() -> Vec<u8> {
-    let hid = Name::new(Path::new("_HID"), &EISAName::new("PNP0501"));
-    let uid = Name::new(Path::new("_UID"), &0u8);
     let ports = IO::new(SERIAL_PORT, SERIAL_PORT, 1, SERIAL_PORT_LEN as u8);
-    let irq = Interrupt::new(true, true, false, false, SERIAL_IRQ);
-    let crs_template = ResourceTemplate::new(vec![&ports, &irq]);
+    device_aml("COM1", &EISAName::new("PNP0501"), &0u8, &ports, SERIAL_IRQ)
+}
+
+/// `Device(name)` with `_HID`, `_UID` and a `_CRS` of `resource` and one interrupt on `irq`
+/// (consumer, edge, active high, exclusive: the VMM raises it through an irqfd).
+fn device_aml(name: &str, hid: &dyn Aml, uid: &dyn Aml, resource: &dyn Aml, irq: u32) -> Vec<u8> {
+    let hid = Name::new(Path::new("_HID"), hid);
+    let uid = Name::new(Path::new("_UID"), uid);
+    let irq = Interrupt::new(true, true, false, false, irq);
+    let crs_template = ResourceTemplate::new(vec![resource, &irq]);
     let crs = Name::new(Path::new("_CRS"), &crs_template);
     let mut aml = Vec::new();
-    Device::new(Path::new("COM1"), vec![&hid, &uid, &crs]).to_aml_bytes(&mut aml);
+    Device::new(Path::new(name), vec![&hid, &uid, &crs]).to_aml_bytes(&mut aml);
     aml
 }
 
